@@ -1,0 +1,6 @@
+"""lmsp — a local model service for AI agents whose work is durable."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+PROTOCOL = "lmsp/1.0"

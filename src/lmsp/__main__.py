@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from lmsp.cli import main
+
+main()

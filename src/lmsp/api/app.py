@@ -1,0 +1,175 @@
+"""The app factory: lifespan (bootstrap, recovery, runner, retention), error shapes and
+the request body limit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from lmsp import __version__, errors
+from lmsp.config import Settings
+
+from .broker import Broker
+from .routes import meta, responses, tasks
+from .service import Service, open_service
+
+log = logging.getLogger("lmsp")
+
+
+def error_response(exc: errors.LmspError) -> JSONResponse:
+    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+
+
+class BodyGate:
+    """Answer ``413`` to a request body over ``limit`` bytes before any handler runs, and
+    read every body as JSON (the only type this API takes), whatever ``Content-Type``
+    a hand-written ``curl -d`` sent."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        too_large = errors.LmspError(
+            413, "request_too_large", f"The request body exceeds {self.limit} bytes."
+        )
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await error_response(too_large)(scope, receive, send)
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await error_response(too_large)(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+        scope = dict(scope, headers=[*headers, (b"content-type", b"application/json")])
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    # pydantic names union branches (e.g. "str", "list[InputMessage]"): keep field names
+    clean = [
+        p for p in parts if not any(ch in p for ch in "[]") and p not in ("str", "constrained-str")
+    ]
+    return ".".join(clean) or None
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = exc.errors()
+    first = problems[0] if problems else {}
+    if first.get("type") == "json_invalid":
+        return error_response(errors.invalid("The body is not valid JSON.", code="invalid_json"))
+    loc = tuple(first.get("loc", ()))
+    param = _param(loc)
+    if first.get("type") == "missing" and param is None:
+        return error_response(errors.invalid("A JSON body is required.", code="invalid_json"))
+    message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
+    return error_response(errors.invalid(message, param=param, code="invalid_value"))
+
+
+async def _lmsp_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, errors.LmspError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    message = exc.detail if isinstance(exc.detail, str) else "Request failed."
+    if exc.status_code == 404:
+        message = f"No route {request.url.path!r}."
+    err = errors.LmspError(exc.status_code, codes.get(exc.status_code, "http_error"), message)
+    return error_response(err)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(errors.LmspError(500, "internal_error", "Internal server error."))
+
+
+async def _gc_loop(svc: Service) -> None:
+    while True:
+        await asyncio.sleep(svc.settings.gc_interval)
+        try:
+            swept = await svc.collect_garbage()
+            if swept.responses or swept.idempotency_keys:
+                log.info(
+                    "retention: %d responses, %d keys", swept.responses, swept.idempotency_keys
+                )
+        except Exception:
+            log.exception("retention sweep failed")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the ASGI app. Startup opens the data directory and recovers before serving."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc = await asyncio.to_thread(open_service, settings)
+        svc.broker = Broker(asyncio.get_running_loop())
+        svc.db.on_commit(svc.broker.notify)
+        svc.runner.start(resume=svc.recovered.resumed)
+        app.state.lmsp = svc
+        gc = asyncio.create_task(_gc_loop(svc))
+        try:
+            yield
+        finally:
+            gc.cancel()
+            await asyncio.to_thread(svc.runner.stop)
+            svc.host.close()
+            svc.db.close()
+
+    app = FastAPI(
+        title="lmsp",
+        version=__version__,
+        summary="A local model service for AI agents whose work is durable.",
+        lifespan=lifespan,
+    )
+    app.add_exception_handler(errors.LmspError, _lmsp_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
+    app.include_router(meta.router)
+    app.include_router(responses.router)
+    app.include_router(tasks.router)
+    app.add_middleware(BodyGate, limit=settings.max_body_bytes)
+    return app
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))

@@ -1,0 +1,107 @@
+"""``/v1/tasks``: list, get, the event log (SSE or JSON pages), cancel."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from lmsp import errors, objects
+from lmsp.store import events, idempotency
+from lmsp.store import tasks as task_store
+from lmsp.store.clients import Client
+from lmsp.tasks.states import Status
+
+from ..auth import require
+from ..sse import event_response, task_events
+from .deps import idempotency_key, service
+
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+Reader = Annotated[Client, Depends(require("responses:read"))]
+Writer = Annotated[Client, Depends(require("responses:write"))]
+
+
+@router.get("")
+async def list_tasks(
+    request: Request,
+    client: Reader,
+    status: Status | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
+) -> dict[str, Any]:
+    svc = service(request)
+    conn = svc.db.reader()
+    clauses = ["client_id = ?"]
+    args: list[Any] = [client.id]
+    if status is not None:
+        clauses.append("status = ?")
+        args.append(status.value)
+    if after is not None:
+        cursor = task_store.get(conn, after)
+        if cursor is None or cursor["client_id"] != client.id:
+            raise errors.invalid(f"Unknown cursor {after!r}.", param="after")
+        clauses.append("seq < ?")
+        args.append(cursor["seq"])
+    rows = list(
+        conn.execute(
+            f"SELECT * FROM tasks WHERE {' AND '.join(clauses)} ORDER BY seq DESC LIMIT ?",
+            (*args, limit + 1),
+        )
+    )
+    page = rows[:limit]
+    data = [objects.render_task(t, task_store.queue_position(conn, t)) for t in page]
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": len(rows) > limit,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
+
+
+@router.get("/{task_id}")
+async def get_task(task_id: str, request: Request, client: Reader) -> dict[str, Any]:
+    svc = service(request)
+    task = svc.owned_task(task_id, client)
+    return objects.render_task(task, task_store.queue_position(svc.db.reader(), task))
+
+
+@router.get("/{task_id}/events")
+async def task_event_log(
+    task_id: str,
+    request: Request,
+    client: Reader,
+    after: Annotated[int, Query(ge=-1)] = -1,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> Response:
+    """Without ``after`` the log starts at 0. ``Accept: application/json`` gives a page."""
+    svc = service(request)
+    svc.owned_task(task_id, client)
+    if last_event_id is not None and last_event_id.strip().lstrip("-").isdigit():
+        after = max(after, int(last_event_id))
+    if "application/json" in request.headers.get("accept", ""):
+        rows = events.after(svc.db.reader(), task_id, after, limit + 1)
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [json.loads(data) for _, _, data in rows[:limit]],
+                "has_more": len(rows) > limit,
+            }
+        )
+    assert svc.broker is not None
+    return event_response(task_events(svc.db, svc.broker, task_id, after))
+
+
+@router.post("/{task_id}/cancel")
+async def cancel_task(task_id: str, request: Request, client: Writer) -> dict[str, Any]:
+    svc = service(request)
+    svc.owned_task(task_id, client)
+    key = await idempotency_key(request, client)
+    if key is None or not await svc.db.write(lambda c: idempotency.remember(c, key, task_id)):
+        await svc.cancel(task_id)
+    task = svc.owned_task(task_id, client)
+    return objects.render_task(task, task_store.queue_position(svc.db.reader(), task))

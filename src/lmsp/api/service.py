@@ -1,0 +1,117 @@
+"""The running service: settings, database, model host, runner and broker, and the
+operations the routes share."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmsp import errors
+from lmsp.bootstrap import bootstrap
+from lmsp.config import Settings
+from lmsp.engines.base import Engine
+from lmsp.engines.host import ModelHost
+from lmsp.engines.llama_cpp import LlamaEngine
+from lmsp.engines.test_engine import TestEngine
+from lmsp.store import tasks as task_store
+from lmsp.store.clients import Client
+from lmsp.store.db import Database
+from lmsp.tasks import recovery, retention
+from lmsp.tasks.runner import Runner
+from lmsp.tasks.states import Status
+
+from .broker import Broker
+
+log = logging.getLogger("lmsp")
+
+
+@dataclass
+class Service:
+    settings: Settings
+    db: Database
+    host: ModelHost
+    runner: Runner
+    service_id: str
+    recovered: recovery.Report
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    broker: Broker | None = None
+
+    # -- lookups (404 for what the client does not own) ------------------------------------
+    def owned_response(self, response_id: str, client: Client) -> tuple[sqlite3.Row, sqlite3.Row]:
+        conn = self.db.reader()
+        response = task_store.get_response(conn, response_id)
+        if response is None or response["client_id"] != client.id:
+            raise errors.not_found("response", response_id)
+        task = conn.execute("SELECT * FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
+        return response, task
+
+    def owned_task(self, task_id: str, client: Client) -> sqlite3.Row:
+        task = task_store.get(self.db.reader(), task_id)
+        if task is None or task["client_id"] != client.id:
+            raise errors.not_found("task", task_id)
+        return task
+
+    def response_object(self, task_id: str) -> dict[str, Any]:
+        conn = self.db.reader()
+        task = task_store.get(conn, task_id)
+        if task is None:
+            raise errors.not_found("task", task_id)
+        return task_store.render_response(conn, task)
+
+    # -- shared operations -----------------------------------------------------------------
+    def cancel_nowait(self, task_id: str) -> None:
+        """Cancel from a context that cannot await (a stream whose client left)."""
+        future = self.db.submit(lambda c: task_store.cancel(c, task_id))
+        future.add_done_callback(lambda f: self._after_cancel(task_id, f.result()))
+
+    async def cancel(self, task_id: str) -> None:
+        moved = await self.db.write(lambda c: task_store.cancel(c, task_id))
+        self._after_cancel(task_id, moved)
+
+    def _after_cancel(self, task_id: str, moved: sqlite3.Row | None) -> None:
+        if moved is not None and moved["status"] == Status.CANCELLING:
+            self.runner.request_cancel(task_id)
+
+    async def wait_finished(self, task_id: str) -> None:
+        assert self.broker is not None
+        while True:
+            waiter = self.broker.current()
+            task = task_store.get(self.db.reader(), task_id)
+            if task is None or Status(task["status"]).terminal:
+                return
+            await self.broker.wait(waiter, 10.0)
+
+    async def collect_garbage(self) -> retention.Swept:
+        return await asyncio.to_thread(retention.sweep, self.db, self.settings.retention)
+
+
+def engines() -> dict[str, Engine]:
+    return {"llama_cpp": LlamaEngine(), "test": TestEngine()}
+
+
+def open_service(settings: Settings) -> Service:
+    """Open the data directory, bootstrap it and run startup recovery (blocking)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.db_path)
+    try:
+        service_id = bootstrap(
+            db, settings.data_dir, settings.blobs_dir, settings.enable_test_engine
+        )
+        report = recovery.recover(db)
+    except BaseException:
+        db.close()
+        raise
+    log.info(
+        "recovered: %d failed, %d cancelled, %d requeued, %d resumed",
+        len(report.failed),
+        len(report.cancelled),
+        len(report.requeued),
+        len(report.resumed),
+    )
+    host = ModelHost(settings.blobs_dir, engines(), settings.n_ctx)
+    runner = Runner(db, host, parallel=settings.parallel, flush_interval=settings.flush_interval)
+    return Service(settings, db, host, runner, service_id, report)

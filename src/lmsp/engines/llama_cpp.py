@@ -1,0 +1,108 @@
+"""The real engine: llama-cpp-python running a GGUF model on the CPU.
+
+Prompts are formatted with the model's own chat template. Tokens are sampled here
+(:func:`lmsp.engines.base.sample`) from the logits llama.cpp computes, so sampling is
+keyed by ``(seed, position)`` and a resumed task re-evaluates its prompt plus the tokens
+of its snapshot and draws exactly what an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmsp.engines.base import EngineError, Piece, Sampling, Utf8Stream, sample
+
+FALLBACK_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _threads() -> int:
+    return max(1, int(os.environ.get("LMSP_THREADS", "0")) or (os.cpu_count() or 1))
+
+
+class LlamaModel:
+    def __init__(self, path: Path, n_ctx: int) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.llm: Any = Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=_threads(),
+            n_threads_batch=_threads(),
+            verbose=False,
+        )
+        self.n_ctx = int(self.llm.n_ctx())
+        self.n_vocab = int(self.llm.n_vocab())
+        meta: dict[str, str] = dict(self.llm.metadata)
+        self.eos = int(self.llm.token_eos())
+        self.stop_ids = {self.eos}
+        eot = meta.get("tokenizer.ggml.eot_token_id")
+        if eot is not None:
+            self.stop_ids.add(int(eot))
+        self._formatter = Jinja2ChatFormatter(
+            template=meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE,
+            eos_token=self._piece(self.eos),
+            bos_token=self._piece(int(self.llm.token_bos())),
+        )
+
+    def _piece(self, token: int) -> str:
+        return bytes(self.llm.detokenize([token], special=True)).decode("utf-8", errors="replace")
+
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        formatted = self._formatter(messages=messages)  # type: ignore[arg-type]
+        tokens: list[int] = self.llm.tokenize(
+            formatted.prompt.encode("utf-8"), add_bos=False, special=True
+        )
+        return tokens
+
+    def _logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
+        array: np.ndarray[Any, np.dtype[np.float32]] = np.ctypeslib.as_array(
+            self.llm._ctx.get_logits(), shape=(self.n_vocab,)
+        )
+        return array
+
+    def generate(self, prompt: list[int], resume: list[int], sampling: Sampling) -> Iterator[Piece]:
+        context = prompt + resume
+        if len(context) >= self.n_ctx:
+            raise EngineError("context_length_exceeded", "The conversation fills the context.")
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt)
+        for token in resume:  # one at a time, as first generated: the same arithmetic
+            llm.eval([token])
+        decoder = Utf8Stream()
+        if resume:  # hold back the bytes of a character the snapshot had not completed
+            decoder.feed(bytes(llm.detokenize(resume)))
+        position = len(resume)
+        while llm.n_tokens < self.n_ctx:
+            token = sample(self._logits(), sampling, position)
+            if token in self.stop_ids:
+                return
+            text = decoder.feed(bytes(llm.detokenize([token])))
+            yield Piece(token, text)
+            position += 1
+            llm.eval([token])
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class LlamaEngine:
+    name = "llama_cpp"
+
+    def load(self, path: Path, n_ctx: int) -> LlamaModel:
+        try:
+            return LlamaModel(path, n_ctx)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise EngineError(
+                "model_load_failed", f"llama.cpp could not load the model: {exc}"
+            ) from exc

@@ -1,0 +1,1 @@
+"""SQLite storage: connection, migrations that own the schema, one module per aggregate."""

@@ -1,0 +1,181 @@
+"""Connections, pragmas and the single writer with group commit.
+
+Every write goes through :class:`Database.write` (async) or :meth:`Database.write_sync`
+(threads). One writer thread drains the queue and runs as many jobs as are waiting in
+one ``BEGIN IMMEDIATE`` transaction, each inside its own savepoint so a job that raises
+rolls back only itself. Callers are answered only after the ``COMMIT`` has returned,
+so an answer means the write is on disk (``synchronous=FULL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lmsp.store.migrations import migrate
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Job = Callable[[sqlite3.Connection], Any]
+AfterCommit = Callable[[], None]
+
+MAX_BATCH = 256
+
+
+def connect(path: Path | str) -> sqlite3.Connection:
+    """Open a connection with the pragmas lmsp relies on.
+
+    Autocommit mode (``isolation_level=None``): transactions are explicit, writes use
+    ``BEGIN IMMEDIATE``.
+    """
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA busy_timeout=30000")
+    return conn
+
+
+class _Request:
+    __slots__ = ("future", "job")
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+
+class Database:
+    """The data directory's database: thread-local readers plus one group-commit writer."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with_conn = connect(self.path)
+        try:
+            migrate(with_conn)
+        finally:
+            with_conn.close()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._writer_conn = connect(self.path)
+        self._listeners: list[Callable[[], None]] = []
+        self._closed = False
+        self.commits = 0
+        self.jobs = 0
+        self._thread = threading.Thread(target=self._run, name="lmsp-writer", daemon=True)
+        self._thread.start()
+
+    # -- reads ---------------------------------------------------------------------------
+    def reader(self) -> sqlite3.Connection:
+        """A connection for reads, one per thread."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(self.path)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    # -- writes --------------------------------------------------------------------------
+    def submit(self, job: Job) -> concurrent.futures.Future[Any]:
+        if self._closed:
+            raise RuntimeError("database is closed")
+        request = _Request(job)
+        self._queue.put(request)
+        return request.future
+
+    def write_sync(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``job`` in a write transaction; return once it is committed."""
+        result: T = self.submit(job).result()
+        return result
+
+    async def write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        result: T = await asyncio.wrap_future(self.submit(job))
+        return result
+
+    def on_commit(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (in the writer thread) after every commit."""
+        self._listeners.append(listener)
+
+    def _run(self) -> None:
+        conn = self._writer_conn
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            stop = False
+            while len(batch) < MAX_BATCH:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._commit_batch(conn, batch)
+            if stop:
+                break
+        conn.close()
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Request]) -> None:
+        outcomes: list[tuple[_Request, bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for request in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    value = request.job(conn)
+                except BaseException as exc:
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    outcomes.append((request, False, exc))
+                else:
+                    conn.execute("RELEASE job")
+                    outcomes.append((request, True, value))
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            log.exception("write transaction failed")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(exc)
+            return
+        self.commits += 1
+        self.jobs += len(batch)
+        for request, ok, value in outcomes:
+            if ok:
+                request.future.set_result(value)
+            else:
+                request.future.set_exception(value)
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # pragma: no cover - listeners must not break the writer
+                log.exception("commit listener failed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+        with self._readers_lock:
+            for conn in self._readers:
+                with contextlib.suppress(sqlite3.ProgrammingError):
+                    conn.close()
+            self._readers.clear()

@@ -1,0 +1,49 @@
+"""The per-task event log: append with gap-free sequence numbers, read after a number."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from lmsp.ids import now as _now
+
+
+def append(conn: sqlite3.Connection, task_id: str, events: list[dict[str, Any]]) -> int:
+    """Append ``events`` to the task's log inside the caller's transaction.
+
+    Numbers them from the task's ``last_sequence_number`` + 1 and moves that counter in
+    the same transaction (11.2). Returns the last number written.
+    """
+    row = conn.execute("SELECT last_sequence_number FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    if row is None:
+        raise LookupError(task_id)
+    seq = int(row[0])
+    stamp = _now()
+    rows = []
+    for event in events:
+        seq += 1
+        body = {"type": event["type"], "sequence_number": seq}
+        body.update((k, v) for k, v in event.items() if k not in body)
+        rows.append((task_id, seq, event["type"], json.dumps(body, separators=(",", ":")), stamp))
+    conn.executemany(
+        "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        rows,
+    )
+    conn.execute("UPDATE tasks SET last_sequence_number = ? WHERE id = ?", (seq, task_id))
+    return seq
+
+
+def after(
+    conn: sqlite3.Connection, task_id: str, after_seq: int, limit: int = 1000
+) -> list[tuple[int, str, str]]:
+    """Events with ``sequence_number > after_seq``: ``(seq, type, json)`` in order."""
+    return [
+        (int(r[0]), str(r[1]), str(r[2]))
+        for r in conn.execute(
+            "SELECT sequence_number, type, data FROM task_events"
+            " WHERE task_id = ? AND sequence_number > ? ORDER BY sequence_number LIMIT ?",
+            (task_id, after_seq, limit),
+        )
+    ]

@@ -1,0 +1,159 @@
+"""Named, idempotent schema migrations. This module owns the whole schema.
+
+Each migration runs once, in its own ``BEGIN IMMEDIATE`` transaction together with the
+row that records it in ``_migrations``; running :func:`migrate` again changes nothing.
+Append new migrations at the end; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "m001_initial",
+        """
+        CREATE TABLE service_config (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        ) STRICT;
+
+        CREATE TABLE clients (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            token_prefix TEXT NOT NULL,
+            token_hash TEXT NOT NULL UNIQUE,
+            scopes TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            last_used_at INTEGER,
+            revoked_at INTEGER
+        ) STRICT;
+
+        CREATE TABLE models (
+            id TEXT PRIMARY KEY,
+            format TEXT NOT NULL,
+            engine TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            size_bytes INTEGER NOT NULL,
+            owned_by TEXT NOT NULL,
+            metadata TEXT NOT NULL DEFAULT '{}',
+            position INTEGER NOT NULL,
+            created_at INTEGER NOT NULL
+        ) STRICT;
+
+        CREATE TABLE responses (
+            id TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            model TEXT NOT NULL,
+            model_digest TEXT,
+            created_at INTEGER NOT NULL,
+            request TEXT NOT NULL,
+            background INTEGER NOT NULL,
+            store INTEGER NOT NULL,
+            output_text TEXT,
+            message_id TEXT NOT NULL,
+            usage TEXT,
+            incomplete_reason TEXT
+        ) STRICT;
+
+        CREATE TABLE tasks (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            response_id TEXT NOT NULL UNIQUE REFERENCES responses(id) ON DELETE CASCADE,
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            status TEXT NOT NULL CHECK (status IN
+                ('queued','loading','running','cancelling','completed','failed','cancelled')),
+            on_restart TEXT NOT NULL CHECK (on_restart IN ('fail','retry','resume')),
+            attempt INTEGER NOT NULL DEFAULT 1,
+            last_sequence_number INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            finished_at INTEGER,
+            error_code TEXT,
+            error_message TEXT,
+            snapshot TEXT
+        ) STRICT;
+        CREATE INDEX tasks_status ON tasks(status, seq);
+        CREATE INDEX tasks_client ON tasks(client_id, seq);
+        CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
+
+        CREATE TABLE task_events (
+            task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+            sequence_number INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            PRIMARY KEY (task_id, sequence_number)
+        ) STRICT, WITHOUT ROWID;
+
+        CREATE TABLE idempotency_keys (
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            key TEXT NOT NULL,
+            request_digest TEXT NOT NULL,
+            status_code INTEGER NOT NULL,
+            resource_id TEXT,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            PRIMARY KEY (client_id, key)
+        ) STRICT;
+        CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
+        """,
+    ),
+]
+
+
+def _ensure_ledger(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS _migrations ("
+        " name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL) STRICT"
+    )
+
+
+def applied(conn: sqlite3.Connection) -> list[str]:
+    _ensure_ledger(conn)
+    return [row[0] for row in conn.execute("SELECT name FROM _migrations ORDER BY name")]
+
+
+def migrate(conn: sqlite3.Connection) -> list[str]:
+    """Apply every migration not yet recorded; return the names applied now."""
+    _ensure_ledger(conn)
+    done: list[str] = []
+    for name, sql in MIGRATIONS:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("SELECT 1 FROM _migrations WHERE name = ?", (name,)).fetchone():
+                conn.execute("ROLLBACK")
+                continue
+            for statement in _statements(sql):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, int(time.time()))
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        done.append(name)
+    return done
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration into statements (``executescript`` would commit on its own)."""
+    parts: list[str] = []
+    buf = ""
+    for line in sql.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                parts.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        parts.append(buf.strip())
+    return parts
+
+
+def schema_version(conn: sqlite3.Connection) -> str | None:
+    names = applied(conn)
+    return names[-1] if names else None

@@ -1,0 +1,109 @@
+"""Responses: creating one (with its task, first events and idempotency key) atomically."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from lmsp.errors import LmspError
+from lmsp.ids import new_id
+from lmsp.ids import now as _now
+from lmsp.store import events, idempotency
+from lmsp.store import tasks as task_store
+
+
+@dataclass(frozen=True)
+class Created:
+    response_id: str
+    task_id: str
+    status_code: int
+    replayed: bool
+
+
+def create(
+    conn: sqlite3.Connection,
+    *,
+    client_id: str,
+    request: dict[str, Any],
+    on_restart: str,
+    max_queue: int,
+    key: idempotency.Key | None,
+) -> Created:
+    """Persist a response, its task, ``response.created`` (and ``response.queued``).
+
+    Runs in one transaction with the idempotency key row, so a retried request never
+    makes two tasks. Raises 429 when the queue is full, 422 on a reused key.
+    """
+    background = bool(request.get("background"))
+    status_code = 202 if background else 200
+    if key is not None:
+        stored = idempotency.lookup(conn, key)
+        if stored is not None and stored.resource_id is not None:
+            resp = task_store.get_response(conn, stored.resource_id)
+            if resp is not None:
+                task = conn.execute(
+                    "SELECT id FROM tasks WHERE response_id = ?", (resp["id"],)
+                ).fetchone()
+                return Created(resp["id"], task[0], stored.status_code, replayed=True)
+            conn.execute(
+                "DELETE FROM idempotency_keys WHERE client_id = ? AND key = ?",
+                (key.client_id, key.key),
+            )
+    if task_store.queued_count(conn) >= max_queue:
+        raise LmspError(
+            429,
+            "queue_full",
+            f"The queue holds {max_queue} tasks already; retry later.",
+            headers={"Retry-After": "5"},
+        )
+    stamp = _now()
+    response_id = new_id("resp")
+    task_id = new_id("task")
+    conn.execute(
+        "INSERT INTO responses (id, client_id, model, created_at, request, background, store,"
+        " message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            response_id,
+            client_id,
+            request["model"],
+            stamp,
+            json.dumps(request, separators=(",", ":")),
+            int(background),
+            int(request.get("store", True)),
+            new_id("msg"),
+        ),
+    )
+    conn.execute(
+        "INSERT INTO tasks (id, response_id, client_id, status, on_restart, attempt,"
+        " last_sequence_number, created_at, updated_at) VALUES (?, ?, ?, 'queued', ?, 1, -1, ?, ?)",
+        (task_id, response_id, client_id, on_restart, stamp, stamp),
+    )
+    task = task_store.get(conn, task_id)
+    assert task is not None
+    obj = task_store.render_response(conn, task)
+    batch: list[dict[str, Any]] = [{"type": "response.created", "response": obj}]
+    if background:
+        batch.append({"type": "response.queued", "response": obj})
+    events.append(conn, task_id, batch)
+    if key is not None:
+        idempotency.record(conn, key, status_code, response_id)
+    return Created(response_id, task_id, status_code, replayed=False)
+
+
+def delete(conn: sqlite3.Connection, response_id: str, client_id: str) -> str:
+    """Delete a finished response with its task and events; ``"conflict"``/``"missing"``."""
+    row = conn.execute(
+        "SELECT t.status FROM responses r JOIN tasks t ON t.response_id = r.id"
+        " WHERE r.id = ? AND r.client_id = ?",
+        (response_id, client_id),
+    ).fetchone()
+    if row is None:
+        return "missing"
+    cur = conn.execute(
+        "DELETE FROM responses WHERE id = ? AND id IN (SELECT response_id FROM tasks"
+        " WHERE status IN ('completed','failed','cancelled'))",
+        (response_id,),
+    )
+    return "deleted" if cur.rowcount == 1 else "conflict"

@@ -1,0 +1,1 @@
+"""Tasks: the pure state machine, the runner, startup recovery and retention."""

@@ -1,0 +1,73 @@
+"""Startup recovery (chapter 11.3): runs before the listener accepts.
+
+Every ``queued``, ``loading``, ``running`` and ``cancelling`` task left over is moved by
+its ``on_restart`` policy, each move and its event in one transaction:
+
+=============  ===========  ==========  =========================
+found          fail         retry       resume
+=============  ===========  ==========  =========================
+queued         failed       queued      queued
+loading        failed       queued      queued
+running        failed       queued      running (from snapshot)
+cancelling     cancelled    cancelled   cancelled
+=============  ===========  ==========  =========================
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+
+from lmsp.store import tasks as task_store
+from lmsp.store.db import Database
+from lmsp.tasks.states import Policy, Status, recovery_target
+
+RESTART_MESSAGE = "The service restarted while this task was unfinished."
+
+
+@dataclass
+class Report:
+    failed: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    kept_queued: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
+
+
+def recover_task(conn: sqlite3.Connection, task_id: str, report: Report) -> None:
+    """Apply the table to one task, inside the caller's transaction."""
+    task = task_store.get(conn, task_id)
+    if task is None:
+        return
+    found = Status(task["status"])
+    if found.terminal:
+        return
+    target = recovery_target(found, Policy(task["on_restart"]))
+    only_from = frozenset({found})
+    if target is Status.FAILED:
+        if task_store.fail(conn, task_id, "server_restarted", RESTART_MESSAGE, only_from):
+            report.failed.append(task_id)
+    elif target is Status.CANCELLED:
+        if task_store.finish_cancel(conn, task_id):
+            report.cancelled.append(task_id)
+    elif target is Status.RUNNING:
+        report.resumed.append(task_id)  # the runner continues it from its snapshot
+    elif found is Status.QUEUED:
+        report.kept_queued.append(task_id)
+    else:
+        reset = task["on_restart"] == Policy.RETRY
+        if task_store.requeue(conn, task_id, reset=reset):
+            report.requeued.append(task_id)
+
+
+def recover(db: Database) -> Report:
+    """Scan the leftover tasks and apply each one's restart policy."""
+    report = Report()
+    for task in task_store.unfinished(db.reader()):
+        task_id: str = task["id"]
+
+        def job(conn: sqlite3.Connection, task_id: str = task_id) -> None:
+            recover_task(conn, task_id, report)
+
+        db.write_sync(job)
+    return report

@@ -1,0 +1,53 @@
+"""Retention (chapter 11.2): delete finished tasks, their events and stored responses
+older than the retention period, in small batches. Every delete condition names the
+finished states, so no unfinished task can ever match.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+
+from lmsp.store.db import Database
+
+BATCH = 200
+FINISHED = "('completed','failed','cancelled')"
+
+
+@dataclass
+class Swept:
+    responses: int = 0
+    idempotency_keys: int = 0
+
+
+def delete_finished_batch(conn: sqlite3.Connection, cutoff: float, batch: int = BATCH) -> int:
+    """Delete up to ``batch`` finished responses (their tasks and events cascade)."""
+    cur = conn.execute(
+        "DELETE FROM responses WHERE id IN ("
+        f" SELECT response_id FROM tasks WHERE status IN {FINISHED}"
+        "  AND finished_at IS NOT NULL AND finished_at < ? ORDER BY finished_at LIMIT ?)",
+        (int(cutoff), batch),
+    )
+    return cur.rowcount
+
+
+def delete_expired_keys_batch(conn: sqlite3.Connection, now: float, batch: int = BATCH) -> int:
+    cur = conn.execute(
+        "DELETE FROM idempotency_keys WHERE rowid IN ("
+        " SELECT rowid FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)",
+        (int(now), batch),
+    )
+    return cur.rowcount
+
+
+def sweep(db: Database, retention: float, now: float | None = None) -> Swept:
+    """One cleanup pass; each batch is its own short transaction."""
+    stamp = time.time() if now is None else now
+    cutoff = stamp - retention
+    swept = Swept()
+    while n := db.write_sync(lambda c: delete_finished_batch(c, cutoff)):
+        swept.responses += n
+    while n := db.write_sync(lambda c: delete_expired_keys_batch(c, stamp)):
+        swept.idempotency_keys += n
+    return swept

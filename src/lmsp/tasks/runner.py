@@ -1,0 +1,243 @@
+"""The runner: the one place that turns engine outcomes and exceptions into task states
+and events.
+
+``parallel`` worker threads take queued tasks in FIFO order (tasks recovered in
+``running`` with ``on_restart: resume`` first), move them ``loading → running →``
+terminal, and log text deltas in batches: a worker hands a batch to the group-commit
+writer at least every ``flush_interval`` seconds and goes on generating while it
+commits. Each batch carries the snapshot that covers it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from lmsp.engines.base import EngineError, Sampling
+from lmsp.engines.host import ModelHost
+from lmsp.store import models
+from lmsp.store import tasks as task_store
+from lmsp.store.db import Database
+from lmsp.tasks.states import Status
+
+log = logging.getLogger(__name__)
+
+
+def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
+    """The chat messages of a stored request: ``instructions`` first, as the system message."""
+    out: list[dict[str, str]] = []
+    if request.get("instructions"):
+        out.append({"role": "system", "content": str(request["instructions"])})
+    given = request["input"]
+    if isinstance(given, str):
+        out.append({"role": "user", "content": given})
+        return out
+    for message in given:
+        content = message["content"]
+        if not isinstance(content, str):
+            content = "".join(part.get("text", "") for part in content)
+        role = "system" if message["role"] == "developer" else message["role"]
+        out.append({"role": role, "content": content})
+    return out
+
+
+class Runner:
+    def __init__(
+        self,
+        db: Database,
+        host: ModelHost,
+        *,
+        parallel: int = 1,
+        flush_interval: float = 0.05,
+    ) -> None:
+        self.db = db
+        self.host = host
+        self.parallel = parallel
+        self.flush_interval = flush_interval
+        self._wake = threading.Condition()
+        self._stop = threading.Event()
+        self._cancels: set[str] = set()
+        self._resume: deque[str] = deque()
+        self._threads: list[threading.Thread] = []
+        self.busy = 0
+
+    # -- control -------------------------------------------------------------------------
+    def start(self, resume: list[str] | None = None) -> None:
+        self._resume.extend(resume or [])
+        for slot in range(self.parallel):
+            thread = threading.Thread(
+                target=self._work, args=(slot,), name=f"lmsp-runner-{slot}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def notify(self) -> None:
+        """A task was queued: wake a worker."""
+        with self._wake:
+            self._wake.notify()
+
+    def request_cancel(self, task_id: str) -> None:
+        """A cancel committed: stop generating for ``task_id`` at the next token."""
+        self._cancels.add(task_id)
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop taking tasks; tasks in flight keep their state for recovery at next start."""
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads.clear()
+
+    # -- the test helper: run the next task in this thread ---------------------------------
+    def run_next(self, slot: int = 0) -> str | None:
+        """Run the next task to its end in the calling thread; its id, or ``None``."""
+        if self._resume:
+            task_id = self._resume.popleft()
+            self._run(task_id, slot, resumed=True)
+            return task_id
+        claimed: sqlite3.Row | None = self.db.write_sync(task_store.claim_next)
+        if claimed is None:
+            return None
+        self._run(claimed["id"], slot, resumed=False)
+        return str(claimed["id"])
+
+    def _work(self, slot: int) -> None:
+        while not self._stop.is_set():
+            try:
+                ran = self.run_next(slot)
+            except Exception:  # pragma: no cover - a bug; keep the worker alive
+                log.exception("runner slot %d failed", slot)
+                ran = None
+                time.sleep(0.5)
+            if ran is None:
+                with self._wake:
+                    self._wake.wait(timeout=0.5)
+
+    # -- one task --------------------------------------------------------------------------
+    def _run(self, task_id: str, slot: int, resumed: bool) -> None:
+        self.busy += 1
+        try:
+            self._execute(task_id, slot, resumed)
+        except EngineError as exc:
+            self._fail(task_id, exc.code, exc.message)
+        except Exception as exc:
+            log.exception("task %s failed", task_id)
+            self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
+        finally:
+            self._cancels.discard(task_id)
+            self.busy -= 1
+
+    def _fail(self, task_id: str, code: str, message: str) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            task_store.fail(conn, task_id, code, message)
+            task_store.finish_cancel(conn, task_id)  # a cancel that came first still wins
+
+        self.db.write_sync(job)
+
+    def _cancelled(self, task_id: str) -> None:
+        self.db.write_sync(lambda conn: task_store.finish_cancel(conn, task_id))
+
+    def _execute(self, task_id: str, slot: int, resumed: bool) -> None:
+        conn = self.db.reader()
+        task = task_store.get(conn, task_id)
+        if task is None:
+            return
+        response = task_store.get_response(conn, task["response_id"])
+        assert response is not None
+        request = json.loads(response["request"])
+        record = models.get(conn, response["model"])
+        if record is None:
+            raise EngineError("model_load_failed", f"The model {response['model']!r} is gone.")
+        model = self.host.get(record, slot)
+        if resumed:
+            if not self.db.write_sync(lambda c: task_store.mark_resumed(c, task_id, record.digest)):
+                return
+        elif self.db.write_sync(lambda c: task_store.start(c, task_id, record.digest)) is None:
+            self._cancelled(task_id)  # a cancel won while loading
+            return
+
+        snapshot = json.loads(task["snapshot"]) if resumed and task["snapshot"] else {}
+        tokens: list[int] = list(snapshot.get("tokens", []))
+        text: str = snapshot.get("text", "")
+        temperature, top_p = request.get("temperature"), request.get("top_p")
+        sampling = Sampling(
+            temperature=1.0 if temperature is None else float(temperature),
+            top_p=1.0 if top_p is None else float(top_p),
+            seed=int(request["seed"]),
+        )
+        prompt = model.prompt_tokens(messages_of(request))
+        if len(prompt) >= model.n_ctx:
+            raise EngineError(
+                "context_length_exceeded",
+                f"The prompt has {len(prompt)} tokens; the context holds {model.n_ctx}.",
+            )
+        limit = request.get("max_output_tokens")
+        budget = model.n_ctx - len(prompt)
+        cap = budget if limit is None else min(int(limit), budget)
+
+        pending: list[str] = []
+        inflight: concurrent.futures.Future[Any] | None = None
+        last_flush = time.monotonic()
+        stopped = False
+        incomplete: str | None = None
+
+        def flush() -> concurrent.futures.Future[Any]:
+            snap = {"text": text, "tokens": list(tokens), "seed": sampling.seed}
+            batch = list(pending)
+            pending.clear()
+            return self.db.submit(lambda c: task_store.append_output(c, task_id, batch, snap))
+
+        if len(tokens) >= cap:
+            incomplete = "max_output_tokens"
+        else:
+            for piece in model.generate(prompt, tokens, sampling):
+                tokens.append(piece.token)
+                if piece.text:
+                    text += piece.text
+                    pending.append(piece.text)
+                if task_id in self._cancels or self._stop.is_set():
+                    stopped = True
+                    break
+                if len(tokens) >= cap:
+                    incomplete = "max_output_tokens"
+                    break
+                if pending and time.monotonic() - last_flush >= self.flush_interval:
+                    if inflight is not None and not inflight.result():
+                        stopped = True  # the task left `running`: a cancel won
+                        break
+                    inflight = flush()
+                    last_flush = time.monotonic()
+        if inflight is not None and not inflight.result():
+            stopped = True
+        if self._stop.is_set() and task_id not in self._cancels:
+            if pending:  # shutting down: persist what we have, recovery decides the rest
+                flush().result()
+            return
+        if stopped or task_id in self._cancels:
+            self._cancelled(task_id)
+            return
+        if pending:
+            flush()  # ordered before the completion in the writer's queue
+        usage = {
+            "input_tokens": len(prompt),
+            "output_tokens": len(tokens),
+            "total_tokens": len(prompt) + len(tokens),
+        }
+
+        def finish(conn: sqlite3.Connection) -> None:
+            if task_store.complete(conn, task_id, text, usage, incomplete) is None:
+                task_store.finish_cancel(conn, task_id)  # the cancel committed first
+
+        self.db.write_sync(finish)
+
+
+def status_of(db: Database, task_id: str) -> Status | None:
+    task = task_store.get(db.reader(), task_id)
+    return None if task is None else Status(task["status"])
