@@ -1,0 +1,143 @@
+"""Test helpers: a real ``lmsp serve`` subprocess and log checks on real SQLite files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TERMINAL_EVENTS = {
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "response.cancelled",
+}
+EVENT_FOR_STATUS = {
+    "completed": {"response.completed", "response.incomplete"},
+    "failed": {"response.failed"},
+    "cancelled": {"response.cancelled"},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """``lmsp serve`` in a subprocess on a data directory that outlives it."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"{data_dir.name}-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        return (self.data_dir / "owner.token").read_text().strip()
+
+    def client(self, timeout: float = 60) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=timeout,
+        )
+
+    def start(self, wait: float = 120) -> Server:
+        env = dict(os.environ)
+        env.update(
+            {
+                "LMSP_DATA_DIR": str(self.data_dir),
+                "LMSP_PORT": str(self.port),
+                "LMSP_HOST": "127.0.0.1",
+                "LMSP_ENABLE_TEST_ENGINE": "1",
+            }
+        )
+        env.update(self.extra_env)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lmsp", "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not become healthy")
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown code runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        self.proc = None
+
+    def restart(self) -> Server:
+        self.kill()
+        return self.start()
+
+
+def open_db(data_dir: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(data_dir / "lmsp.db"), timeout=30)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def task_log(conn: sqlite3.Connection, task_id: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(r[0])
+        for r in conn.execute(
+            "SELECT data FROM task_events WHERE task_id = ? ORDER BY sequence_number", (task_id,)
+        )
+    ]
+
+
+def check_log_invariants(conn: sqlite3.Connection) -> None:
+    """Every log is gap-free from 0, the task row holds its last number, a finished task
+    has exactly one terminal event and it is the last, and the status matches it."""
+    for task in conn.execute("SELECT * FROM tasks"):
+        events = task_log(conn, task["id"])
+        seqs = [e["sequence_number"] for e in events]
+        assert seqs == list(range(len(events))), (task["id"], seqs)
+        assert task["last_sequence_number"] == len(events) - 1
+        terminal = [e for e in events if e["type"] in TERMINAL_EVENTS]
+        if task["status"] in EVENT_FOR_STATUS:
+            assert len(terminal) == 1, (task["id"], [e["type"] for e in events])
+            assert events[-1]["type"] in EVENT_FOR_STATUS[task["status"]]
+        else:
+            assert terminal == [], (task["id"], task["status"])
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
