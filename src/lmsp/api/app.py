@@ -90,8 +90,11 @@ def _param(loc: tuple[Any, ...]) -> str | None:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = exc.errors()
-    first = problems[0] if problems else {}
+    problems = list(exc.errors())
+    # in a union, the deepest error names the field the client got wrong
+    first = max(problems, key=lambda e: len(e.get("loc", ())), default={})
+    if any(p.get("type") == "json_invalid" for p in problems):
+        first = {"type": "json_invalid"}
     if first.get("type") == "json_invalid":
         return error_response(errors.invalid("The body is not valid JSON.", code="invalid_json"))
     loc = tuple(first.get("loc", ()))

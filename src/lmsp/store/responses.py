@@ -20,6 +20,8 @@ class Created:
     task_id: str
     status_code: int
     replayed: bool
+    # the object as committed (status ``queued``); ``None`` on a replay
+    response: dict[str, Any] | None = None
 
 
 def create(
@@ -89,7 +91,7 @@ def create(
     events.append(conn, task_id, batch)
     if key is not None:
         idempotency.record(conn, key, status_code, response_id)
-    return Created(response_id, task_id, status_code, replayed=False)
+    return Created(response_id, task_id, status_code, replayed=False, response=obj)
 
 
 def delete(conn: sqlite3.Connection, response_id: str, client_id: str) -> str:

@@ -258,6 +258,22 @@ def complete(
     )
 
 
+def settle(
+    conn: sqlite3.Connection,
+    task_id: str,
+    text: str,
+    usage: dict[str, int],
+    incomplete_reason: str | None = None,
+) -> Status | None:
+    """The runner's last word: complete the task, or, if a cancel committed first,
+    finish that cancel. Returns the terminal state reached (``None``: nothing to do)."""
+    if complete(conn, task_id, text, usage, incomplete_reason) is not None:
+        return Status.COMPLETED
+    if finish_cancel(conn, task_id) is not None:
+        return Status.CANCELLED
+    return None
+
+
 def fail(
     conn: sqlite3.Connection,
     task_id: str,

@@ -61,7 +61,8 @@ class Runner:
         self.parallel = parallel
         self.flush_interval = flush_interval
         self._wake = threading.Condition()
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # workers take no more tasks
+        self._shutdown = threading.Event()  # tasks in flight stop where they are
         self._cancels: set[str] = set()
         self._resume: deque[str] = deque()
         self._threads: list[threading.Thread] = []
@@ -86,14 +87,20 @@ class Runner:
         """A cancel committed: stop generating for ``task_id`` at the next token."""
         self._cancels.add(task_id)
 
-    def stop(self, timeout: float = 30) -> None:
-        """Stop taking tasks; tasks in flight keep their state for recovery at next start."""
+    def pause(self, timeout: float = 30) -> None:
+        """Stop the worker threads once their current task ends (``run_next`` still works)."""
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()
+
+    def stop(self, timeout: float = 30) -> None:
+        """Shut down: tasks in flight persist what they have and keep their state, for
+        startup recovery to apply their ``on_restart`` policy."""
+        self._shutdown.set()
+        self.pause(timeout)
 
     # -- the test helper: run the next task in this thread ---------------------------------
     def run_next(self, slot: int = 0) -> str | None:
@@ -158,6 +165,7 @@ class Runner:
         model = self.host.get(record, slot)
         if resumed:
             if not self.db.write_sync(lambda c: task_store.mark_resumed(c, task_id, record.digest)):
+                self._cancelled(task_id)  # a cancel won before the resume
                 return
         elif self.db.write_sync(lambda c: task_store.start(c, task_id, record.digest)) is None:
             self._cancelled(task_id)  # a cancel won while loading
@@ -202,7 +210,7 @@ class Runner:
                 if piece.text:
                     text += piece.text
                     pending.append(piece.text)
-                if task_id in self._cancels or self._stop.is_set():
+                if task_id in self._cancels or self._shutdown.is_set():
                     stopped = True
                     break
                 if len(tokens) >= cap:
@@ -216,7 +224,7 @@ class Runner:
                     last_flush = time.monotonic()
         if inflight is not None and not inflight.result():
             stopped = True
-        if self._stop.is_set() and task_id not in self._cancels:
+        if self._shutdown.is_set() and task_id not in self._cancels:
             if pending:  # shutting down: persist what we have, recovery decides the rest
                 flush().result()
             return
@@ -231,11 +239,7 @@ class Runner:
             "total_tokens": len(prompt) + len(tokens),
         }
 
-        def finish(conn: sqlite3.Connection) -> None:
-            if task_store.complete(conn, task_id, text, usage, incomplete) is None:
-                task_store.finish_cancel(conn, task_id)  # the cancel committed first
-
-        self.db.write_sync(finish)
+        self.db.write_sync(lambda c: task_store.settle(c, task_id, text, usage, incomplete))
 
 
 def status_of(db: Database, task_id: str) -> Status | None:

@@ -87,7 +87,9 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
         return _stream(request, created.task_id, -1, not body.background, headers)
     if body.background:
         headers["Location"] = f"/v1/responses/{created.response_id}"
-        return JSONResponse(svc.response_object(created.task_id), 202, headers=headers)
+        # the object as committed: a worker may claim the task before a re-read
+        obj = created.response or svc.response_object(created.task_id)
+        return JSONResponse(obj, 202, headers=headers)
     await svc.wait_finished(created.task_id)
     obj = svc.response_object(created.task_id)
     if not body.store:

@@ -1,0 +1,12 @@
+CREATE TABLE _migrations ( name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL) STRICT;
+CREATE TABLE clients ( id TEXT PRIMARY KEY, name TEXT NOT NULL, token_prefix TEXT NOT NULL, token_hash TEXT NOT NULL UNIQUE, scopes TEXT NOT NULL, created_at INTEGER NOT NULL, last_used_at INTEGER, revoked_at INTEGER ) STRICT;
+CREATE TABLE idempotency_keys ( client_id TEXT NOT NULL REFERENCES clients(id), key TEXT NOT NULL, request_digest TEXT NOT NULL, status_code INTEGER NOT NULL, resource_id TEXT, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (client_id, key) ) STRICT;
+CREATE TABLE models ( id TEXT PRIMARY KEY, format TEXT NOT NULL, engine TEXT NOT NULL, digest TEXT NOT NULL, size_bytes INTEGER NOT NULL, owned_by TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{}', position INTEGER NOT NULL, created_at INTEGER NOT NULL ) STRICT;
+CREATE TABLE responses ( id TEXT PRIMARY KEY, client_id TEXT NOT NULL REFERENCES clients(id), model TEXT NOT NULL, model_digest TEXT, created_at INTEGER NOT NULL, request TEXT NOT NULL, background INTEGER NOT NULL, store INTEGER NOT NULL, output_text TEXT, message_id TEXT NOT NULL, usage TEXT, incomplete_reason TEXT ) STRICT;
+CREATE TABLE service_config ( key TEXT PRIMARY KEY, value TEXT NOT NULL ) STRICT;
+CREATE TABLE task_events ( task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE, sequence_number INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (task_id, sequence_number) ) STRICT, WITHOUT ROWID;
+CREATE TABLE tasks ( seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, response_id TEXT NOT NULL UNIQUE REFERENCES responses(id) ON DELETE CASCADE, client_id TEXT NOT NULL REFERENCES clients(id), status TEXT NOT NULL CHECK (status IN ('queued','loading','running','cancelling','completed','failed','cancelled')), on_restart TEXT NOT NULL CHECK (on_restart IN ('fail','retry','resume')), attempt INTEGER NOT NULL DEFAULT 1, last_sequence_number INTEGER NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, finished_at INTEGER, error_code TEXT, error_message TEXT, snapshot TEXT ) STRICT;
+CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
+CREATE INDEX tasks_client ON tasks(client_id, seq);
+CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX tasks_status ON tasks(status, seq);

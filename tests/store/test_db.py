@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from lmsp.store.db import Database
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    database = Database(tmp_path / "lmsp.db")
+    yield database  # type: ignore[misc]
+    database.close()
+
+
+def put(key: str, value: str):  # type: ignore[no-untyped-def]
+    def job(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT INTO service_config (key, value) VALUES (?, ?)", (key, value))
+        return key
+
+    return job
+
+
+def hold_writer(db: Database) -> threading.Event:
+    """Occupy the writer until the returned event is set, so later jobs queue up."""
+    release = threading.Event()
+    started = threading.Event()
+
+    def blocker(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(10)
+
+    db.submit(blocker)
+    started.wait(10)
+    return release
+
+
+def test_waiting_jobs_share_one_commit(db: Database) -> None:
+    release = hold_writer(db)
+    commits_before = db.commits
+    futures = [db.submit(put(f"k{i}", "v")) for i in range(50)]
+    release.set()
+    assert [f.result(10) for f in futures] == [f"k{i}" for i in range(50)]
+    # the blocker's batch plus at most one more: 50 jobs, one or two commits
+    assert db.commits - commits_before <= 2
+    count = db.reader().execute("SELECT count(*) FROM service_config").fetchone()[0]
+    assert count == 50
+
+
+def test_a_failing_job_rolls_back_only_itself(db: Database) -> None:
+    release = hold_writer(db)
+
+    def half_then_fail(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO service_config (key, value) VALUES ('partial', 'x')")
+        raise ValueError("boom")
+
+    ok1 = db.submit(put("a", "1"))
+    bad = db.submit(half_then_fail)
+    ok2 = db.submit(put("b", "2"))
+    release.set()
+    assert ok1.result(10) == "a" and ok2.result(10) == "b"
+    with pytest.raises(ValueError, match="boom"):
+        bad.result(10)
+    keys = {r[0] for r in db.reader().execute("SELECT key FROM service_config")}
+    assert keys == {"a", "b"}
+
+
+def test_answers_come_after_the_commit(db: Database, tmp_path: Path) -> None:
+    """A write is visible to a brand-new connection as soon as its caller is answered."""
+    db.write_sync(put("durable", "yes"))
+    other = sqlite3.connect(str(tmp_path / "lmsp.db"))
+    assert other.execute("SELECT value FROM service_config WHERE key = 'durable'").fetchone() == (
+        "yes",
+    )
+
+
+def test_many_threads_write_concurrently(db: Database) -> None:
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(20):
+                db.write_sync(put(f"t{n}-{i}", "v"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert db.reader().execute("SELECT count(*) FROM service_config").fetchone()[0] == 160
+    assert db.jobs >= 160

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from lmsp.store.db import Database, connect
+from lmsp.store.migrations import MIGRATIONS, applied, migrate, schema_version
+
+EXPECTED = Path(__file__).with_name("expected_schema.sql")
+
+
+def dump_schema(conn: sqlite3.Connection) -> str:
+    rows = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
+        " ORDER BY type DESC, name"
+    )
+    return "\n".join(" ".join(r[0].split()) + ";" for r in rows) + "\n"
+
+
+def test_blank_database_migrates_to_the_expected_schema(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "blank.db")
+    assert migrate(conn) == [name for name, _ in MIGRATIONS]
+    assert dump_schema(conn) == EXPECTED.read_text()
+    assert schema_version(conn) == MIGRATIONS[-1][0]
+
+
+def test_migrating_again_changes_nothing(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "twice.db")
+    migrate(conn)
+    before = dump_schema(conn)
+    assert migrate(conn) == []
+    assert dump_schema(conn) == before
+    assert applied(conn) == sorted(name for name, _ in MIGRATIONS)
+
+
+def test_the_chapter_11_tables_exist(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "tables.db")
+    migrate(conn)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {
+        "service_config",
+        "clients",
+        "models",
+        "responses",
+        "tasks",
+        "task_events",
+        "idempotency_keys",
+    } <= tables
+
+
+def test_connections_use_the_durable_pragmas(tmp_path: Path) -> None:
+    db = Database(tmp_path / "p.db")
+    try:
+        conn = db.reader()
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
+    finally:
+        db.close()
