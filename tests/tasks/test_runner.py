@@ -153,14 +153,18 @@ def test_cancel_races_completion_1000_times(svc: Service) -> None:
         barrier = threading.Barrier(2)
         results: dict[str, Any] = {}
 
-        def completer(task_id: str = task_id, barrier: threading.Barrier = barrier) -> None:
+        def completer(
+            task_id: str = task_id, barrier: threading.Barrier = barrier, results: dict = results
+        ) -> None:
             barrier.wait()
             time.sleep(random.random() * 0.0005)
             results["settle"] = svc.db.write_sync(
                 lambda c: task_store.settle(c, task_id, "a b ", usage)
             )
 
-        def canceller(task_id: str = task_id, barrier: threading.Barrier = barrier) -> None:
+        def canceller(
+            task_id: str = task_id, barrier: threading.Barrier = barrier, results: dict = results
+        ) -> None:
             barrier.wait()
             time.sleep(random.random() * 0.0005)
             results["cancel"] = svc.db.write_sync(lambda c: task_store.cancel(c, task_id))

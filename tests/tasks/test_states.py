@@ -96,4 +96,4 @@ def test_response_status_mapping() -> None:
     assert response_status(Status.COMPLETED, incomplete=True) == "incomplete"
     assert response_status(Status.FAILED) == "failed"
     assert response_status(Status.CANCELLED) == "cancelled"
-    assert UNFINISHED | TERMINAL == set(Status)
+    assert set(Status) == UNFINISHED | TERMINAL

@@ -90,13 +90,11 @@ def _param(loc: tuple[Any, ...]) -> str | None:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = list(exc.errors())
+    problems: list[dict[str, Any]] = list(exc.errors())
+    if any(p.get("type") == "json_invalid" for p in problems):
+        return error_response(errors.invalid("The body is not valid JSON.", code="invalid_json"))
     # in a union, the deepest error names the field the client got wrong
     first = max(problems, key=lambda e: len(e.get("loc", ())), default={})
-    if any(p.get("type") == "json_invalid" for p in problems):
-        first = {"type": "json_invalid"}
-    if first.get("type") == "json_invalid":
-        return error_response(errors.invalid("The body is not valid JSON.", code="invalid_json"))
     loc = tuple(first.get("loc", ()))
     param = _param(loc)
     if first.get("type") == "missing" and param is None:
