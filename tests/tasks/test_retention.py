@@ -1,10 +1,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
@@ -18,14 +16,6 @@ from lmsp.tasks.retention import sweep
 from tests.tasks.test_runner import enqueue, owner_id
 
 DAY = 86400
-
-
-@pytest.fixture
-def svc(settings: Settings) -> Iterator[Service]:
-    service = open_service(settings)
-    yield service
-    service.host.close()
-    service.db.close()
 
 
 def backdate(svc: Service, task_id: str, seconds: int) -> None:

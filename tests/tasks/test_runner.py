@@ -5,26 +5,14 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from lmsp.api.service import Service, open_service
+from lmsp.api.service import Service
 from lmsp.config import Settings
 from lmsp.store import responses
 from lmsp.store import tasks as task_store
 from lmsp.tasks.states import Status
 from tests.helpers import check_log_invariants, task_log
-
-
-@pytest.fixture
-def svc(settings: Settings) -> Iterator[Service]:
-    service = open_service(settings)
-    yield service
-    service.runner.stop()
-    service.host.close()
-    service.db.close()
 
 
 def owner_id(svc: Service) -> str:
