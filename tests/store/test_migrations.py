@@ -58,3 +58,19 @@ def test_connections_use_the_durable_pragmas(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
     finally:
         db.close()
+
+
+def test_an_older_database_upgrades_in_place(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from lmsp.store import migrations
+
+    conn = connect(tmp_path / "old.db")
+    monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[:1])
+    assert migrations.migrate(conn) == ["m001_initial"]
+    conn.execute(
+        "INSERT INTO models (id, format, engine, digest, size_bytes, owned_by, position,"
+        " created_at) VALUES ('m', 'gguf', 'llama_cpp', 'sha256:00', 1, 'lmsp', 0, 0)"
+    )
+    monkeypatch.undo()
+    assert migrate(conn) == [name for name, _ in MIGRATIONS[1:]]
+    assert dump_schema(conn) == EXPECTED.read_text()
+    assert conn.execute("SELECT status FROM models WHERE id = 'm'").fetchone()[0] == "ready"

@@ -100,6 +100,33 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
         """,
     ),
+    (
+        "m002_pairing",
+        """
+        CREATE TABLE pairing_requests (
+            id TEXT PRIMARY KEY,
+            user_code TEXT NOT NULL UNIQUE,
+            client_name TEXT NOT NULL,
+            scopes TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('pending','approved','denied','claimed')),
+            granted_scopes TEXT,
+            client_id TEXT REFERENCES clients(id),
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            decided_at INTEGER,
+            claimed_at INTEGER
+        ) STRICT;
+        CREATE INDEX pairing_expiry ON pairing_requests(expires_at);
+        """,
+    ),
+    (
+        "m003_model_state",
+        """
+        ALTER TABLE models ADD COLUMN status TEXT NOT NULL DEFAULT 'ready'
+            CHECK (status IN ('ready','corrupt'));
+        ALTER TABLE models ADD COLUMN verified_at INTEGER;
+        """,
+    ),
 ]
 
 
