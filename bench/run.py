@@ -1,0 +1,442 @@
+"""lmsp benchmarks, side by side with their bare baselines, in one run.
+
+    .venv/bin/python bench/run.py        (or: make bench)
+
+(a) generation: tokens/s for one greedy prompt through bare llama-cpp-python (the same
+    GGUF file, n_ctx and thread count, the same prompt tokens) and through a real
+    ``lmsp serve`` subprocess (streamed over HTTP, every event persisted); runs are
+    interleaved and the median of each is reported.
+(b) durable writes: background responses created per second by concurrent HTTP clients
+    (each answered ``202`` only after its commit) against a naive durable baseline, raw
+    SQLite doing one INSERT + COMMIT per row (WAL, synchronous=FULL); plus an in-process
+    run of the same app that reads the writer's commit counter.
+
+Nothing here is part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers import Server  # noqa: E402  (the test suite's subprocess launcher)
+
+MODEL = "smollm2-135m-instruct"
+TEST_MODEL = "lmsp-test"
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+PAUSE = 0.25  # seconds between runs, so one side's idle threads settle
+TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
+
+
+def threads() -> int:
+    """The thread count lmsp's llama.cpp engine uses (``LMSP_THREADS`` or all CPUs)."""
+    return max(1, int(os.environ.get("LMSP_THREADS", "0")) or (os.cpu_count() or 1))
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  ".join([first, *rest])
+
+    print(f"\n{title}")
+    print(line(header))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+
+
+@dataclass
+class Run:
+    tokens: int
+    seconds: float
+    first_token: float  # seconds from the request to the first text
+    prompt_tokens: int
+    text: str
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens after the first, over the time after the first."""
+        span = self.seconds - self.first_token
+        return (self.tokens - 1) / span if span > 0 else float("nan")
+
+
+# -- (a) generation ----------------------------------------------------------------------
+
+
+class Bare:
+    """llama-cpp-python by itself, prompted with the tokens lmsp would build."""
+
+    def __init__(self, model_path: Path, n_ctx: int) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.llm = Llama(
+            model_path=str(model_path),
+            n_ctx=n_ctx,
+            n_threads=threads(),
+            n_threads_batch=threads(),
+            verbose=False,
+        )
+        meta = dict(self.llm.metadata)
+
+        def piece(token: int) -> str:
+            return bytes(self.llm.detokenize([token], special=True)).decode(errors="replace")
+
+        formatter = Jinja2ChatFormatter(
+            template=meta["tokenizer.chat_template"],
+            eos_token=piece(self.llm.token_eos()),
+            bos_token=piece(self.llm.token_bos()),
+        )
+        text = formatter(messages=[{"role": "user", "content": PROMPT}]).prompt
+        self.prompt = self.llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    def run(self, max_tokens: int) -> Run:
+        self.llm.reset()  # evaluate the prompt every time, as lmsp does for each task
+        start = time.perf_counter()
+        first = None
+        chunks: Any = self.llm.create_completion(
+            prompt=self.prompt, max_tokens=max_tokens, temperature=0.0, stream=True
+        )
+        count = 0
+        text = ""
+        for chunk in chunks:
+            if first is None:
+                first = time.perf_counter() - start
+            choice = chunk["choices"][0]
+            text += choice["text"]
+            # one chunk a token; a last, empty one carries the finish_reason
+            count += choice["finish_reason"] is None
+        seconds = time.perf_counter() - start
+        return Run(count, seconds, first or seconds, len(self.prompt), text)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def lmsp_run(http: httpx.Client, max_tokens: int) -> Run:
+    body = {
+        "model": MODEL,
+        "input": PROMPT,
+        "max_output_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    first = None
+    event = ""
+    final: dict[str, Any] | None = None
+    with http.stream("POST", "/v1/responses", json=body) as answer:
+        answer.raise_for_status()
+        for line in answer.iter_lines():
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                if event == "response.output_text.delta" and first is None:
+                    first = time.perf_counter() - start
+                if event in TERMINAL:
+                    final = json.loads(line[5:])["response"]
+    seconds = time.perf_counter() - start
+    assert final is not None and final["usage"], "no terminal event"
+    usage = final["usage"]
+    text = "".join(part["text"] for item in final["output"] for part in item["content"])
+    return Run(usage["output_tokens"], seconds, first or seconds, usage["input_tokens"], text)
+
+
+def bench_generation(work: Path, max_tokens: int, reps: int) -> list[list[str]]:
+    from lmsp.bootstrap import bundled_model_path
+    from lmsp.config import Settings
+
+    n_ctx = Settings().n_ctx
+    bare = Bare(bundled_model_path(), n_ctx)
+    server = Server(work / "gen-data", env={"LMSP_THREADS": str(threads())}).start()
+    try:
+        with server.client(timeout=300) as http:
+            bare.run(8)  # warm-up: caches, and lmsp loads its model on first use
+            lmsp_run(http, 8)
+            bare_runs: list[Run] = []
+            lmsp_runs: list[Run] = []
+            for _ in range(reps):  # interleaved, so drift and noise hit both alike
+                bare_runs.append(bare.run(max_tokens))
+                time.sleep(PAUSE)
+                lmsp_runs.append(lmsp_run(http, max_tokens))
+                time.sleep(PAUSE)
+    finally:
+        server.stop()
+        bare.close()
+
+    def row(name: str, runs: list[Run]) -> list[str]:
+        rates = [r.rate for r in runs]
+        return [
+            name,
+            f"{median([r.prompt_tokens for r in runs]):.0f}",
+            f"{median([r.tokens for r in runs]):.0f}",
+            f"{median(rates):.1f}",
+            f"{max(rates):.1f}",
+            f"{median([r.decode_rate for r in runs]):.1f}",
+            f"{median([r.first_token for r in runs]) * 1000:.0f}",
+        ]
+
+    def ratio(key: Callable[[Run], float]) -> str:
+        return f"{median([key(r) for r in lmsp_runs]) / median([key(r) for r in bare_runs]):.3f}"
+
+    rows = [
+        row("bare llama-cpp-python", bare_runs),
+        row("lmsp (HTTP stream, persisted)", lmsp_runs),
+        [
+            "ratio lmsp / bare",
+            "",
+            "",
+            ratio(lambda r: r.rate),
+            f"{max(r.rate for r in lmsp_runs) / max(r.rate for r in bare_runs):.3f}",
+            ratio(lambda r: r.decode_rate),
+            ratio(lambda r: r.first_token),
+        ],
+    ]
+    table(
+        f"(a) generation: {MODEL}, greedy, {max_tokens} tokens max, n_ctx {n_ctx}, "
+        f"{threads()} threads, median of {reps} interleaved runs",
+        ["path", "prompt tok", "out tok", "tok/s", "best tok/s", "decode tok/s", "first text ms"],
+        rows,
+    )
+    same = bare_runs[0].text == lmsp_runs[0].text
+    print(f"same greedy text from both: {'yes' if same else 'no'}")
+    print(
+        "tok/s = output tokens / (request to last token), median; best = fastest run;"
+        " decode = after the first text;"
+        " lmsp's first text includes HTTP, the create commit, the loading/running"
+        " commits and its 50 ms delta batching"
+    )
+    return rows
+
+
+# -- (b) durable writes ------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    requests: int
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+
+async def hammer(
+    make_client: Callable[[], httpx.AsyncClient],
+    concurrency: int,
+    duration: float,
+    at_start: Callable[[], None] | None = None,
+) -> Load:
+    """``concurrency`` clients create background responses for ``duration`` seconds;
+    ``at_start`` runs after the warm-up, right before the measured window."""
+    body = {"model": TEST_MODEL, "input": "durable hello", "background": True}
+    latencies: list[float] = []
+
+    async def worker(client: httpx.AsyncClient, stop_at: float) -> None:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            answer = await client.post("/v1/responses", json=body)
+            if answer.status_code != 202:
+                raise RuntimeError(f"{answer.status_code}: {answer.text}")
+            latencies.append(time.perf_counter() - t0)
+
+    async with make_client() as client:
+        for _ in range(concurrency):  # warm-up: connections and code paths
+            await client.post("/v1/responses", json=body)
+        if at_start is not None:
+            at_start()
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client, start + duration) for _ in range(concurrency)))
+        seconds = time.perf_counter() - start
+    return Load(len(latencies), seconds, latencies)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def lmsp_writes(work: Path, concurrency: int, duration: float) -> Load:
+    env = {"LMSP_TEST_ENGINE_DELAY": "0", "LMSP_MAX_QUEUE": "1000000"}
+    server = Server(work / "write-data", env=env).start()
+    try:
+        token = server.token
+
+        def make() -> httpx.AsyncClient:
+            limits = httpx.Limits(max_connections=concurrency)
+            headers = {"Authorization": f"Bearer {token}"}
+            return httpx.AsyncClient(
+                base_url=server.url, headers=headers, limits=limits, timeout=60
+            )
+
+        return asyncio.run(hammer(make, concurrency, duration))
+    finally:
+        server.stop()
+
+
+def lmsp_in_process(work: Path, concurrency: int, duration: float) -> tuple[Load, int, int]:
+    """The same app in this process (ASGI, no sockets), runner paused: every commit
+    of the writer is a create's, so commits vs requests is exact."""
+    os.environ["LMSP_TEST_ENGINE_DELAY"] = "0"
+    from lmsp.api.app import create_app
+    from lmsp.config import Settings
+
+    settings = Settings(
+        data_dir=work / "asgi-data", enable_test_engine=True, max_queue=10**6, gc_interval=3600
+    )
+    app = create_app(settings)
+
+    async def main() -> tuple[Load, int, int]:
+        async with app.router.lifespan_context(app):
+            svc = app.state.lmsp
+            await asyncio.to_thread(svc.runner.stop)
+            token = settings.owner_token_path.read_text().strip()
+
+            def make() -> httpx.AsyncClient:
+                return httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app),
+                    base_url="http://lmsp",
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+
+            before: list[int] = []
+
+            def mark() -> None:
+                before[:] = [svc.db.commits, svc.db.jobs]
+
+            load = await hammer(make, concurrency, duration, mark)
+            commits, jobs = svc.db.commits - before[0], svc.db.jobs - before[1]
+            assert jobs == load.requests, (jobs, load.requests)  # nothing else wrote
+            return load, load.requests, commits
+
+    return asyncio.run(main())
+
+
+def sqlite_naive(work: Path, duration: float) -> Load:
+    """One INSERT + COMMIT per row, WAL, synchronous=FULL: the naive durable baseline."""
+    path = work / "naive.db"
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE rows (id INTEGER PRIMARY KEY, created_at REAL, data TEXT)")
+    payload = json.dumps({"model": TEST_MODEL, "input": "durable hello", "pad": "x" * 1500})
+    latencies: list[float] = []
+    start = time.perf_counter()
+    stop_at = start + duration
+    while time.perf_counter() < stop_at:
+        t0 = time.perf_counter()
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO rows (created_at, data) VALUES (?, ?)", (t0, payload))
+        conn.execute("COMMIT")
+        latencies.append(time.perf_counter() - t0)
+    seconds = time.perf_counter() - start
+    conn.close()
+    return Load(len(latencies), seconds, latencies)
+
+
+def bench_writes(work: Path, concurrency: int, duration: float) -> list[list[str]]:
+    naive = sqlite_naive(work, duration)
+    served = lmsp_writes(work, concurrency, duration)
+    local, requests, commits = lmsp_in_process(work, concurrency, duration)
+
+    def row(name: str, load: Load, ratio: str, commit_note: str) -> list[str]:
+        return [
+            name,
+            f"{load.requests}",
+            f"{load.rate:.0f}",
+            f"{percentile(load.latencies, 0.5) * 1000:.1f}",
+            f"{percentile(load.latencies, 0.99) * 1000:.1f}",
+            ratio,
+            commit_note,
+        ]
+
+    rows = [
+        row("raw SQLite, 1 INSERT+COMMIT per row", naive, "1.00", "1 per row"),
+        row(
+            f"lmsp serve, HTTP, {concurrency} clients",
+            served,
+            f"{served.rate / naive.rate:.2f}",
+            "not exposed",
+        ),
+        row(
+            f"lmsp in-process ASGI, {concurrency} clients, runner paused",
+            local,
+            f"{local.rate / naive.rate:.2f}",
+            f"{commits} for {requests} ({requests / max(commits, 1):.1f}/commit)",
+        ),
+    ]
+    table(
+        f"(b) durable writes: {duration:.0f} s each, WAL + synchronous=FULL, "
+        "202 only after COMMIT; lmsp serve runs its tasks meanwhile (test engine, no delay)",
+        ["path", "requests", "per s", "p50 ms", "p99 ms", "vs raw", "commits"],
+        rows,
+    )
+    return rows
+
+
+@contextlib.contextmanager
+def workdir(base: str | None) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="lmsp-bench-", dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=128, help="output tokens for (a)")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions for (a)")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients for (b)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="duration of each (b) run")
+    parser.add_argument("--dir", default=None, help="where the data directories go")
+    parser.add_argument("--only", choices=["generation", "writes"], default=None)
+    args = parser.parse_args()
+
+    began = time.perf_counter()
+    with workdir(args.dir) as work:
+        print(
+            f"lmsp bench: {platform.platform()}, Python {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs, data in {work}"
+        )
+        if args.only in (None, "generation"):
+            bench_generation(work, args.tokens, args.reps)
+        if args.only in (None, "writes"):
+            bench_writes(work, args.clients, args.seconds)
+    print(f"\ntotal {time.perf_counter() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
