@@ -344,6 +344,51 @@ def lmsp_in_process(work: Path, concurrency: int, duration: float) -> tuple[Load
     return asyncio.run(main())
 
 
+def lmsp_store(work: Path, concurrency: int, duration: float) -> tuple[Load, int]:
+    """The create transaction alone (response + task + events, rendered objects) from
+    ``concurrency`` threads through the group-commit writer: storage without HTTP."""
+    import threading
+
+    from lmsp.api.service import open_service
+    from lmsp.config import Settings
+    from lmsp.store import responses
+
+    settings = Settings(data_dir=work / "store-data", enable_test_engine=True)
+    svc = open_service(settings)
+    owner = (
+        svc.db.reader()
+        .execute("SELECT value FROM service_config WHERE key = 'owner_client_id'")
+        .fetchone()[0]
+    )
+    latencies: list[float] = []
+    commits_before = svc.db.commits
+    stop_at = time.perf_counter() + duration
+
+    def worker(n: int) -> None:
+        i = 0
+        while time.perf_counter() < stop_at:
+            body = {"model": TEST_MODEL, "input": f"w{n}-{i}", "background": True, "seed": 1}
+            t0 = time.perf_counter()
+            svc.db.write_sync(
+                lambda c, body=body: responses.create(
+                    c, client_id=owner, request=body, on_restart="fail", max_queue=10**9, key=None
+                )
+            )
+            latencies.append(time.perf_counter() - t0)
+            i += 1
+
+    start = time.perf_counter()
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(concurrency)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    seconds = time.perf_counter() - start
+    commits = svc.db.commits - commits_before
+    svc.db.close()
+    return Load(len(latencies), seconds, latencies), commits
+
+
 def sqlite_naive(work: Path, duration: float) -> Load:
     """One INSERT + COMMIT per row, WAL, synchronous=FULL: the naive durable baseline."""
     path = work / "naive.db"
@@ -370,6 +415,7 @@ def bench_writes(work: Path, concurrency: int, duration: float) -> list[list[str
     naive = sqlite_naive(work, duration)
     served = lmsp_writes(work, concurrency, duration)
     local, requests, commits = lmsp_in_process(work, concurrency, duration)
+    stored, store_commits = lmsp_store(work, 16, duration)
 
     def row(name: str, load: Load, ratio: str, commit_note: str) -> list[str]:
         return [
@@ -395,6 +441,13 @@ def bench_writes(work: Path, concurrency: int, duration: float) -> list[list[str
             local,
             f"{local.rate / naive.rate:.2f}",
             f"{commits} for {requests} ({requests / max(commits, 1):.1f}/commit)",
+        ),
+        row(
+            "lmsp store: create transactions, 16 threads, group commit",
+            stored,
+            f"{stored.rate / naive.rate:.2f}",
+            f"{store_commits} for {stored.requests}"
+            f" ({stored.requests / max(store_commits, 1):.1f}/commit)",
         ),
     ]
     table(
