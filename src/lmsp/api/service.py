@@ -39,6 +39,8 @@ class Service:
     recovered: recovery.Report
     started_at: int = field(default_factory=lambda: int(time.time()))
     broker: Broker | None = None
+    # client id → when this process last recorded its use (``last_used_at`` writes)
+    touched: dict[str, int] = field(default_factory=dict)
 
     # -- lookups (404 for what the client does not own) ------------------------------------
     def owned_response(self, response_id: str, client: Client) -> tuple[sqlite3.Row, sqlite3.Row]:
@@ -112,6 +114,12 @@ def open_service(settings: Settings) -> Service:
         len(report.requeued),
         len(report.resumed),
     )
-    host = ModelHost(settings.blobs_dir, engines(), settings.n_ctx)
+    host = ModelHost(
+        settings.blobs_dir,
+        engines(),
+        settings.n_ctx,
+        keep_alive=settings.keep_alive,
+        max_loaded=settings.max_loaded_models,
+    )
     runner = Runner(db, host, parallel=settings.parallel, flush_interval=settings.flush_interval)
     return Service(settings, db, host, runner, service_id, report)

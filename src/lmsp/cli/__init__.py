@@ -77,5 +77,21 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
     )
 
 
+from .clients import clients  # noqa: E402
+from .doctor import doctor  # noqa: E402
+from .pair import pair  # noqa: E402
+from .run import run  # noqa: E402
+from .tasks import tasks  # noqa: E402
+
+main.add_command(run)
+main.add_command(tasks)
+main.add_command(pair)
+main.add_command(clients)
+main.add_command(doctor)
+
+from .models import models  # noqa: E402
+
+main.add_command(models)
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -43,6 +43,17 @@ class Piece:
     text: str
 
 
+class Tokenizer(Protocol):
+    """Formats and tokenizes prompts without the weights: how ``POST /v1/responses``
+    knows a prompt's length (and rejects one the context cannot hold) before queueing."""
+
+    n_ctx: int
+
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
 class LoadedModel(Protocol):
     n_ctx: int
 
@@ -59,6 +70,8 @@ class Engine(Protocol):
     name: str
 
     def load(self, path: Path, n_ctx: int) -> LoadedModel: ...
+
+    def tokenizer(self, path: Path, n_ctx: int) -> Tokenizer: ...
 
 
 def sample(logits: npt.NDArray[np.float32], sampling: Sampling, position: int) -> int:

@@ -1,66 +1,218 @@
-"""Which engine runs a model record, where its blob is, and which models are loaded."""
+"""Which engine runs a model record, whether its blob is intact, and which models are
+loaded.
+
+Before a blob is handed to an engine it is checked against its record: the size every
+time, the full SHA-256 the first time this process uses it. Loaded models stay for
+``keep_alive`` seconds after their last use and are unloaded sooner when another model
+needs the memory: at most ``max_loaded`` distinct models are loaded at once (each
+runner slot has its own context of a model, since a context serves one task at a time).
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmsp.engines.base import Engine, EngineError, LoadedModel
+from lmsp.engines.base import Engine, EngineError, LoadedModel, Tokenizer
+from lmsp.store.blobs import blob_path, check_digest, check_size
 from lmsp.store.models import ModelRecord
 
+__all__ = ["ModelHost", "blob_path"]
 
-def blob_path(blobs_dir: Path, digest: str) -> Path:
-    algo, hexdigest = digest.split(":", 1)
-    return blobs_dir / f"{algo}-{hexdigest}"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Loaded:
+    digest: str
+    model: LoadedModel
+    last_used: float = field(default_factory=time.monotonic)
 
 
 class ModelHost:
-    """Loads models on demand and keeps them; one load at a time per model."""
+    """Loads models on demand, verifies their blobs, and unloads idle ones."""
 
-    def __init__(self, blobs_dir: Path, engines: dict[str, Engine], n_ctx: int) -> None:
+    def __init__(
+        self,
+        blobs_dir: Path,
+        engines: dict[str, Engine],
+        n_ctx: int,
+        *,
+        keep_alive: float = 300.0,
+        max_loaded: int = 1,
+    ) -> None:
         self.blobs_dir = blobs_dir
         self.engines = engines
         self.n_ctx = n_ctx
-        self._loaded: dict[tuple[str, int], tuple[str, LoadedModel]] = {}
-        self._lock = threading.Lock()
+        self.keep_alive = keep_alive
+        self.max_loaded = max(1, max_loaded)
+        self._loaded: dict[tuple[str, int], _Loaded] = {}
+        self._busy: dict[int, str] = {}  # slot → model id it is using
+        self._cond = threading.Condition()
+        self._verified: set[str] = set()  # digests fully hashed by this process
+        self._verify_lock = threading.Lock()
+        self._tokenizers: dict[str, Tokenizer] = {}
+        self._tokenizer_lock = threading.Lock()
 
+    # -- what is loaded ----------------------------------------------------------------
     def is_loaded(self, model_id: str) -> bool:
-        return any(key[0] == model_id for key in self._loaded)
+        return any(key[0] == model_id for key in list(self._loaded))
 
+    def loaded_ids(self) -> set[str]:
+        return {key[0] for key in list(self._loaded)}
+
+    # -- integrity ---------------------------------------------------------------------
+    def check(self, record: ModelRecord, full: bool | None = None) -> None:
+        """Raise ``EngineError('model_corrupt')`` unless the blob matches its record: by
+        size always, by digest when ``full`` (default: the first time this process
+        meets the digest)."""
+        if record.status == "corrupt":
+            raise EngineError(
+                "model_corrupt",
+                f"The model {record.id!r} is marked corrupt; run `lmsp models verify`.",
+            )
+        problem = check_size(self.blobs_dir, record)
+        if problem is None and (full or (full is None and record.digest not in self._verified)):
+            with self._verify_lock:
+                if full or record.digest not in self._verified:
+                    problem = check_digest(self.blobs_dir, record)
+                    if problem is None:
+                        self._verified.add(record.digest)
+        if problem is not None:
+            self._verified.discard(record.digest)
+            raise EngineError("model_corrupt", problem)
+
+    def verified(self, digest: str, ok: bool) -> None:
+        """Record the outcome of a full check done elsewhere (``lmsp models verify``)."""
+        with self._verify_lock:
+            if ok:
+                self._verified.add(digest)
+            else:
+                self._verified.discard(digest)
+
+    # -- loading -----------------------------------------------------------------------
     def get(self, record: ModelRecord, slot: int = 0) -> LoadedModel:
-        """The model loaded for one runner slot (a context serves one task at a time)."""
-        with self._lock:
+        """The model loaded for one runner slot, marked in use by it until
+        :meth:`release`. Raises ``EngineError`` (``model_corrupt``, ``model_load_failed``)."""
+        engine = self.engines.get(record.engine)
+        if engine is None:
+            raise EngineError("model_load_failed", f"No engine {record.engine!r} here.")
+        self.check(record)
+        with self._cond:
             cached = self._loaded.get((record.id, slot))
-            if cached is not None and cached[0] == record.digest:
-                return cached[1]
-            engine = self.engines.get(record.engine)
-            if engine is None:
-                raise EngineError("model_load_failed", f"No engine {record.engine!r} here.")
-            path = blob_path(self.blobs_dir, record.digest)
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                raise EngineError(
-                    "model_corrupt", f"The blob of {record.id!r} is missing."
-                ) from None
-            if size != record.size_bytes:
-                raise EngineError(
-                    "model_corrupt",
-                    f"The blob of {record.id!r} has {size} bytes, {record.size_bytes} expected.",
-                )
-            try:
-                loaded = engine.load(path, self.n_ctx)
-            except EngineError:
-                raise
-            except Exception as exc:
-                raise EngineError(
-                    "model_load_failed", f"Loading {record.id!r} failed: {exc}"
-                ) from exc
-            self._loaded[(record.id, slot)] = (record.digest, loaded)
-            return loaded
+            if cached is not None and cached.digest != record.digest:
+                self._unload((record.id, slot))  # the id now names another blob
+                cached = None
+            if cached is None:
+                self._make_room(record.id, slot)
+                path = blob_path(self.blobs_dir, record.digest)
+                try:
+                    model = engine.load(path, self.n_ctx)
+                except EngineError:
+                    raise
+                except Exception as exc:
+                    raise EngineError(
+                        "model_load_failed", f"Loading {record.id!r} failed: {exc}"
+                    ) from exc
+                cached = _Loaded(record.digest, model)
+                self._loaded[(record.id, slot)] = cached
+                log.info("loaded %s (slot %d)", record.id, slot)
+            self._busy[slot] = record.id
+            cached.last_used = time.monotonic()
+            return cached.model
+
+    def release(self, slot: int) -> None:
+        """The slot's task is over: its model starts its keep-alive."""
+        with self._cond:
+            model_id = self._busy.pop(slot, None)
+            entry = self._loaded.get((model_id, slot)) if model_id is not None else None
+            if entry is not None:
+                entry.last_used = time.monotonic()
+            self._cond.notify_all()
+
+    def _make_room(self, model_id: str, slot: int) -> None:
+        """Unload least recently used idle models until ``model_id`` fits; wait for a
+        busy one to finish when no idle one is left (called with the lock held)."""
+        while True:
+            others = self.loaded_ids() - {model_id}
+            if len(others) < self.max_loaded:
+                return
+            busy = set(self._busy.values())
+            idle = [m for m in others if m not in busy]
+            if idle:
+                victim = min(idle, key=self._last_used)
+                for key in [k for k in self._loaded if k[0] == victim]:
+                    self._unload(key)
+                log.info("unloaded %s to make room for %s", victim, model_id)
+                continue
+            self._cond.wait(1.0)
+
+    def _last_used(self, model_id: str) -> float:
+        return max(e.last_used for k, e in self._loaded.items() if k[0] == model_id)
+
+    def _unload(self, key: tuple[str, int]) -> None:
+        entry = self._loaded.pop(key, None)
+        if entry is not None:
+            entry.model.close()
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """Unload models idle for longer than ``keep_alive``; the ids unloaded."""
+        now = time.monotonic() if now is None else now
+        gone: list[str] = []
+        with self._cond:
+            busy = set(self._busy.items())
+            for key, entry in list(self._loaded.items()):
+                if (key[1], key[0]) in busy or now - entry.last_used < self.keep_alive:
+                    continue
+                self._unload(key)
+                gone.append(key[0])
+        for model_id in sorted(set(gone)):
+            log.info("unloaded %s after its keep-alive", model_id)
+        return sorted(set(gone))
+
+    def evict(self, record: ModelRecord) -> None:
+        """Unload every idle context of a model (deleted, or found corrupt)."""
+        with self._cond:
+            busy = set(self._busy.items())
+            for key in [k for k in self._loaded if k[0] == record.id]:
+                if (key[1], key[0]) not in busy:
+                    self._unload(key)
+        with self._tokenizer_lock:
+            tokenizer = self._tokenizers.pop(record.digest, None)
+            if tokenizer is not None:
+                tokenizer.close()
+
+    # -- prompt length before queueing ---------------------------------------------------
+    def prompt_size(
+        self, record: ModelRecord, messages: list[dict[str, str]]
+    ) -> tuple[int, int] | None:
+        """``(prompt tokens, context size)`` with the model's own tokenizer, or ``None``
+        when that cannot be known now (the blob is damaged, the engine cannot read it):
+        the task then reports the problem when it runs."""
+        engine = self.engines.get(record.engine)
+        if engine is None:
+            return None
+        try:
+            self.check(record)
+            with self._tokenizer_lock:
+                tokenizer = self._tokenizers.get(record.digest)
+                if tokenizer is None:
+                    path = blob_path(self.blobs_dir, record.digest)
+                    tokenizer = engine.tokenizer(path, self.n_ctx)
+                    self._tokenizers[record.digest] = tokenizer
+                return len(tokenizer.prompt_tokens(messages)), tokenizer.n_ctx
+        except Exception as exc:
+            log.info("no prompt size for %s before queueing: %s", record.id, exc)
+            return None
 
     def close(self) -> None:
-        with self._lock:
-            for _, model in self._loaded.values():
-                model.close()
-            self._loaded.clear()
+        with self._cond:
+            for key in list(self._loaded):
+                self._unload(key)
+        with self._tokenizer_lock:
+            for tokenizer in self._tokenizers.values():
+                tokenizer.close()
+            self._tokenizers.clear()

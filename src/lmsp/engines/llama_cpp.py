@@ -28,8 +28,10 @@ def _threads() -> int:
     return max(1, int(os.environ.get("LMSP_THREADS", "0")) or (os.cpu_count() or 1))
 
 
-class LlamaModel:
-    def __init__(self, path: Path, n_ctx: int) -> None:
+class LlamaTokenizer:
+    """The model's chat template and tokenizer; with ``vocab_only`` no weights load."""
+
+    def __init__(self, path: Path, n_ctx: int, vocab_only: bool = True) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -38,11 +40,14 @@ class LlamaModel:
             n_ctx=n_ctx,
             n_threads=_threads(),
             n_threads_batch=_threads(),
+            vocab_only=vocab_only,
             verbose=False,
         )
-        self.n_ctx = int(self.llm.n_ctx())
-        self.n_vocab = int(self.llm.n_vocab())
         meta: dict[str, str] = dict(self.llm.metadata)
+        self.n_ctx = n_ctx
+        if vocab_only and n_ctx <= 0:  # 0: the model's own training context
+            arch = meta.get("general.architecture", "")
+            self.n_ctx = int(meta.get(f"{arch}.context_length", "2048"))
         self.eos = int(self.llm.token_eos())
         self.stop_ids = {self.eos}
         eot = meta.get("tokenizer.ggml.eot_token_id")
@@ -63,6 +68,16 @@ class LlamaModel:
             formatted.prompt.encode("utf-8"), add_bos=False, special=True
         )
         return tokens
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class LlamaModel(LlamaTokenizer):
+    def __init__(self, path: Path, n_ctx: int) -> None:
+        super().__init__(path, n_ctx, vocab_only=False)
+        self.n_ctx = int(self.llm.n_ctx())
+        self.n_vocab = int(self.llm.n_vocab())
 
     def _logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         array: np.ndarray[Any, np.dtype[np.float32]] = np.ctypeslib.as_array(
@@ -92,9 +107,6 @@ class LlamaModel:
             position += 1
             llm.eval([token])
 
-    def close(self) -> None:
-        self.llm.close()
-
 
 class LlamaEngine:
     name = "llama_cpp"
@@ -106,3 +118,6 @@ class LlamaEngine:
             raise EngineError(
                 "model_load_failed", f"llama.cpp could not load the model: {exc}"
             ) from exc
+
+    def tokenizer(self, path: Path, n_ctx: int) -> LlamaTokenizer:
+        return LlamaTokenizer(path, n_ctx)

@@ -93,3 +93,6 @@ class TestEngine:
         if path.read_bytes() != TEST_MODEL_BYTES:
             raise EngineError("model_load_failed", "Not a test-engine model file.")
         return TestModel(float(os.environ.get("LMSP_TEST_ENGINE_DELAY", "0.002")))
+
+    def tokenizer(self, path: Path, n_ctx: int) -> TestModel:
+        return TestModel(0.0)

@@ -1,4 +1,9 @@
-"""Clients and their tokens. Only a SHA-256 of a token and a short prefix are stored."""
+"""Clients and their tokens.
+
+A token is ``lmsp_`` + 256 random bits, shown once. The database keeps only its SHA-256
+and a short non-secret prefix (for lookup and display); a presented token is found by
+its prefix and its hash compared in constant time.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,18 @@ import hmac
 import json
 import secrets
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
 
 SCOPES = ("models:read", "models:write", "responses:read", "responses:write", "admin")
 TOKEN_PREFIX = "lmsp_"
+PREFIX_CHARS = 6
+# ``last_used_at`` is written at most this often per client (seconds)
+TOUCH_INTERVAL = 60
 
 
 @dataclass(frozen=True)
@@ -21,6 +31,7 @@ class Client:
     id: str
     name: str
     scopes: tuple[str, ...]
+    last_used_at: int | None = None
 
     def allows(self, scope: str) -> bool:
         return "admin" in self.scopes or scope in self.scopes
@@ -35,7 +46,16 @@ def hash_token(token: str) -> str:
 
 
 def display_prefix(token: str) -> str:
-    return token[: len(TOKEN_PREFIX) + 6]
+    return token[: len(TOKEN_PREFIX) + PREFIX_CHARS]
+
+
+def clean_scopes(scopes: Iterable[str]) -> list[str]:
+    """Known scopes, deduplicated, in canonical order; ``ValueError`` names an unknown one."""
+    wanted = set(scopes)
+    unknown = sorted(wanted - set(SCOPES))
+    if unknown:
+        raise ValueError(f"unknown scope {unknown[0]!r} (known: {', '.join(SCOPES)})")
+    return [s for s in SCOPES if s in wanted]
 
 
 def add(conn: sqlite3.Connection, name: str, scopes: list[str]) -> tuple[Client, str]:
@@ -51,12 +71,67 @@ def add(conn: sqlite3.Connection, name: str, scopes: list[str]) -> tuple[Client,
 
 
 def authenticate(conn: sqlite3.Connection, token: str) -> Client | None:
-    digest = hash_token(token)
-    row = conn.execute(
-        "SELECT id, name, token_hash, scopes FROM clients"
-        " WHERE token_hash = ? AND revoked_at IS NULL",
-        (digest,),
-    ).fetchone()
-    if row is None or not hmac.compare_digest(row["token_hash"], digest):
+    """The unrevoked client holding ``token``: rows are found by the non-secret prefix,
+    then every candidate's hash is compared in constant time."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) > 256:
         return None
-    return Client(row["id"], row["name"], tuple(json.loads(row["scopes"])))
+    digest = hash_token(token)
+    found: Client | None = None
+    for row in conn.execute(
+        "SELECT id, name, token_hash, scopes, last_used_at FROM clients"
+        " WHERE token_prefix = ? AND revoked_at IS NULL",
+        (display_prefix(token),),
+    ):
+        if hmac.compare_digest(row["token_hash"], digest):
+            found = Client(
+                row["id"], row["name"], tuple(json.loads(row["scopes"])), row["last_used_at"]
+            )
+    return found
+
+
+def needs_touch(client: Client, now: int) -> bool:
+    return client.last_used_at is None or now - client.last_used_at >= TOUCH_INTERVAL
+
+
+def touch(conn: sqlite3.Connection, client_id: str, now: int) -> bool:
+    """Record a use; a no-op when one was recorded less than a minute ago."""
+    cur = conn.execute(
+        "UPDATE clients SET last_used_at = ? WHERE id = ?"
+        " AND (last_used_at IS NULL OR last_used_at <= ?)",
+        (now, client_id, now - TOUCH_INTERVAL),
+    )
+    return cur.rowcount == 1
+
+
+def get(conn: sqlite3.Connection, client_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT * FROM clients WHERE id = ?", (client_id,)
+    ).fetchone()
+    return row
+
+
+def all_clients(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+    return list(conn.execute("SELECT * FROM clients ORDER BY created_at, id"))
+
+
+def revoke(conn: sqlite3.Connection, client_id: str) -> sqlite3.Row | None:
+    """Revoke a client (once; revoking again keeps the first time). Its tasks stay."""
+    conn.execute(
+        "UPDATE clients SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+        (_now(), client_id),
+    )
+    return get(conn, client_id)
+
+
+def render(row: sqlite3.Row) -> dict[str, Any]:
+    """The wire object: never the hash, only the display prefix."""
+    return {
+        "id": row["id"],
+        "object": "client",
+        "name": row["name"],
+        "token_prefix": row["token_prefix"],
+        "scopes": json.loads(row["scopes"]),
+        "created_at": row["created_at"],
+        "last_used_at": row["last_used_at"],
+        "revoked_at": row["revoked_at"],
+    }

@@ -20,6 +20,8 @@ class ModelRecord:
     owned_by: str
     created_at: int
     metadata: dict[str, Any]
+    status: str = "ready"
+    verified_at: int | None = None
 
     @property
     def hex(self) -> str:
@@ -36,6 +38,8 @@ def _record(row: sqlite3.Row) -> ModelRecord:
         owned_by=row["owned_by"],
         created_at=int(row["created_at"]),
         metadata=json.loads(row["metadata"]),
+        status=row["status"],
+        verified_at=None if row["verified_at"] is None else int(row["verified_at"]),
     )
 
 
@@ -81,3 +85,47 @@ def add_once(conn: sqlite3.Connection, *, model_id: str, **fields: Any) -> None:
     """Register a model unless one with this id exists (first-start registration)."""
     if get(conn, model_id) is None:
         add(conn, model_id=model_id, **fields)
+
+
+def set_status(
+    conn: sqlite3.Connection, model_id: str, status: str, verified: bool = False
+) -> None:
+    """Mark a model ``ready`` or ``corrupt``; ``verified`` stamps a full digest check."""
+    if verified:
+        conn.execute(
+            "UPDATE models SET status = ?, verified_at = ? WHERE id = ?",
+            (status, _now(), model_id),
+        )
+    else:
+        conn.execute("UPDATE models SET status = ? WHERE id = ?", (status, model_id))
+
+
+def mark_corrupt_digest(conn: sqlite3.Connection, digest: str) -> None:
+    """Every model whose record names this blob is corrupt (they share the bad file)."""
+    conn.execute("UPDATE models SET status = 'corrupt' WHERE digest = ?", (digest,))
+
+
+def users(conn: sqlite3.Connection, model_id: str) -> int:
+    """How many unfinished tasks run (or wait to run) this model."""
+    row = conn.execute(
+        "SELECT count(*) FROM tasks JOIN responses ON responses.id = tasks.response_id"
+        " WHERE responses.model = ? AND tasks.status IN"
+        " ('queued','loading','running','cancelling')",
+        (model_id,),
+    ).fetchone()
+    return int(row[0])
+
+
+def delete(conn: sqlite3.Connection, model_id: str) -> str:
+    """Delete a model record: ``deleted``, ``missing`` or ``in_use`` (unfinished tasks
+    use it; nothing changes then). The caller removes the blob once unreferenced."""
+    if get(conn, model_id) is None:
+        return "missing"
+    if users(conn, model_id):
+        return "in_use"
+    conn.execute("DELETE FROM models WHERE id = ?", (model_id,))
+    return "deleted"
+
+
+def referenced(conn: sqlite3.Connection, digest: str) -> bool:
+    return conn.execute("SELECT 1 FROM models WHERE digest = ?", (digest,)).fetchone() is not None

@@ -1,5 +1,6 @@
 """Retention (chapter 11.2): delete finished tasks, their events and stored responses
-older than the retention period, in small batches. Every delete condition names the
+older than the retention period, expired idempotency keys and expired pairing
+requests, in small batches. Every delete condition names the
 finished states, so no unfinished task can ever match.
 """
 
@@ -9,6 +10,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from lmsp.store import pairing
 from lmsp.store.db import Database
 
 BATCH = 200
@@ -19,6 +21,7 @@ FINISHED = "('completed','failed','cancelled')"
 class Swept:
     responses: int = 0
     idempotency_keys: int = 0
+    pairing_requests: int = 0
 
 
 def delete_finished_batch(conn: sqlite3.Connection, cutoff: float, batch: int = BATCH) -> int:
@@ -41,6 +44,12 @@ def delete_expired_keys_batch(conn: sqlite3.Connection, now: float, batch: int =
     return cur.rowcount
 
 
+def delete_expired_pairings_batch(conn: sqlite3.Connection, now: float, batch: int = BATCH) -> int:
+    """Expired pairing requests (kept ``pairing.GRACE`` seconds so a late poll still
+    hears ``expired_token``)."""
+    return pairing.delete_expired_batch(conn, now, batch)
+
+
 def sweep(db: Database, retention: float, now: float | None = None) -> Swept:
     """One cleanup pass; each batch is its own short transaction."""
     stamp = time.time() if now is None else now
@@ -50,4 +59,6 @@ def sweep(db: Database, retention: float, now: float | None = None) -> Swept:
         swept.responses += n
     while n := db.write_sync(lambda c: delete_expired_keys_batch(c, stamp)):
         swept.idempotency_keys += n
+    while n := db.write_sync(lambda c: delete_expired_pairings_batch(c, stamp)):
+        swept.pairing_requests += n
     return swept

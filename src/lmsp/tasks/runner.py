@@ -124,6 +124,7 @@ class Runner:
                 ran = None
                 time.sleep(0.5)
             if ran is None:
+                self.host.reap()  # idle: unload models past their keep-alive
                 with self._wake:
                     self._wake.wait(timeout=0.5)
 
@@ -138,15 +139,29 @@ class Runner:
             log.exception("task %s failed", task_id)
             self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
         finally:
+            self.host.release(slot)
             self._cancels.discard(task_id)
             self.busy -= 1
 
     def _fail(self, task_id: str, code: str, message: str) -> None:
+        corrupt = self._model_of(task_id) if code == "model_corrupt" else None
+
         def job(conn: sqlite3.Connection) -> None:
+            if corrupt is not None:  # the blob failed its check: no task may use it
+                models.mark_corrupt_digest(conn, corrupt.digest)
             task_store.fail(conn, task_id, code, message)
             task_store.finish_cancel(conn, task_id)  # a cancel that came first still wins
 
         self.db.write_sync(job)
+        if corrupt is not None:
+            log.error("model %s is corrupt: %s", corrupt.id, message)
+            self.host.evict(corrupt)
+
+    def _model_of(self, task_id: str) -> models.ModelRecord | None:
+        conn = self.db.reader()
+        task = task_store.get(conn, task_id)
+        response = task_store.get_response(conn, task["response_id"]) if task else None
+        return models.get(conn, response["model"]) if response else None
 
     def _cancelled(self, task_id: str) -> None:
         self.db.write_sync(lambda conn: task_store.finish_cancel(conn, task_id))
@@ -198,7 +213,7 @@ class Runner:
 
         def flush() -> concurrent.futures.Future[Any]:
             snap = {"text": text, "tokens": list(tokens), "seed": sampling.seed}
-            batch = list(pending)
+            batch = list(pending)  # one delta event per token, many per transaction
             pending.clear()
             return self.db.submit(lambda c: task_store.append_output(c, task_id, batch, snap))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import sqlite3
 from typing import Annotated, Any
@@ -14,6 +15,7 @@ from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
+from lmsp.tasks.runner import messages_of
 from lmsp.tasks.states import Status
 
 from ..auth import require
@@ -45,22 +47,38 @@ def _stream(
     )
 
 
+def _model_not_found(model: str) -> errors.LmspError:
+    return errors.LmspError(
+        400, "model_not_found", f"The model {model!r} does not exist.", param="model"
+    )
+
+
 @router.post("", status_code=200, responses={202: {"description": "Accepted (background)"}})
 async def create_response(body: CreateResponse, request: Request, client: Writer) -> Response:
     svc = service(request)
     if body.background and not body.store:
         raise errors.invalid("A background response must be stored (store: true).", "store")
-    if models.get(svc.db.reader(), body.model) is None:
-        raise errors.LmspError(
-            400, "model_not_found", f"The model {body.model!r} does not exist.", param="model"
-        )
+    record = models.get(svc.db.reader(), body.model)
+    if record is None:
+        raise _model_not_found(body.model)
     key = await idempotency_key(request, client)
     stored: dict[str, Any] = body.model_dump(exclude_none=True)
     stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
     on_restart = body.on_restart or svc.settings.default_on_restart
     stored["on_restart"] = on_restart
+    # a prompt the context cannot hold is refused now, when its length can be known
+    size = await asyncio.to_thread(svc.host.prompt_size, record, messages_of(stored))
+    if size is not None and size[0] >= size[1]:
+        raise errors.LmspError(
+            400,
+            "context_length_exceeded",
+            f"The prompt has {size[0]} tokens; the context of {body.model!r} holds {size[1]}.",
+            param="input",
+        )
 
     def job(conn: sqlite3.Connection) -> response_store.Created:
+        if models.get(conn, body.model) is None:  # deleted meanwhile
+            raise _model_not_found(body.model)
         return response_store.create(
             conn,
             client_id=client.id,

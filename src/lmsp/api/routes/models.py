@@ -1,0 +1,104 @@
+"""``/v1/models``: list, retrieve, import (``POST``), delete and verify models.
+
+Imports and verifications read whole files, so they run in a worker thread; the
+blob-store workflows themselves live in :mod:`lmsp.store.blobs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, StringConstraints
+
+from lmsp import errors
+from lmsp.store import blobs, models
+from lmsp.store.clients import Client
+from lmsp.store.models import ModelRecord
+
+from ..auth import require
+from .deps import service
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+ModelReader = Annotated[Client, Depends(require("models:read"))]
+ModelWriter = Annotated[Client, Depends(require("models:write"))]
+
+ModelId = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+
+
+class ImportModel(BaseModel):
+    """``POST /v1/models``: a local file to copy into the blob store under a new id.
+    ``digest`` (optional, ``sha256:<hex>``) is what the caller hashed: the import fails
+    with ``digest_mismatch`` if the file read differs."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    id: ModelId
+    path: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
+
+
+def render(request: Request, record: ModelRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "object": "model",
+        "created": record.created_at,
+        "owned_by": record.owned_by,
+        "digest": record.digest,
+        "size_bytes": record.size_bytes,
+        "format": record.format,
+        "loaded": service(request).host.is_loaded(record.id),
+        "status": record.status,
+        "verified_at": record.verified_at,
+        "metadata": record.metadata,
+    }
+
+
+@router.get("")
+async def list_models(request: Request, client: ModelReader) -> dict[str, Any]:
+    records = models.all_models(service(request).db.reader())
+    return {"object": "list", "data": [render(request, r) for r in records]}
+
+
+@router.get("/{model_id:path}")
+async def get_model(model_id: str, request: Request, client: ModelReader) -> dict[str, Any]:
+    record = models.get(service(request).db.reader(), model_id)
+    if record is None:
+        raise errors.not_found("model", model_id)
+    return render(request, record)
+
+
+@router.post("", status_code=201)
+async def import_model(body: ImportModel, request: Request, client: ModelWriter) -> JSONResponse:
+    svc = service(request)
+    record = await asyncio.to_thread(
+        blobs.import_model, svc.db, svc.settings.blobs_dir, body.id, Path(body.path), body.digest
+    )
+    return JSONResponse(render(request, record), 201, headers={"Location": f"/v1/models/{body.id}"})
+
+
+@router.post("/{model_id:path}/verify")
+async def verify_model(model_id: str, request: Request, client: ModelWriter) -> dict[str, Any]:
+    """Recompute the model's full digest; ``status`` becomes ``ready`` or ``corrupt``."""
+    svc = service(request)
+    record, problem = await asyncio.to_thread(
+        blobs.verify, svc.db, svc.settings.blobs_dir, model_id
+    )
+    svc.host.verified(record.digest, problem is None)
+    if problem is not None:
+        svc.host.evict(record)
+    return dict(render(request, record), problem=problem)
+
+
+@router.delete("/{model_id:path}")
+async def delete_model(model_id: str, request: Request, client: ModelWriter) -> dict[str, Any]:
+    svc = service(request)
+    record = await asyncio.to_thread(blobs.delete_model, svc.db, svc.settings.blobs_dir, model_id)
+    svc.host.evict(record)
+    return {"id": model_id, "object": "model", "deleted": True}

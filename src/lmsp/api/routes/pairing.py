@@ -1,0 +1,104 @@
+"""``/v1/pairing``: the device flow of PROTOCOL.md section 2.
+
+Requesting and polling need no token (the agent has none yet); listing, approving and
+denying need ``admin``. ``{pairing_id}`` in approve/deny is the request id or its user
+code (``ABCD-EFGH``), so an operator can act on what the agent shows.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from lmsp.store import clients, pairing
+from lmsp.store.clients import Client
+
+from ..auth import require
+from .deps import service
+
+router = APIRouter(prefix="/v1/pairing", tags=["pairing"])
+
+Admin = Annotated[Client, Depends(require("admin"))]
+Scope = Literal["models:read", "models:write", "responses:read", "responses:write", "admin"]
+DEFAULT_SCOPES: list[Scope] = ["models:read", "responses:read", "responses:write"]
+
+
+class PairingRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    client_name: Annotated[str, StringConstraints(min_length=1, max_length=100)]
+    scopes: Annotated[list[Scope], Field(min_length=1)] = Field(
+        default_factory=lambda: list(DEFAULT_SCOPES)
+    )
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    scopes: Annotated[list[Scope], Field(min_length=1)] | None = None
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+@router.post("", status_code=201)
+async def request_pairing(body: PairingRequest, request: Request) -> JSONResponse:
+    svc = service(request)
+    scopes = clients.clean_scopes(body.scopes)
+
+    def job(conn: sqlite3.Connection) -> sqlite3.Row:
+        return pairing.create(
+            conn,
+            client_name=body.client_name,
+            scopes=scopes,
+            ttl=int(svc.settings.pairing_ttl),
+            max_pending=svc.settings.max_pending_pairings,
+            now=_now(),
+        )
+
+    row = await svc.db.write(job)
+    return JSONResponse(pairing.render(row), 201)
+
+
+@router.get("")
+async def list_pairing(request: Request, client: Admin) -> dict[str, Any]:
+    """Pending, unexpired requests, oldest first."""
+    rows = pairing.pending(service(request).db.reader(), _now())
+    return {"object": "list", "data": [pairing.render(r) for r in rows]}
+
+
+async def _decide(
+    request: Request, pairing_id: str, approve: bool, body: Decision | None
+) -> dict[str, Any]:
+    svc = service(request)
+    scopes = None if body is None or body.scopes is None else clients.clean_scopes(body.scopes)
+    row = await svc.db.write(
+        lambda c: pairing.decide(c, pairing_id, approve=approve, scopes=scopes, now=_now())
+    )
+    return pairing.render(row)
+
+
+@router.post("/{pairing_id}/approve")
+async def approve_pairing(
+    pairing_id: str, request: Request, client: Admin, body: Decision | None = None
+) -> dict[str, Any]:
+    """Approve, optionally with fewer scopes than requested (``{"scopes": […]}``)."""
+    return await _decide(request, pairing_id, True, body)
+
+
+@router.post("/{pairing_id}/deny")
+async def deny_pairing(pairing_id: str, request: Request, client: Admin) -> dict[str, Any]:
+    return await _decide(request, pairing_id, False, None)
+
+
+@router.post("/{pairing_id}/token")
+async def claim_token(pairing_id: str, request: Request) -> dict[str, Any]:
+    """``400`` (``authorization_pending``, ``access_denied``, ``expired_token``,
+    ``already_claimed``) until approved; then the new client's token, exactly once."""
+    svc = service(request)
+    result: dict[str, Any] = await svc.db.write(lambda c: pairing.claim(c, pairing_id, _now()))
+    return result

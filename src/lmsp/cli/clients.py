@@ -1,0 +1,79 @@
+"""``lmsp clients ls | add NAME --scopes … | revoke ID``."""
+
+from __future__ import annotations
+
+import click
+
+from .remote import (
+    connect,
+    note,
+    print_json,
+    remote_options,
+    scopes_option,
+    split_scopes,
+    table,
+    when,
+)
+
+
+@click.group("clients")
+def clients() -> None:
+    """Clients (agents) allowed to use the service, and their tokens."""
+
+
+@clients.command("ls")
+@remote_options
+def list_clients(url: str | None, token: str | None, as_json: bool) -> None:
+    """Every client, revoked ones too."""
+    with connect(url, token) as api:
+        rows = api.clients()
+    if as_json:
+        print_json(rows)
+        return
+    table(
+        None,
+        ["ID", "NAME", "TOKEN PREFIX", "SCOPES", "CREATED", "LAST USED", "REVOKED"],
+        [
+            (
+                c["id"],
+                c["name"],
+                c["token_prefix"] + "…",
+                " ".join(c["scopes"]),
+                when(c["created_at"]),
+                when(c["last_used_at"]),
+                when(c["revoked_at"]) if c["revoked_at"] else "",
+            )
+            for c in rows
+        ],
+    )
+
+
+@clients.command("add")
+@click.argument("name")
+@scopes_option(True, "Scopes: models:read models:write responses:read responses:write admin.")
+@remote_options
+def add(
+    name: str, scopes: tuple[str, ...], url: str | None, token: str | None, as_json: bool
+) -> None:
+    """Create a client; its token is printed once and never again."""
+    with connect(url, token) as api:
+        created = api.add_client(name, split_scopes(scopes))
+    if as_json:
+        print_json(created)
+        return
+    click.echo(created["token"])
+    note(f"client {created['id']} ({name}): {' '.join(created['scopes'])}")
+    note("the token above is shown once; lmsp keeps only its hash")
+
+
+@clients.command("revoke")
+@click.argument("client_id")
+@remote_options
+def revoke(client_id: str, url: str | None, token: str | None, as_json: bool) -> None:
+    """Revoke a client: its token stops working at once; its tasks stay."""
+    with connect(url, token) as api:
+        revoked = api.revoke_client(client_id)
+    if as_json:
+        print_json(revoked)
+    else:
+        click.echo(f"revoked {revoked['id']} ({revoked['name']})")

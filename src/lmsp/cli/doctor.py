@@ -1,0 +1,160 @@
+"""``lmsp doctor``: checks on the data directory itself (it works with the server up or
+down): database integrity, schema version, model blobs against their records, and the
+owner token file's permissions."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import sqlite3
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+import httpx
+from rich.text import Text
+
+from lmsp import config
+from lmsp.store.clients import hash_token
+from lmsp.store.migrations import MIGRATIONS
+
+from .common import target
+from .remote import console, print_json, table
+
+CHUNK = 1 << 20
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "ok", "warn" or "fail"
+    detail: str
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def check_integrity(conn: sqlite3.Connection) -> Check:
+    rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+    if rows == ["ok"]:
+        return Check("database integrity", "ok", "PRAGMA integrity_check: ok")
+    return Check("database integrity", "fail", "; ".join(rows[:5]))
+
+
+def check_schema(conn: sqlite3.Connection) -> Check:
+    known = [name for name, _ in MIGRATIONS]
+    try:
+        applied = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name")]
+    except sqlite3.DatabaseError:
+        return Check("schema version", "fail", "no _migrations table")
+    unknown = sorted(set(applied) - set(known))
+    if unknown:
+        return Check("schema version", "fail", f"newer than this lmsp: {', '.join(unknown)}")
+    missing = [n for n in known if n not in applied]
+    if missing:
+        return Check("schema version", "warn", f"{len(missing)} migration(s) apply on next start")
+    return Check("schema version", "ok", f"{known[-1]} (current)")
+
+
+def _sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as src:
+        while chunk := src.read(CHUNK):
+            sha.update(chunk)
+    return f"sha256:{sha.hexdigest()}"
+
+
+def check_blobs(conn: sqlite3.Connection, blobs_dir: Path) -> list[Check]:
+    checks: list[Check] = []
+    for row in conn.execute("SELECT id, digest, size_bytes FROM models ORDER BY position, id"):
+        name = f"model {row['id']}"
+        algo, _, hexdigest = str(row["digest"]).partition(":")
+        path = blobs_dir / f"{algo}-{hexdigest}"
+        if not path.is_file():
+            checks.append(Check(name, "fail", f"blob missing: {path.name}"))
+        elif path.stat().st_size != row["size_bytes"]:
+            size = path.stat().st_size
+            checks.append(Check(name, "fail", f"size {size} != recorded {row['size_bytes']}"))
+        elif _sha256(path) != row["digest"]:
+            checks.append(Check(name, "fail", "blob digest differs from the record"))
+        else:
+            checks.append(Check(name, "ok", f"{row['digest'][:19]}… {row['size_bytes']} bytes"))
+    if not checks:
+        checks.append(Check("models", "warn", "no model registered"))
+    return checks
+
+
+def check_owner_token(conn: sqlite3.Connection, path: Path) -> Check:
+    name = "owner token file"
+    if not path.is_file():
+        return Check(name, "fail", f"{path} is missing")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        return Check(name, "fail", f"mode {mode:04o}: readable by others (chmod 600 {path})")
+    digest = hash_token(path.read_text().strip())
+    row = conn.execute(
+        "SELECT c.token_hash, c.revoked_at FROM clients c JOIN service_config s"
+        " ON s.key = 'owner_client_id' AND s.value = c.id"
+    ).fetchone()
+    if row is None or not hmac.compare_digest(row["token_hash"], digest):
+        return Check(name, "fail", "the token in the file is not the owner client's")
+    if row["revoked_at"] is not None:
+        return Check(name, "fail", "the owner client is revoked")
+    return Check(name, "ok", f"mode {mode:04o}, matches the owner client")
+
+
+def check_server(url: str) -> Check:
+    try:
+        info = httpx.get(f"{url}/v1/service", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return Check("service", "warn", f"not running at {url}")
+    return Check("service", "ok", f"{info.get('name')} {info.get('version')} at {url}")
+
+
+def diagnose(settings: config.Settings) -> list[Check]:
+    if not settings.db_path.is_file():
+        return [Check("database", "fail", f"no lmsp database in {settings.data_dir}")]
+    conn = _open_read_only(settings.db_path)
+    try:
+        checks = [check_integrity(conn), check_schema(conn)]
+        checks += check_blobs(conn, settings.blobs_dir)
+        checks.append(check_owner_token(conn, settings.owner_token_path))
+    except sqlite3.DatabaseError as exc:
+        checks = [Check("database", "fail", f"cannot read {settings.db_path}: {exc}")]
+    finally:
+        conn.close()
+    checks.append(check_server(target(None, None, settings.data_dir).url))
+    return checks
+
+
+@click.command("doctor")
+@click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def doctor(data_dir: Path | None, as_json: bool) -> None:
+    """Check the data directory: database, schema, model blobs, owner token file."""
+    try:
+        settings = config.from_env().with_overrides(data_dir=data_dir)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    checks = diagnose(settings)
+    failed = [c for c in checks if c.status == "fail"]
+    if as_json:
+        print_json({"ok": not failed, "checks": [asdict(c) for c in checks]})
+    else:
+        marks = {
+            "ok": Text("ok", style="green"),
+            "warn": Text("warn", style="yellow"),
+            "fail": Text("FAIL", style="bold red"),
+        }
+        table(
+            f"lmsp doctor: {settings.data_dir}",
+            ["CHECK", "RESULT", "DETAIL"],
+            [(c.name, marks[c.status], c.detail) for c in checks],
+        )
+        console().print("all checks passed" if not failed else f"{len(failed)} check(s) failed")
+    if failed:
+        raise SystemExit(1)

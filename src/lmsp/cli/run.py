@@ -1,0 +1,81 @@
+"""``lmsp run "prompt"``: ask the running service and print the text as it is generated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from lmsp.client import TERMINAL_EVENTS
+
+from .remote import connect, finish, handled, note, print_json, print_stream, remote_options
+
+
+@click.command("run")
+@click.argument("prompt")
+@click.option("--model", "-m", help="Model id (default: the service's default model).")
+@click.option("--background", is_flag=True, help="Queue it and print its ids; do not wait.")
+@click.option(
+    "--on-restart",
+    type=click.Choice(["fail", "retry", "resume"]),
+    help="What a server restart does to it (default: the service's setting).",
+)
+@click.option("--instructions", help="System instructions.")
+@click.option("--max-output-tokens", type=click.IntRange(min=1), help="Stop after this many.")
+@click.option("--temperature", type=click.FloatRange(0, 2), help="Sampling temperature.")
+@click.option("--seed", type=click.IntRange(min=0), help="Sampling seed.")
+@remote_options
+def run(
+    prompt: str,
+    model: str | None,
+    background: bool,
+    on_restart: str | None,
+    instructions: str | None,
+    max_output_tokens: int | None,
+    temperature: float | None,
+    seed: int | None,
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Run PROMPT and stream the answer.
+
+    The work is a durable background task: if the connection drops or the server
+    restarts, the stream picks up from the last event seen. Ctrl-C cancels it.
+    """
+    options: dict[str, Any] = {
+        "on_restart": on_restart,
+        "instructions": instructions,
+        "max_output_tokens": max_output_tokens,
+        "temperature": temperature,
+        "seed": seed,
+    }
+    fields = {k: v for k, v in options.items() if v is not None}
+    with connect(url, token) as api:
+        if model is None:
+            models = api.models()
+            if not models:
+                raise click.ClickException("the service has no model; add one first")
+            model = str(models[0]["id"])
+        created = api.create(model=model, input=prompt, background=True, **fields)
+        if background:
+            if as_json:
+                print_json(created)
+            else:
+                click.echo(f"{created['id']}  task {created['task']['id']}  {created['status']}")
+                note(f"follow it with: lmsp tasks follow {created['task']['id']}")
+            return
+        try:
+            if as_json:
+                terminal: dict[str, Any] | None = None
+                for event in api.stream(created["id"]):
+                    if event.get("type") in TERMINAL_EVENTS:
+                        terminal = event
+                print_json(api.retrieve(created["id"]))
+            else:
+                terminal = print_stream(api.stream(created["id"]), as_json=False)
+        except KeyboardInterrupt:
+            with handled():
+                api.cancel(created["id"])
+            raise click.ClickException("interrupted: the response was cancelled") from None
+    finish(terminal)

@@ -1,0 +1,145 @@
+"""``lmsp tasks ls | show ID | follow ID | cancel ID``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from lmsp.client import Client
+
+from .remote import (
+    connect,
+    console,
+    finish,
+    print_json,
+    print_stream,
+    remote_options,
+    table,
+    when,
+)
+
+STATUSES = ["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"]
+
+
+@click.group("tasks")
+def tasks() -> None:
+    """Your tasks on the running service."""
+
+
+def _error(task: dict[str, Any]) -> str:
+    error = task.get("error")
+    return f"{error['code']}: {error['message']}" if error else ""
+
+
+@tasks.command("ls")
+@click.option("--status", type=click.Choice(STATUSES), help="Only tasks in this state.")
+@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@remote_options
+def list_tasks(
+    status: str | None, limit: int, url: str | None, token: str | None, as_json: bool
+) -> None:
+    """List tasks, newest first."""
+    with connect(url, token) as api:
+        page = api.tasks(status=status, limit=limit)
+    if as_json:
+        print_json(page["data"])
+        return
+    rows = [
+        (
+            t["id"],
+            t["status"],
+            t["response_id"],
+            t["attempt"],
+            t["on_restart"],
+            when(t["created_at"]),
+            t["queue_position"] or "",
+            _error(t),
+        )
+        for t in page["data"]
+    ]
+    columns = ["TASK", "STATUS", "RESPONSE", "ATTEMPT", "ON RESTART", "CREATED", "QUEUE", "ERROR"]
+    table(None, columns, rows)
+    if page.get("has_more"):
+        click.echo("… more with --limit (up to 100)", err=True)
+
+
+def _resolve(api: Client, ident: str) -> dict[str, Any]:
+    """A task by its id, or by its response's id."""
+    if ident.startswith("resp_"):
+        return api.task(api.retrieve(ident)["task"]["id"])
+    return api.task(ident)
+
+
+def _text(response: dict[str, Any]) -> str:
+    return "".join(
+        part.get("text", "") for item in response.get("output", []) for part in item["content"]
+    )
+
+
+@tasks.command("show")
+@click.argument("task_id")
+@remote_options
+def show(task_id: str, url: str | None, token: str | None, as_json: bool) -> None:
+    """Show a task (TASK_ID may also be its response id) and its output so far."""
+    with connect(url, token) as api:
+        task = _resolve(api, task_id)
+        response = api.retrieve(task["response_id"])
+    if as_json:
+        print_json({"task": task, "response": response})
+        return
+    fields = [
+        ("task", task["id"]),
+        ("response", task["response_id"]),
+        ("status", task["status"]),
+        ("model", response["model"]),
+        ("model digest", response.get("model_digest") or "-"),
+        ("on restart", task["on_restart"]),
+        ("attempt", task["attempt"]),
+        ("created", when(task["created_at"])),
+        ("finished", when(task["finished_at"])),
+        ("last event", task["last_sequence_number"]),
+    ]
+    if task["queue_position"]:
+        fields.append(("queue position", task["queue_position"]))
+    if task.get("error"):
+        fields.append(("error", _error(task)))
+    usage = response.get("usage")
+    if usage:
+        fields.append(("tokens", f"{usage['input_tokens']} in, {usage['output_tokens']} out"))
+    table(None, ["FIELD", "VALUE"], fields)
+    text = _text(response)
+    if text:
+        console().print(text, markup=False, highlight=False)
+
+
+@tasks.command("follow")
+@click.argument("task_id")
+@click.option(
+    "--after", type=click.IntRange(min=-1), default=-1, help="Start after this sequence number."
+)
+@remote_options
+def follow(task_id: str, after: int, url: str | None, token: str | None, as_json: bool) -> None:
+    """Print a task's text from the start (or --after N) and live until it finishes.
+
+    A dropped connection or a server restart is survived: the stream resumes from the
+    last sequence number seen. With --json, every event is one JSON line.
+    """
+    with connect(url, token) as api:
+        resolved = _resolve(api, task_id)
+        terminal = print_stream(api.follow_task(resolved["id"], after), as_json)
+    if not as_json:
+        finish(terminal)
+
+
+@tasks.command("cancel")
+@click.argument("task_id")
+@remote_options
+def cancel(task_id: str, url: str | None, token: str | None, as_json: bool) -> None:
+    """Cancel a task (a finished one is left as it is)."""
+    with connect(url, token) as api:
+        task = api.cancel_task(_resolve(api, task_id)["id"])
+    if as_json:
+        print_json(task)
+    else:
+        click.echo(f"{task['id']}: {task['status']}")

@@ -1,0 +1,294 @@
+"""Every route of the OpenAPI document, with no token, a token lacking the route's scope,
+another client's token and the right token: exactly 401 / 403 / 404 / 2xx.
+
+The routes and their scopes are read from ``/openapi.json`` (``require(scope)`` writes
+the scope into each operation's ``security``), so a route added later is walked too:
+it only needs a row in ``ROUTES`` saying how to build a valid request for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from lmsp.api.app import create_app
+from lmsp.bootstrap import bundled_model_path
+from lmsp.config import Settings
+from lmsp.store.clients import SCOPES
+
+NON_ADMIN = [s for s in SCOPES if s != "admin"]
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class World:
+    """The app in process and helpers that make the resources a request needs."""
+
+    def __init__(self, http: TestClient, owner: str) -> None:
+        self.http = http
+        self.owner = owner
+        self.counter = 0
+
+    def auth(self, token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    def unique(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}-{self.counter}"
+
+    def new_client(self, scopes: list[str]) -> tuple[str, str]:
+        made = self.http.post(
+            "/v1/clients",
+            json={"name": self.unique("matrix"), "scopes": scopes},
+            headers=self.auth(self.owner),
+        )
+        assert made.status_code == 201, made.text
+        return made.json()["id"], made.json()["token"]
+
+    def finished_response(self, token: str) -> dict[str, Any]:
+        created = self.http.post(
+            "/v1/responses",
+            json={"model": "lmsp-test", "input": "matrix", "background": True},
+            headers=self.auth(token),
+        )
+        assert created.status_code == 202, created.text
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            obj = self.http.get(f"/v1/responses/{created.json()['id']}", headers=self.auth(token))
+            if obj.json()["status"] == "completed":
+                return obj.json()  # type: ignore[no-any-return]
+            time.sleep(0.01)
+        raise AssertionError("the response never completed")
+
+    def pending_pairing(self) -> dict[str, Any]:
+        made = self.http.post("/v1/pairing", json={"client_name": self.unique("agent")})
+        assert made.status_code == 201, made.text
+        return made.json()  # type: ignore[no-any-return]
+
+    def approved_pairing(self) -> dict[str, Any]:
+        pending = self.pending_pairing()
+        approved = self.http.post(
+            f"/v1/pairing/{pending['id']}/approve", headers=self.auth(self.owner)
+        )
+        assert approved.status_code == 200, approved.text
+        return pending
+
+    def imported_model(self) -> str:
+        model_id = self.unique("matrix-model")
+        made = self.http.post(
+            "/v1/models",
+            json={"id": model_id, "path": str(bundled_model_path())},
+            headers=self.auth(self.owner),
+        )
+        assert made.status_code == 201, made.text
+        return model_id
+
+
+Build = Callable[[World, str], Call]
+
+
+@dataclass(frozen=True)
+class Route:
+    """How to build a valid request (``build(world, token)``: resources it needs are made
+    with ``token``, the right client's), the success status, and whether the resource
+    belongs to a client (then another client's token answers 404)."""
+
+    build: Build
+    status: int
+    owned: bool = False
+
+
+def _resp(method: str, suffix: str = "", **kw: Any) -> Build:
+    def build(world: World, token: str) -> Call:
+        response = world.finished_response(token)
+        return Call(method, f"/v1/responses/{response['id']}{suffix}", **kw)
+
+    return build
+
+
+def _task(method: str, suffix: str = "", **kw: Any) -> Build:
+    def build(world: World, token: str) -> Call:
+        task_id = world.finished_response(token)["task"]["id"]
+        return Call(method, f"/v1/tasks/{task_id}{suffix}", **kw)
+
+    return build
+
+
+def _static(method: str, path: str, **kw: Any) -> Build:
+    return lambda world, token: Call(method, path, **kw)
+
+
+ROUTES: dict[tuple[str, str], Route] = {
+    ("GET", "/healthz"): Route(_static("GET", "/healthz"), 200),
+    ("GET", "/v1/service"): Route(_static("GET", "/v1/service"), 200),
+    ("GET", "/v1/models"): Route(_static("GET", "/v1/models"), 200),
+    ("GET", "/v1/models/{model_id}"): Route(_static("GET", "/v1/models/lmsp-test"), 200),
+    ("POST", "/v1/models"): Route(
+        lambda w, t: Call(
+            "POST", "/v1/models", json={"id": w.unique("imp"), "path": str(bundled_model_path())}
+        ),
+        201,
+    ),
+    ("DELETE", "/v1/models/{model_id}"): Route(
+        lambda w, t: Call("DELETE", f"/v1/models/{w.imported_model()}"), 200
+    ),
+    ("POST", "/v1/models/{model_id}/verify"): Route(
+        _static("POST", "/v1/models/lmsp-test/verify"), 200
+    ),
+    ("POST", "/v1/responses"): Route(
+        _static(
+            "POST", "/v1/responses", json={"model": "lmsp-test", "input": "x", "background": True}
+        ),
+        202,
+    ),
+    ("GET", "/v1/responses/{response_id}"): Route(_resp("GET"), 200, owned=True),
+    ("DELETE", "/v1/responses/{response_id}"): Route(_resp("DELETE"), 200, owned=True),
+    ("POST", "/v1/responses/{response_id}/cancel"): Route(
+        _resp("POST", "/cancel"), 200, owned=True
+    ),
+    ("GET", "/v1/tasks"): Route(_static("GET", "/v1/tasks"), 200),
+    ("GET", "/v1/tasks/{task_id}"): Route(_task("GET"), 200, owned=True),
+    ("GET", "/v1/tasks/{task_id}/events"): Route(
+        _task("GET", "/events", headers={"Accept": "application/json"}), 200, owned=True
+    ),
+    ("POST", "/v1/tasks/{task_id}/cancel"): Route(_task("POST", "/cancel"), 200, owned=True),
+    ("GET", "/v1/pairing"): Route(_static("GET", "/v1/pairing"), 200),
+    ("POST", "/v1/pairing"): Route(
+        lambda w, t: Call("POST", "/v1/pairing", json={"client_name": w.unique("agent")}), 201
+    ),
+    ("POST", "/v1/pairing/{pairing_id}/approve"): Route(
+        lambda w, t: Call("POST", f"/v1/pairing/{w.pending_pairing()['id']}/approve"), 200
+    ),
+    ("POST", "/v1/pairing/{pairing_id}/deny"): Route(
+        lambda w, t: Call("POST", f"/v1/pairing/{w.pending_pairing()['user_code']}/deny"), 200
+    ),
+    ("POST", "/v1/pairing/{pairing_id}/token"): Route(
+        lambda w, t: Call("POST", f"/v1/pairing/{w.approved_pairing()['id']}/token"), 200
+    ),
+    ("GET", "/v1/clients"): Route(_static("GET", "/v1/clients"), 200),
+    ("POST", "/v1/clients"): Route(
+        lambda w, t: Call("POST", "/v1/clients", json={"name": "x", "scopes": ["models:read"]}),
+        201,
+    ),
+    ("DELETE", "/v1/clients/{client_id}"): Route(
+        lambda w, t: Call("DELETE", f"/v1/clients/{w.new_client(['models:read'])[0]}"), 200
+    ),
+}
+
+
+@pytest.fixture
+def world(settings: Settings) -> Iterator[World]:
+    roomy = dataclasses.replace(settings, max_pending_pairings=1000)
+    with TestClient(create_app(roomy)) as http:
+        owner = (settings.data_dir / "owner.token").read_text().strip()
+        yield World(http, owner)
+
+
+def operations(world: World) -> list[tuple[str, str, str | None]]:
+    """``(method, path, scope)`` for every operation of the OpenAPI document; scope
+    ``None`` means the route needs no token."""
+    doc = world.http.get("/openapi.json").json()
+    ops = []
+    for path, methods in doc["paths"].items():
+        for method, op in methods.items():
+            security = op.get("security") or []
+            scopes = [s for requirement in security for s in requirement.get("bearer", [])]
+            assert len(scopes) <= 1, (method, path, scopes)
+            ops.append((method.upper(), path, scopes[0] if scopes else None))
+    return ops
+
+
+def send(world: World, call: Call, token: str | None) -> Any:
+    headers = dict(call.headers)
+    if token is not None:
+        headers.update(world.auth(token))
+    return world.http.request(
+        call.method, call.path, json=call.json, params=call.params, headers=headers
+    )
+
+
+def test_every_route_answers_401_403_404_2xx_exactly(world: World) -> None:
+    ops = operations(world)
+    missing = [f"{m} {p}" for m, p, _ in ops if (m, p) not in ROUTES]
+    assert not missing, f"add a row to ROUTES for: {missing}"
+    assert len(ops) >= 20
+    outcomes: list[tuple[str, str, str, int]] = []
+    for method, path, scope in ops:
+        route = ROUTES[(method, path)]
+        if scope is None:
+            for label in ("none", "wrong", "other", "right"):
+                token = None if label == "none" else world.new_client(["models:read"])[1]
+                response = send(world, route.build(world, world.owner), token)
+                assert response.status_code == route.status, (method, path, label, response.text)
+                outcomes.append((method, path, label, response.status_code))
+            continue
+        # an owner of responses must make them and see them finish
+        extra = [s for s in ("responses:read", "responses:write") if route.owned and s != scope]
+        _, right = world.new_client([scope, *extra])
+        _, other = world.new_client([scope, *extra])
+        _, wrong = world.new_client([s for s in NON_ADMIN if s != scope])
+        expected = {
+            "none": (None, 401),
+            "wrong": (wrong, 403),
+            "other": (other, 404 if route.owned else route.status),
+            "right": (right, route.status),
+        }
+        for label, (token, status) in expected.items():
+            response = send(world, route.build(world, right), token)
+            assert response.status_code == status, (method, path, label, response.text)
+            outcomes.append((method, path, label, status))
+            if status >= 400:
+                error = response.json()["error"]
+                assert set(error) == {"type", "code", "message", "param"}
+                for secret in (right, other, wrong):
+                    assert secret not in response.text
+            if status == 401:
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert error["type"] == "authentication_error"
+            if status == 403:
+                assert error["type"] == "permission_error"
+                assert error["code"] == "insufficient_scope"
+            if status == 404:
+                assert error["type"] == "not_found_error"
+    assert len(outcomes) == 4 * len(ops)
+
+
+def test_a_bad_or_revoked_token_is_401_and_admin_implies_every_scope(world: World) -> None:
+    victim_id, victim = world.new_client(["responses:read"])
+    for token in ("lmsp_not-a-real-token", victim + "x", "garbage", ""):
+        answer = world.http.get("/v1/tasks", headers=world.auth(token))
+        assert answer.status_code == 401
+    assert world.http.get("/v1/tasks", headers=world.auth(victim)).status_code == 200
+    revoked = world.http.delete(f"/v1/clients/{victim_id}", headers=world.auth(world.owner))
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+    assert world.http.get("/v1/tasks", headers=world.auth(victim)).status_code == 401
+    _, admin = world.new_client(["admin"])
+    for method, path, scope in operations(world):
+        if scope is not None and method == "GET" and "{" not in path:
+            assert send(world, Call(method, path), admin).status_code == 200, path
+
+
+def test_a_client_lists_only_its_own_tasks(world: World) -> None:
+    _, alice = world.new_client(["responses:read", "responses:write"])
+    _, bob = world.new_client(["responses:read", "responses:write"])
+    mine = world.finished_response(alice)
+    listed = world.http.get("/v1/tasks", headers=world.auth(alice)).json()["data"]
+    assert [t["id"] for t in listed] == [mine["task"]["id"]]
+    assert world.http.get("/v1/tasks", headers=world.auth(bob)).json()["data"] == []
+    cursor = world.http.get(
+        "/v1/tasks", params={"after": mine["task"]["id"]}, headers=world.auth(bob)
+    )
+    assert cursor.status_code == 400

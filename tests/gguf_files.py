@@ -1,0 +1,38 @@
+"""Model files for tests, derived from the bundled GGUF (never modifying it or a blob
+that might be a hard link to it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lmsp.bootstrap import bundled_model_path
+
+NAME = b"Smollm2 135M"
+
+
+def variant(dest: Path, tag: bytes = b"X") -> Path:
+    """A valid, loadable copy with one byte of its ``general.name`` changed: the same
+    weights under a different digest (its own blob)."""
+    data = bytearray(bundled_model_path().read_bytes())
+    at = data.index(NAME) + len(NAME) - 1
+    data[at : at + 1] = tag
+    dest.write_bytes(bytes(data))
+    return dest
+
+
+def truncated(dest: Path, size: int = 4 << 20) -> Path:
+    """A GGUF whose header is intact but whose tensor data is cut off."""
+    with bundled_model_path().open("rb") as src:
+        dest.write_bytes(src.read(size))
+    return dest
+
+
+def flip_byte(path: Path, offset_from_end: int = 4096) -> None:
+    """Corrupt a file without changing its size, by writing a new file over it (a blob
+    may share its inode with other data directories through a hard link)."""
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0xFF
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(bytes(data))
+    os.replace(tmp, path)
