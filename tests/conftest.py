@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from lmsp.api.app import create_app
 from lmsp.api.service import Service, open_service
 from lmsp.bootstrap import bundled_model_path, store_blob
 from lmsp.config import Settings
+from lmsp.store import clients
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +53,38 @@ def svc(settings: Settings) -> Iterator[Service]:
     service.runner.stop()
     service.host.close()
     service.db.close()
+
+
+#: every token minted in this process and every log line written in it, for the
+#: suite-wide leak scan in tests/test_zz_no_token_in_clear.py
+MINTED_TOKENS: list[str] = []
+LOG_LINES: list[str] = []
+
+
+class _Collect(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        LOG_LINES.append(self.format(record))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def token_watch() -> Iterator[None]:
+    original = clients.new_token
+
+    def recording() -> str:
+        token = original()
+        MINTED_TOKENS.append(token)
+        return token
+
+    clients.new_token = recording  # type: ignore[assignment]
+    handler = _Collect(level=logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s %(exc_text)s"))
+    lmsp_logger = logging.getLogger("lmsp")
+    previous = lmsp_logger.level
+    lmsp_logger.setLevel(logging.DEBUG)
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+        lmsp_logger.setLevel(previous)
+        clients.new_token = original  # type: ignore[assignment]
