@@ -122,3 +122,30 @@ def test_bad_configuration_is_one_clear_line(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "LMSP_DEFAULT_ON_RESTART" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_keep_alive_pings_do_not_break_sse_clients(tmp_path: Path) -> None:
+    """Pings between events (here every 20 ms) must not look like events to the
+    openai SDK, which keeps the last event id and would parse an empty event."""
+    from openai import OpenAI
+
+    srv = Server(
+        tmp_path / "data", env={"LMSP_TEST_ENGINE_DELAY": "0.05", "LMSP_SSE_PING": "0.02"}
+    ).start()
+    try:
+        sdk = OpenAI(base_url=f"{srv.url}/v1", api_key=srv.token, max_retries=0)
+        events = list(sdk.responses.create(model="lmsp-test", input="hi", stream=True))
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-1].type == "response.completed"
+        again = list(sdk.responses.retrieve(events[-1].response.id, stream=True))
+        assert [e.sequence_number for e in again] == [e.sequence_number for e in events]
+        with httpx.stream(
+            "GET",
+            f"{srv.url}/v1/responses/{events[-1].response.id}",
+            params={"stream": "true"},
+            headers={"Authorization": f"Bearer {srv.token}"},
+        ) as raw:
+            assert raw.status_code == 200
+            raw.read()
+    finally:
+        srv.stop()

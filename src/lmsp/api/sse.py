@@ -24,6 +24,22 @@ TERMINAL_EVENTS = frozenset(
 PAGE = 500
 
 
+class KeepAlive(ServerSentEvent):
+    """A keep-alive: one comment line and no blank line after it.
+
+    A blank line ends an event. After ``: ping`` it would end an *empty* one, and SSE
+    parsers that keep the last event id (as the spec says), the openai SDK's among
+    them, then hand that empty event to ``json.loads`` and fail. A lone comment line
+    keeps the connection busy and changes no event.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(comment="ping")
+
+    def encode(self) -> bytes:
+        return b": ping\r\n"
+
+
 async def task_events(
     db: Database, broker: Broker, task_id: str, after: int
 ) -> AsyncIterator[ServerSentEvent]:
@@ -53,6 +69,7 @@ def event_response(
     *,
     on_disconnect: Callable[[], None] | None = None,
     headers: dict[str, str] | None = None,
+    ping: float = 15.0,
 ) -> EventSourceResponse:
     """Wrap a source; ``on_disconnect`` runs if the client leaves before the terminal event."""
 
@@ -68,4 +85,6 @@ def event_response(
             if not finished and on_disconnect is not None:
                 on_disconnect()
 
-    return EventSourceResponse(guarded(), headers=headers, ping=15)
+    return EventSourceResponse(
+        guarded(), headers=headers, ping=ping, ping_message_factory=KeepAlive
+    )

@@ -44,6 +44,7 @@ def _stream(
         task_events(svc.db, svc.broker, task_id, after),
         on_disconnect=on_disconnect,
         headers=headers,
+        ping=svc.settings.sse_ping,
     )
 
 

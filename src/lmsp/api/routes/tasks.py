@@ -93,7 +93,9 @@ async def task_event_log(
             }
         )
     assert svc.broker is not None
-    return event_response(task_events(svc.db, svc.broker, task_id, after))
+    return event_response(
+        task_events(svc.db, svc.broker, task_id, after), ping=svc.settings.sse_ping
+    )
 
 
 @router.post("/{task_id}/cancel")
