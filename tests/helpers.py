@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from lmsp.protocol.assembler import OutputAssembler, TextDelta
+
 TERMINAL_EVENTS = {
     "response.completed",
     "response.incomplete",
@@ -151,3 +153,18 @@ def seeded_data_dir(data_dir: Path, blob_cache: Path) -> Path:
     for blob in blob_cache.iterdir():
         os.link(blob, blobs / blob.name)
     return data_dir
+
+
+def message_text(output: list[dict[str, Any]]) -> str:
+    """The text of a response's message items."""
+    return "".join(
+        part.get("text", "")
+        for item in output
+        if item.get("type") == "message"
+        for part in item.get("content", [])
+    )
+
+
+def text_events(assembler: OutputAssembler, pieces: list[str]) -> list[dict[str, Any]]:
+    """The output events an assembler emits for text pieces, as the runner logs them."""
+    return [event for piece in pieces for event in assembler.feed(TextDelta(piece))]

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.helpers import Server, check_log_invariants, open_db, task_log
+from tests.helpers import Server, check_log_invariants, message_text, open_db, task_log
 
 pytestmark = pytest.mark.slow
 
@@ -359,7 +359,10 @@ def test_kill_9_at_random_moments(crash_server: Server, client: TestClient) -> N
     try:
         check_log_invariants(conn)  # gap-free from 0, one terminal event, integrity ok
         tasks = {r["id"]: r for r in conn.execute("SELECT * FROM tasks")}
-        texts = {r["id"]: r["output_text"] for r in conn.execute("SELECT * FROM responses")}
+        texts = {
+            r["id"]: message_text(json.loads(r["output"] or "[]"))
+            for r in conn.execute("SELECT * FROM responses")
+        }
         logs = {task_id: task_log(conn, task_id) for task_id in tasks}
     finally:
         conn.close()

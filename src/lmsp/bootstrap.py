@@ -10,8 +10,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from lmsp.engines.gguf import model_metadata
 from lmsp.engines.test_engine import TEST_MODEL_BYTES, TEST_MODEL_ID
+from lmsp.gguf import model_metadata
 from lmsp.store import clients, models, service
 from lmsp.store.blobs import CHUNK, blob_path, leftovers, store_blob
 from lmsp.store.db import Database

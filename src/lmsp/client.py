@@ -23,10 +23,8 @@ from typing import Any
 import httpx
 
 from lmsp import config
+from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
 
-TERMINAL_EVENTS = frozenset(
-    {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
-)
 CALL_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 # streams carry a ping every 15 s; a longer silence means the connection is gone
 STREAM_TIMEOUT = httpx.Timeout(5.0, read=45.0)

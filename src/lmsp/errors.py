@@ -1,32 +1,18 @@
-"""Errors in the shape of PROTOCOL.md section 8."""
+"""Domain errors: a stable code, a human message and the request field at fault.
+
+Nothing below the API knows HTTP: the store, the runner and the engines raise
+:class:`LmspError` with a code, and :mod:`lmsp.api.errors` maps each code to its status
+and renders the section-8 body.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "server_error",
-    507: "server_error",
-}
-
 
 class LmspError(Exception):
-    """An error with an HTTP status, a stable code and a human message."""
+    """A refusal or failure with a stable ``code`` (``queue_full``, ``not_found`` …)."""
 
     def __init__(
         self,
-        status: int,
         code: str,
         message: str,
         *,
@@ -34,40 +20,23 @@ class LmspError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
         self.code = code
         self.message = message
         self.param = param
         self.headers = headers or {}
 
-    @property
-    def type(self) -> str:
-        return _TYPES.get(
-            self.status, "server_error" if self.status >= 500 else "invalid_request_error"
-        )
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "type": self.type,
-                "code": self.code,
-                "message": self.message,
-                "param": self.param,
-            }
-        }
-
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_request") -> LmspError:
-    return LmspError(400, code, message, param=param)
+    return LmspError(code, message, param=param)
 
 
-def not_found(what: str, ident: str) -> LmspError:
-    return LmspError(404, "not_found", f"No {what} with id {ident!r}.")
+def not_found(what: str, ident: str, param: str | None = None) -> LmspError:
+    return LmspError("not_found", f"No {what} with id {ident!r}.", param=param)
 
 
 def unauthorized(message: str = "Missing or invalid bearer token.") -> LmspError:
-    return LmspError(401, "invalid_token", message, headers={"WWW-Authenticate": "Bearer"})
+    return LmspError("invalid_token", message, headers={"WWW-Authenticate": "Bearer"})
 
 
 def forbidden(scope: str) -> LmspError:
-    return LmspError(403, "insufficient_scope", f"This token lacks the scope {scope!r}.")
+    return LmspError("insufficient_scope", f"This token lacks the scope {scope!r}.")

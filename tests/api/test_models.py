@@ -238,7 +238,9 @@ def test_usage_counts_are_the_model_tokens(client: TestClient) -> None:
         tokenizer.close()
     assert done["usage"] == {
         "input_tokens": len(prompt),
+        "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": 8,
+        "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": len(prompt) + 8,
     }
     assert done["model_digest"] == file_digest(bundled_model_path())[0]

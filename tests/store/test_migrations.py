@@ -74,3 +74,46 @@ def test_an_older_database_upgrades_in_place(tmp_path: Path, monkeypatch) -> Non
     assert migrate(conn) == [name for name, _ in MIGRATIONS[1:]]
     assert dump_schema(conn) == EXPECTED.read_text()
     assert conn.execute("SELECT status FROM models WHERE id = 'm'").fetchone()[0] == "ready"
+
+
+def test_m004_moves_output_text_into_message_items(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from lmsp.store import migrations
+
+    conn = connect(tmp_path / "m004.db")
+    names = [name for name, _ in MIGRATIONS]
+    monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[: names.index("m004_output_items")])
+    migrations.migrate(conn)
+    conn.execute(
+        "INSERT INTO clients (id, name, token_prefix, token_hash, scopes, created_at)"
+        " VALUES ('cli_1', 'c', 'p', 'h', '[]', 0)"
+    )
+    rows = [
+        ("resp_done", "hello", None),
+        ("resp_cut", "partial", "max_output_tokens"),
+        ("resp_running", None, None),
+    ]
+    for rid, text, reason in rows:
+        conn.execute(
+            "INSERT INTO responses (id, client_id, model, created_at, request, background, store,"
+            " output_text, message_id, incomplete_reason) VALUES (?, 'cli_1', 'm', 0, '{}', 0, 1,"
+            " ?, ?, ?)",
+            (rid, text, "msg_" + rid, reason),
+        )
+    monkeypatch.undo()
+    assert migrate(conn) == names[names.index("m004_output_items") :]
+    out = {r[0]: r[1] for r in conn.execute("SELECT id, output FROM responses")}
+    assert json.loads(out["resp_done"]) == [
+        {
+            "type": "message",
+            "id": "msg_resp_done",
+            "status": "completed",
+            "role": "assistant",
+            "content": [
+                {"type": "output_text", "text": "hello", "annotations": [], "logprobs": []}
+            ],
+        }
+    ]
+    assert json.loads(out["resp_cut"])[0]["status"] == "incomplete"
+    assert out["resp_running"] is None  # its log says what it has so far

@@ -26,18 +26,19 @@ from lmsp.config import Settings
 from lmsp.engines import test_engine
 from lmsp.engines.base import Piece, Sampling
 from lmsp.engines.test_engine import TEST_MODEL_ID
+from lmsp.protocol.assembler import OutputAssembler
 from lmsp.store import models
 from lmsp.store import responses as response_store
 from lmsp.store import service as service_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.tasks.runner import messages_of
-from tests.helpers import TERMINAL_EVENTS, check_log_invariants, open_db, task_log
+from tests.helpers import TERMINAL_EVENTS, check_log_invariants, open_db, task_log, text_events
 
 STATES = ["queued", "loading", "running", "cancelling"]
 POLICIES = ["fail", "retry", "resume"]
 
-#: Chapter 11.3, written out independently of ``lmsp.tasks.states``.
+#: Chapter 11.3, written out independently of ``lmsp.protocol.states``.
 TABLE = {
     "queued": {"fail": "failed", "retry": "queued", "resume": "queued"},
     "loading": {"fail": "failed", "retry": "queued", "resume": "queued"},
@@ -113,10 +114,12 @@ def prepare(settings: Settings, found: str, policy: str, seed: int) -> Prepared:
         assert record is not None
         assert task_store.start(conn, task_id, record.digest) is not None
         # two batches, as the runner logs them, each with the snapshot covering it
+        assembler = OutputAssembler()
         for lo, hi in ((0, 3), (3, DONE_BEFORE)):
             text = "".join(pieces[:hi])
-            snap = {"text": text, "tokens": tokens[:hi], "seed": seed}
-            assert task_store.append_output(conn, task_id, pieces[lo:hi], snap)
+            snap = {"tokens": tokens[:hi], "seed": seed}
+            batch = text_events(assembler, pieces[lo:hi])
+            assert task_store.append_output(conn, task_id, batch, snap)
         if found == "cancelling":
             moved = task_store.cancel(conn, task_id)
             assert moved is not None and moved["status"] == "cancelling"

@@ -9,10 +9,11 @@ from typing import Any
 
 from lmsp.api.service import Service
 from lmsp.config import Settings
+from lmsp.protocol.assembler import OutputAssembler
+from lmsp.protocol.states import Status
 from lmsp.store import responses
 from lmsp.store import tasks as task_store
-from lmsp.tasks.states import Status
-from tests.helpers import check_log_invariants, task_log
+from tests.helpers import check_log_invariants, task_log, text_events
 
 
 def owner_id(svc: Service) -> str:
@@ -126,9 +127,8 @@ def _running_task(svc: Service) -> str:
     task_id = enqueue(svc)
     svc.db.write_sync(task_store.claim_next)
     svc.db.write_sync(lambda c: task_store.start(c, task_id, None))
-    svc.db.write_sync(
-        lambda c: task_store.append_output(c, task_id, ["a ", "b "], {"text": "a b ", "tokens": []})
-    )
+    batch = text_events(OutputAssembler(), ["a ", "b "])
+    svc.db.write_sync(lambda c: task_store.append_output(c, task_id, batch, {"tokens": []}))
     return task_id
 
 
@@ -136,6 +136,8 @@ def test_cancel_races_completion_1000_times(svc: Service) -> None:
     """Both are guarded updates from two threads at once: exactly one wins, every time."""
     outcomes = {Status.COMPLETED: 0, Status.CANCELLED: 0}
     usage = {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}
+    finished = OutputAssembler.replay(text_events(OutputAssembler(), ["a ", "b "]))
+    closing, output = finished.finish(), finished.items
     for _ in range(1000):
         task_id = _running_task(svc)
         barrier = threading.Barrier(2)
@@ -147,7 +149,7 @@ def test_cancel_races_completion_1000_times(svc: Service) -> None:
             barrier.wait()
             time.sleep(random.random() * 0.0005)
             results["settle"] = svc.db.write_sync(
-                lambda c: task_store.settle(c, task_id, "a b ", usage)
+                lambda c: task_store.settle(c, task_id, closing, output, usage)
             )
 
         def canceller(
@@ -208,7 +210,10 @@ def test_snapshot_is_written_with_the_deltas_it_covers(svc: Service) -> None:
     task = task_store.get(svc.db.reader(), task_id)
     assert task is not None
     snapshot = json.loads(task["snapshot"])
-    assert snapshot["text"] == "a b "
     assert snapshot["sequence_number"] == task["last_sequence_number"]
     deltas = [e for e in task_log(svc.db.reader(), task_id) if "delta" in e]
-    assert "".join(e["delta"] for e in deltas) == snapshot["text"]
+    assert "".join(e["delta"] for e in deltas) == "a b "
+    # the output so far is what the log the snapshot covers describes
+    shown = task_store.render_response(svc.db.reader(), task)
+    assert shown["output"][0]["content"][0]["text"] == "a b "
+    assert shown["output"][0]["status"] == "in_progress"

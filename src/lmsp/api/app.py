@@ -20,15 +20,13 @@ from lmsp import __version__, errors
 from lmsp.config import Settings
 
 from .broker import Broker
+from .errors import body as error_body
+from .errors import error_response
 from .routes import clients as client_routes
 from .routes import meta, models, pairing, responses, tasks
 from .service import Service, open_service
 
 log = logging.getLogger("lmsp")
-
-
-def error_response(exc: errors.LmspError) -> JSONResponse:
-    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
 
 
 class BodyGate:
@@ -45,7 +43,7 @@ class BodyGate:
             await self.app(scope, receive, send)
             return
         too_large = errors.LmspError(
-            413, "request_too_large", f"The request body exceeds {self.limit} bytes."
+            "request_too_large", f"The request body exceeds {self.limit} bytes."
         )
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
@@ -117,13 +115,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     message = exc.detail if isinstance(exc.detail, str) else "Request failed."
     if exc.status_code == 404:
         message = f"No route {request.url.path!r}."
-    err = errors.LmspError(exc.status_code, codes.get(exc.status_code, "http_error"), message)
-    return error_response(err)
+    err = errors.LmspError(codes.get(exc.status_code, "http_error"), message)
+    return JSONResponse(error_body(err, exc.status_code), exc.status_code)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(errors.LmspError(500, "internal_error", "Internal server error."))
+    return error_response(errors.LmspError("internal_error", "Internal server error."))
 
 
 async def _gc_loop(svc: Service) -> None:

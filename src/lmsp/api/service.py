@@ -17,12 +17,12 @@ from lmsp.engines.base import Engine
 from lmsp.engines.host import ModelHost
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
+from lmsp.protocol.states import Status
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
 from lmsp.tasks import recovery, retention
 from lmsp.tasks.runner import Runner
-from lmsp.tasks.states import Status
 
 from .broker import Broker
 

@@ -11,16 +11,14 @@ from collections.abc import AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
+from lmsp.protocol.states import Status
 from lmsp.store import events
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
-from lmsp.tasks.states import Status
 
 from .broker import Broker
 
-TERMINAL_EVENTS = frozenset(
-    {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
-)
 PAGE = 500
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from lmsp.client import TERMINAL_EVENTS
+from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
 
 from .remote import connect, finish, handled, note, print_json, print_stream, remote_options
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from lmsp import errors
-from lmsp.engines.gguf import NotGGUF, model_metadata
+from lmsp.gguf import NotGGUF, model_metadata
 from lmsp.store import models
 from lmsp.store.db import Database
 from lmsp.store.models import ModelRecord
@@ -136,7 +136,7 @@ def verify(db: Database, blobs_dir: Path, model_id: str) -> tuple[ModelRecord, s
 
 def _no_space(exc: OSError) -> errors.LmspError:
     return errors.LmspError(
-        507, "insufficient_storage", f"Not enough disk space for the model: {exc.strerror}."
+        "insufficient_storage", f"Not enough disk space for the model: {exc.strerror}."
     )
 
 
@@ -152,7 +152,7 @@ def import_model(
     then write its record. Errors are :class:`lmsp.errors.LmspError` with the protocol's
     statuses (400, 409, 507)."""
     if models.get(db.reader(), model_id) is not None:
-        raise errors.LmspError(409, "model_exists", f"A model {model_id!r} exists.", param="id")
+        raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
     source = path.expanduser()
     if not source.is_file():
         raise errors.invalid(f"No file at {str(path)!r}.", "path", code="model_file_not_found")
@@ -202,7 +202,7 @@ def import_model(
 
         if not db.write_sync(job):
             _remove_unreferenced(db, blobs_dir, digest)
-            raise errors.LmspError(409, "model_exists", f"A model {model_id!r} exists.", param="id")
+            raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
     record = models.get(db.reader(), model_id)
     assert record is not None
     return record
@@ -224,9 +224,7 @@ def delete_model(db: Database, blobs_dir: Path, model_id: str) -> ModelRecord:
         if outcome == "missing" or record is None:
             raise errors.not_found("model", model_id)
         if outcome == "in_use":
-            raise errors.LmspError(
-                409, "model_in_use", f"Unfinished tasks use the model {model_id!r}."
-            )
+            raise errors.LmspError("model_in_use", f"Unfinished tasks use the model {model_id!r}.")
         _remove_unreferenced(db, blobs_dir, record.digest)
     return record
 

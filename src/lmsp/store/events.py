@@ -7,6 +7,9 @@ import sqlite3
 from typing import Any
 
 from lmsp.ids import now as _now
+from lmsp.protocol import events as ev
+
+_OUTPUT_TYPES = ",".join(f"'{kind}'" for kind in sorted(ev.OUTPUT))
 
 
 def append(conn: sqlite3.Connection, task_id: str, events: list[dict[str, Any]]) -> int:
@@ -45,5 +48,20 @@ def after(
             "SELECT sequence_number, type, data FROM task_events"
             " WHERE task_id = ? AND sequence_number > ? ORDER BY sequence_number LIMIT ?",
             (task_id, after_seq, limit),
+        )
+    ]
+
+
+def output_events(conn: sqlite3.Connection, task_id: str) -> list[dict[str, Any]]:
+    """The output events of the task's current attempt (a retry's ``reset`` discards the
+    output logged before it), parsed, in order."""
+    return [
+        json.loads(r[0])
+        for r in conn.execute(
+            "SELECT data FROM task_events WHERE task_id = ?1 AND sequence_number > coalesce(("
+            "  SELECT max(sequence_number) FROM task_events WHERE task_id = ?1"
+            f"  AND type = '{ev.QUEUED}' AND json_extract(data, '$.reset')), -1)"
+            f" AND type IN ({_OUTPUT_TYPES}) ORDER BY sequence_number",
+            (task_id,),
         )
     ]

@@ -51,7 +51,6 @@ def lookup(conn: sqlite3.Connection, key: Key) -> Stored | None:
         return None
     if row["request_digest"] != key.digest:
         raise LmspError(
-            422,
             "idempotency_key_reused",
             "This Idempotency-Key was used with a different request.",
         )

@@ -127,6 +127,25 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE models ADD COLUMN verified_at INTEGER;
         """,
     ),
+    (
+        # a response's output becomes a list of output items (messages, function calls),
+        # written when its task finishes; rows from before keep their text as one message
+        "m004_output_items",
+        """
+        ALTER TABLE responses ADD COLUMN output TEXT;
+        UPDATE responses SET output = json_array(json_object(
+            'type', 'message',
+            'id', message_id,
+            'status', CASE WHEN incomplete_reason IS NULL THEN 'completed' ELSE 'incomplete' END,
+            'role', 'assistant',
+            'content', json_array(json_object(
+                'type', 'output_text', 'text', output_text,
+                'annotations', json_array(), 'logprobs', json_array()))))
+        WHERE output_text IS NOT NULL;
+        ALTER TABLE responses DROP COLUMN output_text;
+        ALTER TABLE responses DROP COLUMN message_id;
+        """,
+    ),
 ]
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsp.ids import now as _now
+from lmsp.protocol.states import UNFINISHED_SQL
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,7 @@ def users(conn: sqlite3.Connection, model_id: str) -> int:
     """How many unfinished tasks run (or wait to run) this model."""
     row = conn.execute(
         "SELECT count(*) FROM tasks JOIN responses ON responses.id = tasks.response_id"
-        " WHERE responses.model = ? AND tasks.status IN"
-        " ('queued','loading','running','cancelling')",
+        f" WHERE responses.model = ? AND tasks.status IN ({UNFINISHED_SQL})",
         (model_id,),
     ).fetchone()
     return int(row[0])

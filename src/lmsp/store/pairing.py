@@ -66,7 +66,6 @@ def create(
     if len(waiting) >= max_pending:
         retry = max(1, min(r["expires_at"] for r in waiting) - now)
         raise LmspError(
-            429,
             "too_many_pairing_requests",
             f"{max_pending} pairing requests are waiting for approval already; retry later.",
             headers={"Retry-After": str(retry)},
@@ -92,13 +91,12 @@ def _narrow(requested: list[str], granted: list[str] | None) -> list[str]:
         extra = [s for s in granted if s not in requested]
         if extra:
             raise LmspError(
-                400,
                 "invalid_scope",
                 f"Scope {extra[0]!r} was not requested; approve with fewer scopes only.",
                 param="scopes",
             )
     if not granted:
-        raise LmspError(400, "invalid_scope", "Grant at least one scope.", param="scopes")
+        raise LmspError("invalid_scope", "Grant at least one scope.", param="scopes")
     return granted
 
 
@@ -108,13 +106,11 @@ def decide(
     """Approve (possibly with fewer scopes) or deny a pending, unexpired request."""
     row = get(conn, ident)
     if row is None:
-        raise LmspError(404, "not_found", f"No pairing request {ident!r}.")
+        raise LmspError("not_found", f"No pairing request {ident!r}.")
     if row["status"] != "pending":
-        raise LmspError(
-            409, "pairing_not_pending", f"The pairing request is {row['status']} already."
-        )
+        raise LmspError("pairing_not_pending", f"The pairing request is {row['status']} already.")
     if row["expires_at"] <= now:
-        raise LmspError(409, "pairing_expired", "The pairing request has expired.")
+        raise LmspError("pairing_expired", "The pairing request has expired.")
     granted = _narrow(json.loads(row["scopes"]), scopes) if approve else None
     conn.execute(
         "UPDATE pairing_requests SET status = ?, granted_scopes = ?, decided_at = ?"
@@ -132,14 +128,14 @@ def decide(
 
 
 def _poll_error(code: str, message: str) -> LmspError:
-    return LmspError(400, code, message)
+    return LmspError(code, message)
 
 
 def claim(conn: sqlite3.Connection, pair_id: str, now: int) -> dict[str, Any]:
     """The token of an approved request, exactly once; the client is created here."""
     row = conn.execute("SELECT * FROM pairing_requests WHERE id = ?", (pair_id,)).fetchone()
     if row is None:
-        raise LmspError(404, "not_found", f"No pairing request {pair_id!r}.")
+        raise LmspError("not_found", f"No pairing request {pair_id!r}.")
     if row["status"] == "claimed":
         raise _poll_error("already_claimed", "The token of this request was handed out already.")
     if row["status"] == "denied":

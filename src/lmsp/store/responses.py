@@ -10,6 +10,8 @@ from typing import Any
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
+from lmsp.protocol import events as ev
+from lmsp.protocol.states import FINISHED_SQL
 from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
 
@@ -36,7 +38,8 @@ def create(
     """Persist a response, its task, ``response.created`` (and ``response.queued``).
 
     Runs in one transaction with the idempotency key row, so a retried request never
-    makes two tasks. Raises 429 when the queue is full, 422 on a reused key.
+    makes two tasks. Raises ``queue_full`` when the queue is full, ``idempotency_key_reused``
+    on a reused key.
     """
     background = bool(request.get("background"))
     status_code = 202 if background else 200
@@ -55,7 +58,6 @@ def create(
             )
     if task_store.queued_count(conn) >= max_queue:
         raise LmspError(
-            429,
             "queue_full",
             f"The queue holds {max_queue} tasks already; retry later.",
             headers={"Retry-After": "5"},
@@ -64,8 +66,8 @@ def create(
     response_id = new_id("resp")
     task_id = new_id("task")
     conn.execute(
-        "INSERT INTO responses (id, client_id, model, created_at, request, background, store,"
-        " message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO responses (id, client_id, model, created_at, request, background, store)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (
             response_id,
             client_id,
@@ -74,7 +76,6 @@ def create(
             json.dumps(request, separators=(",", ":")),
             int(background),
             int(request.get("store", True)),
-            new_id("msg"),
         ),
     )
     conn.execute(
@@ -85,9 +86,9 @@ def create(
     task = task_store.get(conn, task_id)
     assert task is not None
     obj = task_store.render_response(conn, task)
-    batch: list[dict[str, Any]] = [{"type": "response.created", "response": obj}]
+    batch = [ev.lifecycle(ev.CREATED, obj)]
     if background:
-        batch.append({"type": "response.queued", "response": obj})
+        batch.append(ev.lifecycle(ev.QUEUED, obj))
     events.append(conn, task_id, batch)
     if key is not None:
         idempotency.record(conn, key, status_code, response_id)
@@ -105,7 +106,7 @@ def delete(conn: sqlite3.Connection, response_id: str, client_id: str) -> str:
         return "missing"
     cur = conn.execute(
         "DELETE FROM responses WHERE id = ? AND id IN (SELECT response_id FROM tasks"
-        " WHERE status IN ('completed','failed','cancelled'))",
+        f" WHERE status IN ({FINISHED_SQL}))",
         (response_id,),
     )
     return "deleted" if cur.rowcount == 1 else "conflict"

@@ -9,20 +9,12 @@ import json
 import sqlite3
 from typing import Any
 
-from lmsp import objects
 from lmsp.ids import now as _now
+from lmsp.protocol import events as ev
+from lmsp.protocol import objects
+from lmsp.protocol.assembler import items_from_events
+from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
 from lmsp.store import events
-from lmsp.tasks.states import TERMINAL, UNFINISHED, Status, sources
-
-LIFECYCLE_EVENT = {
-    Status.QUEUED: "response.queued",
-    Status.LOADING: "response.loading",
-    Status.RUNNING: "response.in_progress",
-    Status.CANCELLING: "response.cancelling",
-    Status.COMPLETED: "response.completed",
-    Status.FAILED: "response.failed",
-    Status.CANCELLED: "response.cancelled",
-}
 
 
 def get(conn: sqlite3.Connection, task_id: str) -> sqlite3.Row | None:
@@ -52,14 +44,40 @@ def queued_count(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT count(*) FROM tasks WHERE status = 'queued'").fetchone()[0])
 
 
+def output_items(
+    conn: sqlite3.Connection, response: sqlite3.Row, task_id: str
+) -> list[dict[str, Any]]:
+    """The response's output: stored once its task finished, else what its log says."""
+    stored = objects.load_json(response["output"])
+    if stored is not None:
+        return list(stored)
+    return items_from_events(events.output_events(conn, task_id))
+
+
 def render_response(conn: sqlite3.Connection, task: sqlite3.Row) -> dict[str, Any]:
     response = get_response(conn, task["response_id"])
     assert response is not None
-    return objects.render_response(response, task, queue_position(conn, task))
+    return objects.render_response(
+        response, task, output_items(conn, response, task["id"]), queue_position(conn, task)
+    )
 
 
-def _in(states: frozenset[Status] | tuple[Status, ...]) -> str:
-    return ",".join(f"'{s.value}'" for s in sorted(states))
+def _seal_output(conn: sqlite3.Connection, task: sqlite3.Row) -> None:
+    """A task reached a terminal state: keep its output items with the response (items
+    still open are ``incomplete``: a cancel or a failure stopped them)."""
+    response = get_response(conn, task["response_id"])
+    assert response is not None
+    if response["output"] is not None:
+        return
+    items = output_items(conn, response, task["id"])
+    for item in items:
+        if item.get("status") == "in_progress":
+            item["status"] = "incomplete"
+    conn.execute("UPDATE responses SET output = ? WHERE id = ?", (_dumps(items), response["id"]))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def move(
@@ -88,18 +106,22 @@ def move(
         fields["finished_at"] = stamp
     fields.update(sets or {})
     assignments = ", ".join(f"{name} = ?" for name in fields)
+    states = sql_list(allowed)
     row: sqlite3.Row | None = conn.execute(
-        f"UPDATE tasks SET {assignments} WHERE id = ? AND status IN ({_in(allowed)}) RETURNING *",
+        f"UPDATE tasks SET {assignments} WHERE id = ? AND status IN ({states}) RETURNING *",
         (*fields.values(), task_id),
     ).fetchone()
     if row is None:
         return None
     batch = list(before or [])
+    if target in TERMINAL:
+        if batch:  # the closing output events belong to the sealed output
+            events.append(conn, task_id, batch)
+            batch = []
+        _seal_output(conn, row)
     if emit:
-        lifecycle: dict[str, Any] = {"type": event_type or LIFECYCLE_EVENT[target]}
-        lifecycle.update(extra or {})
-        lifecycle["response"] = render_response(conn, row)
-        batch.append(lifecycle)
+        kind = event_type or ev.LIFECYCLE[target]
+        batch.append(ev.lifecycle(kind, render_response(conn, row), **(extra or {})))
     if batch:
         events.append(conn, task_id, batch)
     return get(conn, task_id)
@@ -152,34 +174,10 @@ def mark_resumed(conn: sqlite3.Connection, task_id: str, model_digest: str | Non
     return moved is not None
 
 
-def _text_part(response: sqlite3.Row, text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def output_start_events(response: sqlite3.Row) -> list[dict[str, Any]]:
-    item = {
-        "type": "message",
-        "id": response["message_id"],
-        "role": "assistant",
-        "status": "in_progress",
-        "content": [],
-    }
-    return [
-        {"type": "response.output_item.added", "output_index": 0, "item": item},
-        {
-            "type": "response.content_part.added",
-            "item_id": response["message_id"],
-            "output_index": 0,
-            "content_index": 0,
-            "part": _text_part(response, ""),
-        },
-    ]
-
-
 def append_output(
-    conn: sqlite3.Connection, task_id: str, deltas: list[str], snapshot: dict[str, Any]
+    conn: sqlite3.Connection, task_id: str, batch: list[dict[str, Any]], snapshot: dict[str, Any]
 ) -> bool:
-    """Log a batch of text deltas and the snapshot covering them, if still ``running``.
+    """Log a batch of output events and the snapshot covering them, if still ``running``.
 
     The snapshot is written in the same transaction as the events it covers, so a
     resume starts exactly after the last persisted event. Returns ``False`` (writing
@@ -188,28 +186,11 @@ def append_output(
     task = get(conn, task_id)
     if task is None or task["status"] != Status.RUNNING:
         return False
-    response = get_response(conn, task["response_id"])
-    assert response is not None
-    state = objects.load_json(task["snapshot"]) or {}
-    batch: list[dict[str, Any]] = []
-    if not state.get("output_started"):
-        batch.extend(output_start_events(response))
-    for delta in deltas:
-        batch.append(
-            {
-                "type": "response.output_text.delta",
-                "item_id": response["message_id"],
-                "output_index": 0,
-                "content_index": 0,
-                "delta": delta,
-                "logprobs": [],
-            }
-        )
     seq = events.append(conn, task_id, batch) if batch else task["last_sequence_number"]
-    snap = dict(snapshot, output_started=True, sequence_number=seq)
+    snap = dict(snapshot, sequence_number=seq)
     cur = conn.execute(
         "UPDATE tasks SET snapshot = ?, updated_at = ? WHERE id = ? AND status = 'running'",
-        (json.dumps(snap, separators=(",", ":")), _now(), task_id),
+        (_dumps(snap), _now(), task_id),
     )
     return cur.rowcount == 1
 
@@ -217,57 +198,40 @@ def append_output(
 def complete(
     conn: sqlite3.Connection,
     task_id: str,
-    text: str,
+    closing: list[dict[str, Any]],
+    output: list[dict[str, Any]],
     usage: dict[str, int],
     incomplete_reason: str | None = None,
 ) -> sqlite3.Row | None:
-    """``running → completed``; loses (returns ``None``) if a cancel committed first."""
+    """``running → completed`` with the output's closing events and final items; loses
+    (returns ``None``, writing nothing) if a cancel committed first."""
     task = get(conn, task_id)
     if task is None or task["status"] != Status.RUNNING:
         return None
-    response = get_response(conn, task["response_id"])
-    assert response is not None
     conn.execute(
-        "UPDATE responses SET output_text = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
-        (text, json.dumps(usage), incomplete_reason, response["id"]),
+        "UPDATE responses SET output = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
+        (_dumps(output), _dumps(usage), incomplete_reason, task["response_id"]),
     )
-    response = get_response(conn, task["response_id"])
-    assert response is not None
-    state = objects.load_json(task["snapshot"]) or {}
-    before = [] if state.get("output_started") else output_start_events(response)
-    part = _text_part(response, text)
-    item = {
-        "type": "message",
-        "id": response["message_id"],
-        "role": "assistant",
-        "status": "incomplete" if incomplete_reason else "completed",
-        "content": [part],
-    }
-    ref = {"item_id": response["message_id"], "output_index": 0, "content_index": 0}
-    before += [
-        {"type": "response.output_text.done", **ref, "text": text, "logprobs": []},
-        {"type": "response.content_part.done", **ref, "part": part},
-        {"type": "response.output_item.done", "output_index": 0, "item": item},
-    ]
     return move(
         conn,
         task_id,
         Status.COMPLETED,
-        before=before,
-        event_type="response.incomplete" if incomplete_reason else "response.completed",
+        before=closing,
+        event_type=ev.terminal_for(Status.COMPLETED, incomplete=bool(incomplete_reason)),
     )
 
 
 def settle(
     conn: sqlite3.Connection,
     task_id: str,
-    text: str,
+    closing: list[dict[str, Any]],
+    output: list[dict[str, Any]],
     usage: dict[str, int],
     incomplete_reason: str | None = None,
 ) -> Status | None:
     """The runner's last word: complete the task, or, if a cancel committed first,
     finish that cancel. Returns the terminal state reached (``None``: nothing to do)."""
-    if complete(conn, task_id, text, usage, incomplete_reason) is not None:
+    if complete(conn, task_id, closing, output, usage, incomplete_reason) is not None:
         return Status.COMPLETED
     if finish_cancel(conn, task_id) is not None:
         return Status.CANCELLED
@@ -325,7 +289,7 @@ def _attempt(conn: sqlite3.Connection, task_id: str) -> int:
 
 def unfinished(conn: sqlite3.Connection) -> list[sqlite3.Row]:
     return list(
-        conn.execute(f"SELECT * FROM tasks WHERE status IN ({_in(UNFINISHED)}) ORDER BY seq")
+        conn.execute(f"SELECT * FROM tasks WHERE status IN ({UNFINISHED_SQL}) ORDER BY seq")
     )
 
 

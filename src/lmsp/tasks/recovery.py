@@ -18,9 +18,9 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
+from lmsp.protocol.states import Policy, Status, recovery_target
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
-from lmsp.tasks.states import Policy, Status, recovery_target
 
 RESTART_MESSAGE = "The service restarted while this task was unfinished."
 

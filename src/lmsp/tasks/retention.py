@@ -10,11 +10,11 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from lmsp.protocol.states import FINISHED_SQL
 from lmsp.store import pairing
 from lmsp.store.db import Database
 
 BATCH = 200
-FINISHED = "('completed','failed','cancelled')"
 
 
 @dataclass
@@ -28,7 +28,7 @@ def delete_finished_batch(conn: sqlite3.Connection, cutoff: float, batch: int = 
     """Delete up to ``batch`` finished responses (their tasks and events cascade)."""
     cur = conn.execute(
         "DELETE FROM responses WHERE id IN ("
-        f" SELECT response_id FROM tasks WHERE status IN {FINISHED}"
+        f" SELECT response_id FROM tasks WHERE status IN ({FINISHED_SQL})"
         "  AND finished_at IS NOT NULL AND finished_at < ? ORDER BY finished_at LIMIT ?)",
         (int(cutoff), batch),
     )

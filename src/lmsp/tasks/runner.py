@@ -21,10 +21,11 @@ from typing import Any
 
 from lmsp.engines.base import EngineError, Sampling
 from lmsp.engines.host import ModelHost
-from lmsp.store import models
+from lmsp.protocol.assembler import OutputAssembler, TextDelta
+from lmsp.protocol.states import Status
+from lmsp.store import events, models
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
-from lmsp.tasks.states import Status
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,12 @@ class Runner:
 
         snapshot = json.loads(task["snapshot"]) if resumed and task["snapshot"] else {}
         tokens: list[int] = list(snapshot.get("tokens", []))
-        text: str = snapshot.get("text", "")
+        # the output so far is what the log holds: the snapshot covers exactly that
+        assembler = (
+            OutputAssembler.replay(events.output_events(conn, task_id))
+            if tokens
+            else OutputAssembler()
+        )
         temperature, top_p = request.get("temperature"), request.get("top_p")
         sampling = Sampling(
             temperature=1.0 if temperature is None else float(temperature),
@@ -205,14 +211,14 @@ class Runner:
         budget = model.n_ctx - len(prompt)
         cap = budget if limit is None else min(int(limit), budget)
 
-        pending: list[str] = []
+        pending: list[dict[str, Any]] = []
         inflight: concurrent.futures.Future[Any] | None = None
         last_flush = time.monotonic()
         stopped = False
         incomplete: str | None = None
 
         def flush() -> concurrent.futures.Future[Any]:
-            snap = {"text": text, "tokens": list(tokens), "seed": sampling.seed}
+            snap = {"tokens": list(tokens), "seed": sampling.seed}
             batch = list(pending)  # one delta event per token, many per transaction
             pending.clear()
             return self.db.submit(lambda c: task_store.append_output(c, task_id, batch, snap))
@@ -223,8 +229,7 @@ class Runner:
             for piece in model.generate(prompt, tokens, sampling):
                 tokens.append(piece.token)
                 if piece.text:
-                    text += piece.text
-                    pending.append(piece.text)
+                    pending.extend(assembler.feed(TextDelta(piece.text)))
                 if task_id in self._cancels or self._shutdown.is_set():
                     stopped = True
                     break
@@ -253,8 +258,12 @@ class Runner:
             "output_tokens": len(tokens),
             "total_tokens": len(prompt) + len(tokens),
         }
+        closing = assembler.finish("incomplete" if incomplete else "completed")
+        output = assembler.items
 
-        self.db.write_sync(lambda c: task_store.settle(c, task_id, text, usage, incomplete))
+        self.db.write_sync(
+            lambda c: task_store.settle(c, task_id, closing, output, usage, incomplete)
+        )
 
 
 def status_of(db: Database, task_id: str) -> Status | None:

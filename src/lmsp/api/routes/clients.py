@@ -60,7 +60,7 @@ async def revoke_client(client_id: str, request: Request, client: Admin) -> dict
             raise errors.not_found("client", client_id)
         if config_store.get(conn, "owner_client_id") == client_id:
             raise errors.LmspError(
-                409, "owner_client", "The owner client cannot be revoked (its token is on disk)."
+                "owner_client", "The owner client cannot be revoked (its token is on disk)."
             )
         row = clients.revoke(conn, client_id)
         assert row is not None

@@ -11,12 +11,12 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
+from lmsp.protocol.states import Status
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.tasks.runner import messages_of
-from lmsp.tasks.states import Status
 
 from ..auth import require
 from ..schemas import CreateResponse
@@ -50,7 +50,7 @@ def _stream(
 
 def _model_not_found(model: str) -> errors.LmspError:
     return errors.LmspError(
-        400, "model_not_found", f"The model {model!r} does not exist.", param="model"
+        "model_not_found", f"The model {model!r} does not exist.", param="model"
     )
 
 
@@ -71,7 +71,6 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
     size = await asyncio.to_thread(svc.host.prompt_size, record, messages_of(stored))
     if size is not None and size[0] >= size[1]:
         raise errors.LmspError(
-            400,
             "context_length_exceeded",
             f"The prompt has {size[0]} tokens; the context of {body.model!r} holds {size[1]}.",
             param="input",
@@ -96,7 +95,6 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
         unfinished = task is not None and not Status(task["status"]).terminal
         if created.status_code != 202 and unfinished:
             raise errors.LmspError(
-                409,
                 "idempotency_request_in_progress",
                 "A request with this Idempotency-Key is still being processed.",
             )
@@ -157,6 +155,6 @@ async def delete_response(response_id: str, request: Request, client: Writer) ->
         raise errors.not_found("response", response_id)
     if outcome == "conflict":
         raise errors.LmspError(
-            409, "response_in_progress", "The response is unfinished; cancel it first."
+            "response_in_progress", "The response is unfinished; cancel it first."
         )
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})

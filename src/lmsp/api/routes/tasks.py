@@ -8,11 +8,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from lmsp import errors, objects
+from lmsp import errors
+from lmsp.protocol import objects
+from lmsp.protocol.states import Status
 from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
-from lmsp.tasks.states import Status
 
 from ..auth import require
 from ..sse import event_response, task_events

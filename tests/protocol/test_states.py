@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lmsp.tasks.states import (
+from lmsp.protocol.states import (
     TERMINAL,
     UNFINISHED,
     Policy,

@@ -86,3 +86,14 @@ def response_status(task_status: Status, incomplete: bool = False) -> str:
     if task_status is Status.COMPLETED and incomplete:
         return "incomplete"
     return task_status.value
+
+
+def sql_list(states: frozenset[Status] | tuple[Status, ...]) -> str:
+    """``'a','b'`` for an SQL ``IN (…)`` over states (the values are this enum's own)."""
+    return ",".join(f"'{s.value}'" for s in sorted(states))
+
+
+#: SQL list of the finished states, for guarded deletes and queries
+FINISHED_SQL = sql_list(TERMINAL)
+#: SQL list of the unfinished states
+UNFINISHED_SQL = sql_list(UNFINISHED)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from lmsp.bootstrap import bundled_model_path
-from lmsp.engines.gguf import NotGGUF, model_metadata, read_header
+from lmsp.gguf import NotGGUF, model_metadata, read_header
 from tests.gguf_files import truncated
 
 

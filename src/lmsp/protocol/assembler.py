@@ -1,0 +1,257 @@
+"""The output assembler: typed engine outputs → Responses events and output items.
+
+An engine produces text deltas (and, with tools, function calls); the assembler opens
+and closes output items around them and builds every output event in the order the
+Responses API gives (``output_item.added``, ``content_part.added``, deltas, the
+``.done`` events). It is pure: ids come from a factory, events carry no sequence
+number (the log numbers them), and :meth:`OutputAssembler.replay` rebuilds the same
+state from the events it emitted, so a resumed task continues exactly where its log
+ends.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lmsp.ids import new_id
+from lmsp.protocol import events as ev
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Text the model produced. ``logprobs``: one entry per token, when asked for."""
+
+    text: str
+    logprobs: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class CallStart:
+    """The model starts a function call to ``name``."""
+
+    name: str
+    call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ArgumentsDelta:
+    """More of the current call's JSON arguments."""
+
+    delta: str
+
+
+@dataclass(frozen=True)
+class CallEnd:
+    """The current call's arguments are complete."""
+
+
+EngineOutput = TextDelta | CallStart | ArgumentsDelta | CallEnd
+ItemStatus = Literal["completed", "incomplete"]
+Event = dict[str, Any]
+
+
+def text_part(text: str = "", logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+class OutputAssembler:
+    """Builds one response's output. Feed it engine outputs, then :meth:`finish`."""
+
+    def __init__(self, make_id: Callable[[str], str] = new_id) -> None:
+        self._make_id = make_id
+        self.items: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None  # the item being written, if any
+
+    # -- feeding ---------------------------------------------------------------------------
+    def feed(self, output: EngineOutput) -> list[Event]:
+        """The events for one engine output."""
+        if isinstance(output, TextDelta):
+            return self._text(output)
+        if isinstance(output, CallStart):
+            return [*self._close("completed"), *self._open_call(output)]
+        if isinstance(output, ArgumentsDelta):
+            return self._arguments(output.delta)
+        return self._close("completed")
+
+    def finish(self, status: ItemStatus = "completed") -> list[Event]:
+        """Close what is open (``incomplete`` when a token limit stopped it). A finished
+        response always has an item: an empty message when the model said nothing."""
+        if not self.items:
+            return [*self._open_message(), *self._close(status)]
+        return self._close(status)
+
+    def final_items(self, status: ItemStatus = "incomplete") -> list[dict[str, Any]]:
+        """The output as it stands, items still open marked ``status`` (a cancel or a
+        failure stopped them)."""
+        out = copy.deepcopy(self.items)
+        for item in out:
+            if item["status"] == "in_progress":
+                item["status"] = status
+        return out
+
+    @property
+    def text(self) -> str:
+        """All output text so far."""
+        return "".join(
+            part["text"]
+            for item in self.items
+            if item["type"] == "message"
+            for part in item["content"]
+        )
+
+    # -- items -----------------------------------------------------------------------------
+    def _index(self) -> int:
+        return len(self.items) - 1
+
+    def _open_message(self) -> list[Event]:
+        item: dict[str, Any] = {
+            "type": "message",
+            "id": self._make_id("msg"),
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        self.items.append(item)
+        self._open = item
+        index = self._index()
+        part = text_part()
+        item["content"].append(copy.deepcopy(part))
+        return [
+            {"type": ev.OUTPUT_ITEM_ADDED, "output_index": index, "item": _added(item)},
+            {
+                "type": ev.CONTENT_PART_ADDED,
+                "item_id": item["id"],
+                "output_index": index,
+                "content_index": 0,
+                "part": part,
+            },
+        ]
+
+    def _text(self, delta: TextDelta) -> list[Event]:
+        out: list[Event] = []
+        if self._open is None or self._open["type"] != "message":
+            out += self._close("completed")
+            out += self._open_message()
+        item = self._open
+        assert item is not None
+        part = item["content"][-1]
+        part["text"] += delta.text
+        part["logprobs"].extend(delta.logprobs)
+        out.append(
+            {
+                "type": ev.OUTPUT_TEXT_DELTA,
+                "item_id": item["id"],
+                "output_index": self._index(),
+                "content_index": len(item["content"]) - 1,
+                "delta": delta.text,
+                "logprobs": list(delta.logprobs),
+            }
+        )
+        return out
+
+    def _open_call(self, start: CallStart) -> list[Event]:
+        item: dict[str, Any] = {
+            "type": "function_call",
+            "id": self._make_id("fc"),
+            "call_id": start.call_id or self._make_id("call"),
+            "name": start.name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        self.items.append(item)
+        self._open = item
+        return [{"type": ev.OUTPUT_ITEM_ADDED, "output_index": self._index(), "item": _added(item)}]
+
+    def _arguments(self, delta: str) -> list[Event]:
+        item = self._open
+        if item is None or item["type"] != "function_call":
+            raise ValueError("arguments outside a function call")
+        item["arguments"] += delta
+        return [
+            {
+                "type": ev.FUNCTION_CALL_ARGUMENTS_DELTA,
+                "item_id": item["id"],
+                "output_index": self._index(),
+                "delta": delta,
+            }
+        ]
+
+    def _close(self, status: ItemStatus) -> list[Event]:
+        item = self._open
+        if item is None:
+            return []
+        self._open = None
+        index = self._index()
+        out: list[Event] = []
+        if item["type"] == "message":
+            part = item["content"][-1]
+            ref = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            out += [
+                {
+                    "type": ev.OUTPUT_TEXT_DONE,
+                    **ref,
+                    "text": part["text"],
+                    "logprobs": copy.deepcopy(part["logprobs"]),
+                },
+                {"type": ev.CONTENT_PART_DONE, **ref, "part": copy.deepcopy(part)},
+            ]
+        else:
+            out.append(
+                {
+                    "type": ev.FUNCTION_CALL_ARGUMENTS_DONE,
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            )
+        item["status"] = status
+        out.append(
+            {"type": ev.OUTPUT_ITEM_DONE, "output_index": index, "item": copy.deepcopy(item)}
+        )
+        return out
+
+    # -- rebuilding from the log -----------------------------------------------------------
+    @classmethod
+    def replay(
+        cls, logged: Iterable[Event], make_id: Callable[[str], str] = new_id
+    ) -> OutputAssembler:
+        """The assembler as it was after emitting ``logged`` (other events are skipped)."""
+        asm = cls(make_id)
+        for event in logged:
+            asm._apply(event)
+        return asm
+
+    def _apply(self, event: Event) -> None:
+        kind = event.get("type")
+        if kind == ev.OUTPUT_ITEM_ADDED:
+            item = copy.deepcopy(event["item"])
+            self.items.append(item)
+            self._open = item
+        elif kind == ev.CONTENT_PART_ADDED and self._open is not None:
+            self._open["content"].append(copy.deepcopy(event["part"]))
+        elif kind == ev.OUTPUT_TEXT_DELTA and self._open is not None:
+            part = self._open["content"][-1]
+            part["text"] += event["delta"]
+            part["logprobs"].extend(event.get("logprobs") or [])
+        elif kind == ev.FUNCTION_CALL_ARGUMENTS_DELTA and self._open is not None:
+            self._open["arguments"] += event["delta"]
+        elif kind == ev.OUTPUT_ITEM_DONE and self.items:
+            self.items[event["output_index"]] = copy.deepcopy(event["item"])
+            self._open = None
+
+
+def _added(item: dict[str, Any]) -> dict[str, Any]:
+    """The item as ``output_item.added`` shows it: nothing generated yet."""
+    shown = copy.deepcopy(item)
+    if shown["type"] == "message":
+        shown["content"] = []
+    return shown
+
+
+def items_from_events(logged: Iterable[Event]) -> list[dict[str, Any]]:
+    """The output items a log describes (open ones ``in_progress``)."""
+    return OutputAssembler.replay(logged).items

@@ -1,0 +1,77 @@
+"""Event names (PROTOCOL.md section 6): which are lifecycle, terminal, standard
+Responses types or LMSP extensions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmsp.protocol.states import Status
+
+CREATED = "response.created"
+QUEUED = "response.queued"
+LOADING = "response.loading"  # LMSP extension
+IN_PROGRESS = "response.in_progress"
+CANCELLING = "response.cancelling"  # LMSP extension
+COMPLETED = "response.completed"
+INCOMPLETE = "response.incomplete"
+FAILED = "response.failed"
+CANCELLED = "response.cancelled"
+
+OUTPUT_ITEM_ADDED = "response.output_item.added"
+OUTPUT_ITEM_DONE = "response.output_item.done"
+CONTENT_PART_ADDED = "response.content_part.added"
+CONTENT_PART_DONE = "response.content_part.done"
+OUTPUT_TEXT_DELTA = "response.output_text.delta"
+OUTPUT_TEXT_DONE = "response.output_text.done"
+FUNCTION_CALL_ARGUMENTS_DELTA = "response.function_call_arguments.delta"
+FUNCTION_CALL_ARGUMENTS_DONE = "response.function_call_arguments.done"
+
+#: the event a task logs on entering each state
+LIFECYCLE: dict[Status, str] = {
+    Status.QUEUED: QUEUED,
+    Status.LOADING: LOADING,
+    Status.RUNNING: IN_PROGRESS,
+    Status.CANCELLING: CANCELLING,
+    Status.COMPLETED: COMPLETED,
+    Status.FAILED: FAILED,
+    Status.CANCELLED: CANCELLED,
+}
+
+#: a task's log ends with exactly one of these
+TERMINAL = frozenset({COMPLETED, INCOMPLETE, FAILED, CANCELLED})
+
+#: LMSP lifecycle extensions: in the log and the task event stream, and in a responses
+#: stream only when asked for (``include=lmsp.lifecycle``)
+LMSP_LIFECYCLE = frozenset({LOADING, CANCELLING})
+
+#: every event whose payload carries the response object as ``response``
+WITH_RESPONSE = frozenset(
+    {CREATED, QUEUED, LOADING, IN_PROGRESS, CANCELLING, COMPLETED, INCOMPLETE, FAILED, CANCELLED}
+)
+
+#: the output events the assembler emits, in the order the Responses API gives them
+OUTPUT = frozenset(
+    {
+        OUTPUT_ITEM_ADDED,
+        OUTPUT_ITEM_DONE,
+        CONTENT_PART_ADDED,
+        CONTENT_PART_DONE,
+        OUTPUT_TEXT_DELTA,
+        OUTPUT_TEXT_DONE,
+        FUNCTION_CALL_ARGUMENTS_DELTA,
+        FUNCTION_CALL_ARGUMENTS_DONE,
+    }
+)
+
+
+def terminal_for(status: Status, incomplete: bool = False) -> str:
+    """The terminal event of a finished task."""
+    if status is Status.COMPLETED and incomplete:
+        return INCOMPLETE
+    return LIFECYCLE[status]
+
+
+def lifecycle(kind: str, response: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A lifecycle event carrying the response object (no sequence number yet: the log
+    gives it)."""
+    return {"type": kind, **extra, "response": response}

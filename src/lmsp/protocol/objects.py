@@ -1,0 +1,124 @@
+"""The wire objects of PROTOCOL.md sections 4 and 5, rendered from stored rows (pure).
+
+A response's ``output`` is given by the caller: the stored items once the task has
+finished, or the items its event log describes while it runs
+(:func:`lmsp.protocol.assembler.items_from_events`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from lmsp.protocol.states import Status, response_status
+
+#: what a request that does not name them gets (and the response echoes)
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+
+
+class Row(Protocol):
+    """A stored row (``sqlite3.Row`` or a mapping)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def load_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def task_error(task: Row) -> dict[str, str] | None:
+    if task["error_code"] is None:
+        return None
+    return {"code": task["error_code"], "message": task["error_message"] or ""}
+
+
+def render_task_brief(task: Row, queue_position: int | None) -> dict[str, Any]:
+    return {
+        "id": task["id"],
+        "status": task["status"],
+        "on_restart": task["on_restart"],
+        "attempt": task["attempt"],
+        "queue_position": queue_position,
+    }
+
+
+def _number(value: Any, default: float) -> float:
+    return default if value is None else float(value)
+
+
+def render_usage(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    if stored is None:
+        return None
+    return {
+        "input_tokens": stored["input_tokens"],
+        "input_tokens_details": {"cached_tokens": stored.get("cached_tokens", 0)},
+        "output_tokens": stored["output_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": stored["total_tokens"],
+    }
+
+
+def render_response(
+    response: Row, task: Row, output: list[dict[str, Any]], queue_position: int | None
+) -> dict[str, Any]:
+    """The response object: every field of the Open Responses ``ResponseResource``, plus
+    the LMSP extensions ``model_digest`` and ``task``."""
+    request: dict[str, Any] = json.loads(response["request"])
+    status = Status(task["status"])
+    incomplete = response["incomplete_reason"]
+    shown = response_status(status, incomplete=bool(incomplete))
+    completed_at = task["finished_at"] if status is Status.COMPLETED else None
+    return {
+        "id": response["id"],
+        "object": "response",
+        "created_at": response["created_at"],
+        "completed_at": completed_at,
+        "status": shown,
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        "model": response["model"],
+        "previous_response_id": request.get("previous_response_id"),
+        "instructions": request.get("instructions"),
+        "output": output,
+        "error": task_error(task),
+        "tools": request.get("tools", []),
+        "tool_choice": request.get("tool_choice", "auto"),
+        "truncation": "disabled",
+        "parallel_tool_calls": request.get("parallel_tool_calls", True),
+        "text": request.get("text", {"format": {"type": "text"}}),
+        "top_p": _number(request.get("top_p"), DEFAULT_TOP_P),
+        "presence_penalty": _number(request.get("presence_penalty"), 0.0),
+        "frequency_penalty": _number(request.get("frequency_penalty"), 0.0),
+        "top_logprobs": int(request.get("top_logprobs") or 0),
+        "temperature": _number(request.get("temperature"), DEFAULT_TEMPERATURE),
+        "reasoning": None,
+        "user": request.get("user"),
+        "usage": render_usage(load_json(response["usage"])),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "max_tool_calls": request.get("max_tool_calls"),
+        "store": bool(response["store"]),
+        "background": bool(response["background"]),
+        "service_tier": "default",
+        "metadata": request.get("metadata") or {},
+        "safety_identifier": request.get("safety_identifier"),
+        "prompt_cache_key": request.get("prompt_cache_key"),
+        "model_digest": response["model_digest"],
+        "task": render_task_brief(task, queue_position),
+    }
+
+
+def render_task(task: Row, queue_position: int | None) -> dict[str, Any]:
+    return {
+        "id": task["id"],
+        "object": "task",
+        "response_id": task["response_id"],
+        "status": task["status"],
+        "on_restart": task["on_restart"],
+        "attempt": task["attempt"],
+        "created_at": task["created_at"],
+        "updated_at": task["updated_at"],
+        "finished_at": task["finished_at"],
+        "last_sequence_number": task["last_sequence_number"],
+        "queue_position": queue_position,
+        "error": task_error(task),
+    }
