@@ -30,9 +30,37 @@ class EngineError(Exception):
 
 @dataclass(frozen=True)
 class Sampling:
+    """How one sequence draws its tokens: every value explicit (the request's, else the
+    model's defaults, else lmsp's), so a resumed task draws exactly what it drew before."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0  # LMSP extension (llama.cpp's): 1.0 is off
+    top_logprobs: int = 0  # > 0: log probabilities of the chosen and this many top tokens
+
+
+class Constraint(Protocol):
+    """A per-sequence constraint on what may be generated next (a grammar compiled from a
+    JSON Schema, a tool-call format …). The engine asks it for the allowed tokens before
+    each sampling step and tells it which token was chosen; a constraint rebuilt from
+    the same spec and fed a snapshot's tokens is in the same state again (resume)."""
+
+    def allowed(self) -> npt.NDArray[np.bool_] | None:
+        """A mask over the vocabulary (``True``: may come next), or ``None`` for any."""
+        ...
+
+    def advance(self, token: int) -> None:
+        """The token that was chosen."""
+        ...
+
+    def finished(self) -> bool:
+        """Nothing more may follow: the sequence ends here."""
+        ...
 
 
 @dataclass(frozen=True)
