@@ -163,3 +163,67 @@ def test_replaying_the_log_continues_exactly(spec: list[Any], cut: int) -> None:
     assert logged + rest == whole
     assert resumed.items == whole_asm.items
     assert items_from_events(whole) == whole_asm.items
+
+
+# -- stop sequences ---------------------------------------------------------------------------
+def text_of(emitted: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in emitted if e["type"] == ev.OUTPUT_TEXT_DELTA)
+
+
+def test_a_stop_sequence_ends_the_text_before_it() -> None:
+    asm = OutputAssembler(counter(), stop=["END"])
+    emitted = [e for piece in ["one two E", "N", "D three"] for e in asm.feed(TextDelta(piece))]
+    assert asm.stopped
+    assert asm.feed(TextDelta("more")) == []  # nothing after the stop
+    emitted += asm.finish()
+    assert text_of(emitted) == "one two "
+    assert emitted[-1]["item"]["content"][0]["text"] == "one two "
+    # the held-back "E", "N" never reached a delta
+    assert all("E" not in e["delta"] for e in emitted if e["type"] == ev.OUTPUT_TEXT_DELTA)
+
+
+def test_text_held_for_a_stop_that_never_comes_is_released() -> None:
+    asm = OutputAssembler(counter(), stop=["</end>", "STOP"])
+    first = asm.feed(TextDelta("a </e"))
+    assert text_of(first) == "a " and asm.held == "</e"
+    second = asm.feed(TextDelta("x> b ST"))
+    assert text_of(second) == "</ex> b " and asm.held == "ST"
+    closing = asm.finish()
+    assert text_of(closing) == "ST"
+    assert asm.items[0]["content"][0]["text"] == "a </ex> b ST"
+    assert not asm.stopped
+
+
+def test_the_earliest_stop_sequence_wins() -> None:
+    asm = OutputAssembler(counter(), stop=["cd", "b"])
+    emitted = asm.feed(TextDelta("abcd")) + asm.finish()
+    assert text_of(emitted) == "a"
+
+
+def test_a_stop_at_the_start_leaves_an_empty_message() -> None:
+    asm = OutputAssembler(counter(), stop=["Hi"])
+    emitted = asm.feed(TextDelta("Hi there")) + asm.finish()
+    assert asm.stopped
+    assert [e["type"] for e in emitted][:2] == [ev.OUTPUT_ITEM_ADDED, ev.CONTENT_PART_ADDED]
+    assert asm.items[0]["content"][0]["text"] == ""
+
+
+@given(
+    pieces=st.lists(st.sampled_from(["a", "b", "ab", "ba", "x", "abx", " "]), max_size=12),
+    cut=st.integers(min_value=0, max_value=12),
+)
+def test_a_replay_with_the_held_text_continues_exactly(pieces: list[str], cut: int) -> None:
+    """A resumed task rebuilds its assembler from the log plus the held text its snapshot
+    kept, and then emits exactly what an uninterrupted one would."""
+    stop = ["bab", "xx"]
+    whole = OutputAssembler(counter(), stop=stop)
+    expected = [e for p in pieces for e in whole.feed(TextDelta(p))] + whole.finish()
+    cut = min(cut, len(pieces))
+    first = OutputAssembler(counter(), stop=stop)
+    logged = [e for p in pieces[:cut] for e in first.feed(TextDelta(p))]
+    if first.stopped:
+        return  # the task completed before the cut: nothing to resume
+    again = OutputAssembler.replay(logged, counter(), stop=stop, held=first.held)
+    rest = [e for p in pieces[cut:] for e in again.feed(TextDelta(p))] + again.finish()
+    assert text_of(logged + rest) == text_of(expected)
+    assert again.items[0]["content"][0]["text"] == whole.items[0]["content"][0]["text"]

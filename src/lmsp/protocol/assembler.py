@@ -12,7 +12,7 @@ ends.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -60,10 +60,22 @@ def text_part(text: str = "", logprobs: list[dict[str, Any]] | None = None) -> d
 class OutputAssembler:
     """Builds one response's output. Feed it engine outputs, then :meth:`finish`."""
 
-    def __init__(self, make_id: Callable[[str], str] = new_id) -> None:
+    def __init__(
+        self,
+        make_id: Callable[[str], str] = new_id,
+        stop: Sequence[str] = (),
+        held: str = "",
+    ) -> None:
         self._make_id = make_id
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being written, if any
+        #: stop sequences: the output ends before the first one the text contains
+        self.stop = tuple(s for s in stop if s)
+        #: text generated but not emitted yet, because a stop sequence may begin with it
+        #: (a snapshot keeps it, so a resumed task holds the same text back)
+        self.held = held
+        #: a stop sequence was generated: nothing more is output
+        self.stopped = False
 
     # -- feeding ---------------------------------------------------------------------------
     def feed(self, output: EngineOutput) -> list[Event]:
@@ -77,11 +89,16 @@ class OutputAssembler:
         return self._close("completed")
 
     def finish(self, status: ItemStatus = "completed") -> list[Event]:
-        """Close what is open (``incomplete`` when a token limit stopped it). A finished
-        response always has an item: an empty message when the model said nothing."""
+        """Close what is open (``incomplete`` when a token limit stopped it), after the
+        text held back for a stop sequence that never came. A finished response always
+        has an item: an empty message when the model said nothing."""
+        out: list[Event] = []
+        if self.held:
+            text, self.held = self.held, ""
+            out += self._emit(text, ())
         if not self.items:
-            return [*self._open_message(), *self._close(status)]
-        return self._close(status)
+            return [*out, *self._open_message(), *self._close(status)]
+        return [*out, *self._close(status)]
 
     def final_items(self, status: ItemStatus = "incomplete") -> list[dict[str, Any]]:
         """The output as it stands, items still open marked ``status`` (a cancel or a
@@ -131,6 +148,28 @@ class OutputAssembler:
         ]
 
     def _text(self, delta: TextDelta) -> list[Event]:
+        if self.stopped:
+            return []
+        if not self.stop:
+            return self._emit(delta.text, delta.logprobs)
+        text = self.held + delta.text
+        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if found:
+            self.stopped, self.held = True, ""
+            text = text[: min(found)]
+        else:
+            keep = self._stop_prefix(text)
+            text, self.held = text[: len(text) - keep], text[len(text) - keep :]
+        return self._emit(text, delta.logprobs) if text else []
+
+    def _stop_prefix(self, text: str) -> int:
+        """The length of the longest end of ``text`` a stop sequence starts with."""
+        for size in range(min(len(text), max(map(len, self.stop)) - 1), 0, -1):
+            if any(s.startswith(text[-size:]) for s in self.stop):
+                return size
+        return 0
+
+    def _emit(self, text: str, logprobs: Sequence[dict[str, Any]]) -> list[Event]:
         out: list[Event] = []
         if self._open is None or self._open["type"] != "message":
             out += self._close("completed")
@@ -138,16 +177,16 @@ class OutputAssembler:
         item = self._open
         assert item is not None
         part = item["content"][-1]
-        part["text"] += delta.text
-        part["logprobs"].extend(delta.logprobs)
+        part["text"] += text
+        part["logprobs"].extend(logprobs)
         out.append(
             {
                 "type": ev.OUTPUT_TEXT_DELTA,
                 "item_id": item["id"],
                 "output_index": self._index(),
                 "content_index": len(item["content"]) - 1,
-                "delta": delta.text,
-                "logprobs": list(delta.logprobs),
+                "delta": text,
+                "logprobs": list(logprobs),
             }
         )
         return out
@@ -217,10 +256,15 @@ class OutputAssembler:
     # -- rebuilding from the log -----------------------------------------------------------
     @classmethod
     def replay(
-        cls, logged: Iterable[Event], make_id: Callable[[str], str] = new_id
+        cls,
+        logged: Iterable[Event],
+        make_id: Callable[[str], str] = new_id,
+        stop: Sequence[str] = (),
+        held: str = "",
     ) -> OutputAssembler:
-        """The assembler as it was after emitting ``logged`` (other events are skipped)."""
-        asm = cls(make_id)
+        """The assembler as it was after emitting ``logged`` (other events are skipped),
+        holding back ``held`` for its ``stop`` sequences."""
+        asm = cls(make_id, stop, held)
         for event in logged:
             asm._apply(event)
         return asm

@@ -190,10 +190,13 @@ class Runner:
         snapshot = json.loads(task["snapshot"]) if resumed and task["snapshot"] else {}
         tokens: list[int] = list(snapshot.get("tokens", []))
         # the output so far is what the log holds: the snapshot covers exactly that
+        stop = request.get("stop") or ()
         assembler = (
-            OutputAssembler.replay(events.output_events(conn, task_id))
+            OutputAssembler.replay(
+                events.output_events(conn, task_id), stop=stop, held=snapshot.get("held", "")
+            )
             if tokens
-            else OutputAssembler()
+            else OutputAssembler(stop=stop)
         )
         temperature, top_p = request.get("temperature"), request.get("top_p")
         sampling = Sampling(
@@ -218,7 +221,7 @@ class Runner:
         incomplete: str | None = None
 
         def flush() -> concurrent.futures.Future[Any]:
-            snap = {"tokens": list(tokens), "seed": sampling.seed}
+            snap = {"tokens": list(tokens), "seed": sampling.seed, "held": assembler.held}
             batch = list(pending)  # one delta event per token, many per transaction
             pending.clear()
             return self.db.submit(lambda c: task_store.append_output(c, task_id, batch, snap))
@@ -232,6 +235,8 @@ class Runner:
                     pending.extend(assembler.feed(TextDelta(piece.text)))
                 if task_id in self._cancels or self._shutdown.is_set():
                     stopped = True
+                    break
+                if assembler.stopped:  # a stop sequence: the answer is complete
                     break
                 if len(tokens) >= cap:
                     incomplete = "max_output_tokens"
