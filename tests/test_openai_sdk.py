@@ -16,6 +16,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 
+from lmsp.protocol.events import LMSP_LIFECYCLE
 from tests.helpers import TERMINAL_EVENTS, Server, check_log_invariants, open_db
 
 pytestmark = pytest.mark.slow
@@ -117,7 +118,7 @@ def test_create_returns_the_final_response(sdk: openai.OpenAI) -> None:
     assert again.output_text == response.output_text
 
 
-def test_create_stream_events(sdk: openai.OpenAI) -> None:
+def test_create_stream_events(sdk: openai.OpenAI, server: Server) -> None:
     events = list(
         sdk.responses.create(
             model=MODEL,
@@ -128,10 +129,14 @@ def test_create_stream_events(sdk: openai.OpenAI) -> None:
         )
     )
     seqs = [e.sequence_number for e in events]
-    assert seqs == list(range(len(events))), seqs
     types = [e.type for e in events]
     assert types[0] == "response.created"
-    assert "response.loading" in types  # an LMSP extension the SDK passes through
+    # the log's numbers; the LMSP lifecycle extensions stay out of the stream by default
+    log = task_events(server, task_id_of(events[0].response))  # type: ignore[union-attr]
+    shown = [e for e in log if e["type"] not in LMSP_LIFECYCLE]
+    assert seqs == [e["sequence_number"] for e in shown], seqs
+    assert "response.loading" in [e["type"] for e in log]
+    assert not set(types) & LMSP_LIFECYCLE
     assert types[-1] in ("response.completed", "response.incomplete")
     assert sum(t in TERMINAL_EVENTS for t in types) == 1
     first_delta = types.index("response.output_text.delta")
@@ -183,8 +188,16 @@ def test_retrieve_stream_starting_after(sdk: openai.OpenAI) -> None:
         max_output_tokens=SHORT_MAX,
         temperature=0,
     )
-    # live: joined while the task is queued or generating
-    live = list(sdk.responses.retrieve(created.id, stream=True, starting_after=2))
+    # live: joined while the task is queued or generating (0..2 are created, queued,
+    # loading; the lifecycle extensions only with include=lmsp.lifecycle)
+    live = list(
+        sdk.responses.retrieve(
+            created.id,
+            stream=True,
+            starting_after=2,
+            include=["lmsp.lifecycle"],  # type: ignore[list-item]
+        )
+    )
     seqs = [e.sequence_number for e in live]
     assert seqs == list(range(3, 3 + len(live))), seqs
     assert live[-1].type in ("response.completed", "response.incomplete")
@@ -216,7 +229,7 @@ def test_stream_helper_accumulates_the_final_response(sdk: openai.OpenAI) -> Non
     assert_usage(final, 64)
 
 
-def test_stream_helper_resumes_a_background_response(sdk: openai.OpenAI) -> None:
+def test_stream_helper_resumes_a_background_response(sdk: openai.OpenAI, server: Server) -> None:
     created = sdk.responses.create(
         model=MODEL,
         input="What is 3+3? Answer with a number only.",
@@ -227,7 +240,12 @@ def test_stream_helper_resumes_a_background_response(sdk: openai.OpenAI) -> None
     with sdk.responses.stream(response_id=created.id, starting_after=1) as stream:
         seqs = [e.sequence_number for e in stream]
         final = stream.get_final_response()
-    assert seqs == list(range(2, 2 + len(seqs))), seqs
+    log = task_events(server, task_id_of(created))
+    assert seqs == [
+        e["sequence_number"]
+        for e in log
+        if e["sequence_number"] > 1 and e["type"] not in LMSP_LIFECYCLE
+    ], seqs
     assert final.id == created.id
     assert final.status == "completed"
     assert final.output_text == sdk.responses.retrieve(created.id).output_text
@@ -249,8 +267,9 @@ def test_cancel_a_long_running_background_response(sdk: openai.OpenAI, server: S
         time.sleep(0.05)
     answered = sdk.responses.cancel(created.id)
     assert answered.id == created.id
-    # in_progress while cancelling; finished if generation won the race
-    assert answered.status in ("in_progress", "cancelled", "completed", "incomplete")
+    # the cancel answers once the runner has stopped: cancelled, or finished if
+    # generation won the race
+    assert answered.status in ("cancelled", "completed", "incomplete")
     final = wait_finished(sdk, created.id)
     assert final.status in ("cancelled", "completed", "incomplete")
     # cancel is idempotent: the same 200 and the same finished state

@@ -103,6 +103,8 @@ class _SSE:
             if not self.data:
                 return None
             text, self.data = "\n".join(self.data), []
+            if text == "[DONE]":  # the end marker of a responses stream
+                return None
             event: dict[str, Any] = json.loads(text)
             return event
         if line.startswith(":"):

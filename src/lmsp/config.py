@@ -44,6 +44,7 @@ class Settings:
     max_loaded_models: int = 1
     enable_test_engine: bool = False
     sse_ping: float = 15.0
+    cancel_wait: float = 5.0
     pairing_ttl: float = 600.0
     max_pending_pairings: int = 16
 
@@ -115,6 +116,8 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
             raise ValueError("LMSP_MAX_PENDING_PAIRINGS must be at least 1")
     if v := env.get("LMSP_SSE_PING"):
         changes["sse_ping"] = parse_duration(v)
+    if v := env.get("LMSP_CANCEL_WAIT"):
+        changes["cancel_wait"] = parse_duration(v)
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

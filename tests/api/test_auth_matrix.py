@@ -154,6 +154,14 @@ ROUTES: dict[tuple[str, str], Route] = {
         ),
         202,
     ),
+    ("POST", "/v1/chat/completions"): Route(
+        _static(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": "lmsp-test", "messages": [{"role": "user", "content": "x"}]},
+        ),
+        200,
+    ),
     ("GET", "/v1/responses/{response_id}"): Route(_resp("GET"), 200, owned=True),
     ("DELETE", "/v1/responses/{response_id}"): Route(_resp("DELETE"), 200, owned=True),
     ("POST", "/v1/responses/{response_id}/cancel"): Route(

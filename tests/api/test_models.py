@@ -238,7 +238,7 @@ def test_usage_counts_are_the_model_tokens(client: TestClient) -> None:
         tokenizer.close()
     assert done["usage"] == {
         "input_tokens": len(prompt),
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": 8,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": len(prompt) + 8,

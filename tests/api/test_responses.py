@@ -9,26 +9,39 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from lmsp.protocol import events as ev
 from lmsp.store import tasks as task_store
 from tests.helpers import check_log_invariants
 
 BODY = {"model": "lmsp-test", "input": "hello there", "seed": 11}
 
 
-def sse_events(client: TestClient, method: str, url: str, **kwargs: Any) -> list[dict[str, Any]]:
+def sse_events(
+    client: TestClient, method: str, url: str, done: bool = True, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """The events of a stream, checking its framing: ``\n`` line endings, ``event:`` =
+    ``type``, ``id:`` = ``sequence_number``, and (``done``: a responses stream)
+    ``data: [DONE]`` last."""
     with client.stream(method, url, **kwargs) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
-        text = response.read().decode()
+        raw = response.read()
+    assert b"\r" not in raw
+    blocks = [b for b in raw.decode().split("\n\n") if b.strip()]
+    if done:
+        assert blocks.pop() == "data: [DONE]"
     events = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
+    for block in blocks:
         fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "data" in fields:
-            event = json.loads(fields["data"])
-            assert fields["event"] == event["type"]
-            assert int(fields["id"]) == event["sequence_number"]
-            events.append(event)
+        event = json.loads(fields["data"])
+        assert fields["event"] == event["type"]
+        assert int(fields["id"]) == event["sequence_number"]
+        events.append(event)
     return events
+
+
+def after(events: list[dict[str, Any]], seq: int) -> list[dict[str, Any]]:
+    return [e for e in events if e["sequence_number"] > seq]
 
 
 def wait_status(client: TestClient, response_id: str, *statuses: str) -> dict[str, Any]:
@@ -88,7 +101,14 @@ def test_background_create_commits_before_202(client: TestClient) -> None:
 def test_stream_create_gives_the_openai_event_order(client: TestClient) -> None:
     events = sse_events(client, "POST", "/v1/responses", json={**BODY, "stream": True})
     kinds = [e["type"] for e in events]
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    log = client.get(
+        f"/v1/tasks/{events[0]['response']['task']['id']}/events",
+        headers={"Accept": "application/json"},
+    ).json()["data"]
+    # the log's numbers; the LMSP lifecycle extensions only in the log by default
+    assert events == [e for e in log if e["type"] not in ev.LMSP_LIFECYCLE]
+    assert "response.loading" in [e["type"] for e in log]
+    assert set(kinds) <= ev.STANDARD
     assert kinds[0] == "response.created"
     assert kinds.index("response.output_item.added") < kinds.index("response.content_part.added")
     assert kinds.index("response.content_part.added") < kinds.index("response.output_text.delta")
@@ -112,14 +132,22 @@ def test_retrieve_stream_starting_after(client: TestClient) -> None:
         f"/v1/responses/{obj['id']}",
         params={"stream": "true", "starting_after": 6},
     )
-    assert tail == all_events[7:]
+    assert tail == after(all_events, 6)
     resumed = sse_events(
         client,
         "GET",
         f"/v1/responses/{obj['id']}?stream=true",
         headers={"Last-Event-ID": "10"},
     )
-    assert resumed == all_events[11:]
+    assert resumed == after(all_events, 10)
+    whole = sse_events(
+        client,
+        "GET",
+        f"/v1/responses/{obj['id']}",
+        params={"stream": True, "include": "lmsp.lifecycle"},
+    )
+    assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
+    assert [e for e in whole if e["type"] != "response.loading"] == all_events
     past_end = sse_events(
         client, "GET", f"/v1/responses/{obj['id']}", params={"stream": True, "starting_after": 999}
     )
@@ -134,7 +162,10 @@ def test_live_stream_follows_a_background_task(client: TestClient) -> None:
 
     def follow() -> None:
         result["events"] = sse_events(
-            client, "GET", f"/v1/responses/{obj['id']}", params={"stream": True}
+            client,
+            "GET",
+            f"/v1/responses/{obj['id']}",
+            params={"stream": True, "include": "lmsp.lifecycle"},
         )
 
     reader = threading.Thread(target=follow)
@@ -318,7 +349,8 @@ def test_tasks_list_get_and_events(client: TestClient) -> None:
         headers={"Accept": "application/json"},
     ).json()
     assert [e["sequence_number"] for e in page["data"]] == [4, 5] and page["has_more"]
-    streamed = sse_events(client, "GET", f"/v1/tasks/{task['id']}/events")
+    # the task's log as SSE: every event, the LMSP extensions too, and no [DONE]
+    streamed = sse_events(client, "GET", f"/v1/tasks/{task['id']}/events", done=False)
     assert streamed == events["data"]
 
 

@@ -292,7 +292,11 @@ def test_all_cells_through_the_http_app(settings: Settings) -> None:
             with client.stream(
                 "GET",
                 f"/v1/responses/{prep.response_id}",
-                params={"stream": "true", "starting_after": prep.last_seq},
+                params={
+                    "stream": "true",
+                    "starting_after": prep.last_seq,
+                    "include": "lmsp.lifecycle",  # the whole log, LMSP extensions too
+                },
             ) as stream:
                 body = stream.read().decode()
             # the stream continues the log exactly after the last event before the stop

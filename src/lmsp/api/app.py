@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,8 +23,8 @@ from lmsp.config import Settings
 from .broker import Broker
 from .errors import body as error_body
 from .errors import error_response
+from .routes import chat, meta, models, pairing, responses, tasks
 from .routes import clients as client_routes
-from .routes import meta, models, pairing, responses, tasks
 from .service import Service, open_service
 
 log = logging.getLogger("lmsp")
@@ -82,11 +83,14 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     # the first element names where the value was (body, query …); a field may be "path"
     located = bool(loc) and loc[0] in ("body", "query", "path", "header")
     parts = [str(p) for p in (loc[1:] if located else loc)]
-    # pydantic names union branches (e.g. "str", "list[InputMessage]"): keep field names
-    clean = [
-        p for p in parts if not any(ch in p for ch in "[]") and p not in ("str", "constrained-str")
-    ]
+    # pydantic names union branches ("str", "list[InputMessage]", "ToolChoiceObject"):
+    # keep field names (snake_case) and list indexes
+    clean = [p for p in parts if p not in _UNION_TAGS and not _TAG.search(p)]
     return ".".join(clean) or None
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+_TAG = re.compile(r"[\[\](]|^[A-Z]|^constrained-")
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -172,6 +176,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(meta.router)
     app.include_router(models.router)
     app.include_router(responses.router)
+    app.include_router(chat.router)
     app.include_router(tasks.router)
     app.include_router(pairing.router)
     app.include_router(client_routes.router)

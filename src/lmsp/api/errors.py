@@ -29,6 +29,7 @@ STATUS: dict[str, int] = {
     "pairing_expired": 409,
     "response_in_progress": 409,
     "idempotency_request_in_progress": 409,
+    "cancelled": 409,  # a chat completion whose response was cancelled
     # 413 / 415 / 422
     "request_too_large": 413,
     "unsupported_media_type": 415,
@@ -40,6 +41,11 @@ STATUS: dict[str, int] = {
     "internal_error": 500,
     "service_unavailable": 503,
     "insufficient_storage": 507,
+    # a chat completion whose response failed answers with its task's error
+    "engine_error": 500,
+    "model_corrupt": 500,
+    "model_load_failed": 500,
+    "server_restarted": 500,
 }
 
 TYPES: dict[int, str] = {

@@ -1,54 +1,482 @@
-"""Request bodies (pure parsing). Validation errors become ``400`` with ``param``."""
+"""Request bodies (pure parsing) and the field policy of PROTOCOL.md section 4.
+
+Every field of the Responses create body (the Open Responses ``CreateResponseBody``, plus
+the fields the OpenAI API adds and the LMSP extensions) and of the Chat Completions body
+is declared here, typed and bounded. A malformed value is a ``400 invalid_value`` naming
+the field (pydantic, through the app's handler). A well-formed value lmsp cannot honour
+is a ``400 unsupported_parameter`` naming it (:func:`check_response`,
+:func:`check_chat`). A field no API declares is ignored: OpenAI clients send new ones
+before servers know them.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from lmsp.errors import LmspError
+from lmsp.protocol.events import INCLUDE_LIFECYCLE
 
 
-class InputText(BaseModel):
+class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+
+# -- shared field types ---------------------------------------------------------------------
+ModelId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+ToolName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+]
+ShortId = Annotated[str, StringConstraints(max_length=64)]
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TopP = Annotated[float, Field(gt=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+OutputTokens = Annotated[int, Field(ge=1, le=1_000_000)]
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Stop = StopString | Annotated[list[StopString], Field(max_length=4)]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+Verbosity = Literal["low", "medium", "high"]
+
+#: ``include`` values: lmsp's own, the two of Open Responses, the rest of OpenAI's
+INCLUDABLE = frozenset(
+    {
+        INCLUDE_LIFECYCLE,
+        "reasoning.encrypted_content",
+        "message.output_text.logprobs",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "code_interpreter_call.outputs",
+    }
+)
+
+
+# -- input (the input-items helper owns these models) --------------------------------------
+class InputText(Body):
     type: Literal["input_text", "output_text", "text"]
     text: str
 
 
-class InputMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+class InputMessage(Body):
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[InputText]
 
 
-MetadataKey = Annotated[str, StringConstraints(max_length=64)]
-MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+#: one item of ``input`` (chat ``messages`` are translated into these and checked here)
+InputItem = InputMessage
 
 
-class CreateResponse(BaseModel):
-    """``POST /v1/responses``: the OpenAI Responses fields lmsp honours, plus ``seed`` and
-    ``on_restart``. Unknown fields are ignored, as OpenAI-style clients expect."""
+# -- Responses ------------------------------------------------------------------------------
+class Tool(Body):
+    """A tool definition. Open Responses defines ``function`` tools; OpenAI's hosted tool
+    types parse here and are refused by :func:`check_response`."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    name: ToolName | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
-    model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+class NamedTool(Body):
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    name: ToolName | None = None
+
+
+class ToolChoiceObject(Body):
+    """``{"type": "function", "name"}``, ``{"type": "allowed_tools", "tools", "mode"}``,
+    or a hosted tool type (refused)."""
+
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    name: ToolName | None = None
+    tools: Annotated[list[NamedTool], Field(min_length=1, max_length=128)] | None = None
+    mode: Literal["none", "auto", "required"] | None = None
+
+
+ToolChoice = Literal["none", "auto", "required"] | ToolChoiceObject
+
+
+class TextFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+
+class TextConfig(Body):
+    format: TextFormat | None = None
+    verbosity: Verbosity | None = None
+
+
+class ReasoningConfig(Body):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponseStreamOptions(Body):
+    include_obfuscation: bool | None = None
+
+
+class CreateResponse(Body):
+    """``POST /v1/responses``: the whole create body."""
+
+    model: ModelId
     input: (
         Annotated[str, StringConstraints(min_length=1)]
-        | Annotated[list[InputMessage], Field(min_length=1)]
+        | Annotated[list[InputItem], Field(min_length=1)]
     )
     instructions: str | None = None
-    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    stream: bool = False
-    background: bool = False
-    store: bool = True
-    metadata: dict[MetadataKey, MetadataValue] | None = None
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    previous_response_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = (
+        None
+    )
+    include: Annotated[list[str], Field(max_length=16)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: Annotated[int, Field(ge=1, le=1000)] | None = None
+    text: TextConfig | None = None
+    max_output_tokens: OutputTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    top_logprobs: TopLogprobs | None = None
+    stream: bool | None = None
+    stream_options: ResponseStreamOptions | None = None
+    background: bool | None = None
+    store: bool | None = None
+    metadata: Metadata | None = None
+    reasoning: ReasoningConfig | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    service_tier: ServiceTier | None = None
+    safety_identifier: ShortId | None = None
+    prompt_cache_key: ShortId | None = None
+    user: Annotated[str, StringConstraints(max_length=256)] | None = None
+    # OpenAI features lmsp does not have: declared so that they are refused, not ignored
+    conversation: Any = None
+    prompt: Any = None
+    context_management: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    background_options: Any = None
+    moderation: Any = None
+    image: Any = None
+    access_programs: Any = None
+    # LMSP extensions
+    seed: Seed | None = None
+    on_restart: Literal["fail", "retry", "resume"] | None = None
+    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    stop: Stop | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """The request as the store keeps it (what was given, ``schema`` by its name)."""
+        out = self.model_dump(exclude_none=True, by_alias=True)
+        if isinstance(out.get("stop"), str):
+            out["stop"] = [out["stop"]]
+        return out
+
+
+# -- the policy: what lmsp cannot honour ----------------------------------------------------
+def unsupported(param: str, message: str) -> LmspError:
+    return LmspError("unsupported_parameter", message, param=param)
+
+
+#: OpenAI features lmsp does not have, refused whenever they are set
+UNAVAILABLE = (
+    "conversation",
+    "prompt",
+    "context_management",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "background_options",
+    "moderation",
+    "image",
+    "access_programs",
+)
+
+
+def _pending(body: CreateResponse | ChatCompletionCreate) -> Iterator[LmspError]:
+    """Sampling and conversation features the input-items and sampling work wires; until
+    then a value that would change the output is refused (neutral values are fine)."""
+    for name, neutral in (
+        ("presence_penalty", 0.0),
+        ("frequency_penalty", 0.0),
+        ("top_logprobs", 0),
+        ("top_k", 0),
+        ("min_p", 0.0),
+        ("repeat_penalty", 1.0),
+    ):
+        value = getattr(body, name, None)
+        if value is not None and value != neutral:
+            yield unsupported(name, f"{name} is not supported by this server yet.")
+
+
+def _tools(tools: list[Tool] | None, choice: Any, param: str = "tools") -> Iterator[LmspError]:
+    """Until constrained tool calling lands, tools may be listed but never called."""
+    for index, tool in enumerate(tools or []):
+        if tool.type != "function":
+            yield unsupported(f"{param}.{index}.type", f"Tool type {tool.type!r} is not supported.")
+        elif tool.name is None:
+            yield LmspError(
+                "invalid_value",
+                f"{param}.{index}.name: a function tool needs a name.",
+                param=f"{param}.{index}.name",
+            )
+    if isinstance(choice, ToolChoiceObject) or choice == "required":
+        yield unsupported("tool_choice", "Tool calling is not supported by this server yet.")
+    elif tools and choice != "none":
+        yield unsupported(
+            param,
+            "Tool calling is not supported by this server yet; send tools only with"
+            ' tool_choice "none".',
+        )
+
+
+def _first(problems: Iterator[LmspError]) -> None:
+    for problem in problems:
+        raise problem
+
+
+def check_response(body: CreateResponse) -> None:
+    """Raise the first ``unsupported_parameter`` (or cross-field ``invalid_value``)."""
+    _first(_response_problems(body))
+
+
+def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
+    for name in UNAVAILABLE:
+        if getattr(body, name) is not None:
+            yield unsupported(name, f"{name} is not supported by this server.")
+    if body.background and body.store is False:
+        yield LmspError(
+            "invalid_value", "A background response must be stored (store: true).", param="store"
+        )
+    if body.previous_response_id is not None:
+        yield unsupported(
+            "previous_response_id", "previous_response_id is not supported by this server yet."
+        )
+    for value in body.include or []:
+        if value not in INCLUDABLE:
+            yield LmspError("invalid_value", f"Unknown include value {value!r}.", param="include")
+        elif value == "message.output_text.logprobs":
+            yield unsupported("include", "Log probabilities are not supported by this server yet.")
+        elif value not in (INCLUDE_LIFECYCLE, "reasoning.encrypted_content"):
+            yield unsupported("include", f"include {value!r}: lmsp has no such tool output.")
+    yield from _tools(body.tools, body.tool_choice)
+    fmt = body.text.format if body.text else None
+    if fmt is not None and fmt.type != "text":
+        yield unsupported("text.format", f"text.format {fmt.type!r} is not supported yet.")
+    if body.text and body.text.verbosity not in (None, "medium"):
+        yield unsupported("text.verbosity", "Only the model's own verbosity (medium) is supported.")
+    if body.reasoning and body.reasoning.effort not in (None, "none"):
+        yield unsupported("reasoning.effort", "The models here do not reason.")
+    if body.reasoning and (body.reasoning.summary or body.reasoning.generate_summary):
+        yield unsupported("reasoning.summary", "The models here do not reason.")
+    if body.truncation == "auto":
+        yield unsupported(
+            "truncation", 'Only truncation "disabled" is supported: a prompt must fit.'
+        )
+    if body.service_tier not in (None, "auto", "default"):
+        yield unsupported("service_tier", "Only the default service tier exists here.")
+    if body.stream_options is not None:
+        if not body.stream:
+            yield LmspError(
+                "invalid_value", "stream_options needs stream: true.", param="stream_options"
+            )
+        if body.stream_options.include_obfuscation:
+            yield unsupported(
+                "stream_options.include_obfuscation", "Streams are not obfuscated here."
+            )
+    yield from _pending(body)
+
+
+# -- Chat Completions -----------------------------------------------------------------------
+class ImageUrl(Body):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class FileData(Body):
+    file_data: str | None = None
+    file_id: str | None = None
+    filename: str | None = None
+
+
+class ChatPart(Body):
+    type: Literal["text", "image_url", "input_audio", "file", "refusal"]
+    text: str | None = None
+    image_url: ImageUrl | None = None
+    input_audio: Any = None
+    file: FileData | None = None
+    refusal: str | None = None
+
+
+class ChatFunctionCall(Body):
+    name: ToolName
+    arguments: str
+
+
+class ChatToolCall(Body):
+    id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    type: Literal["function"]
+    function: ChatFunctionCall
+
+
+class ChatMessage(Body):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ChatPart] | None = None
+    name: Annotated[str, StringConstraints(max_length=256)] | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    refusal: str | None = None
+    function_call: Any = None
+    audio: Any = None
+
+
+class ChatTool(Body):
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    function: dict[str, Any] | None = None
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatStreamOptions(Body):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class ChatCompletionCreate(Body):
+    """``POST /v1/chat/completions``: the whole create body."""
+
+    model: ModelId
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: OutputTokens | None = None
+    max_completion_tokens: OutputTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+    stop: Stop | None = None
+    n: Annotated[int, Field(ge=1, le=128)] | None = None
+    stream: bool | None = None
+    stream_options: ChatStreamOptions | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
+    logit_bias: dict[str, int] | None = None
+    tools: Annotated[list[ChatTool], Field(max_length=128)] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    metadata: Metadata | None = None
+    store: bool | None = None
+    user: Annotated[str, StringConstraints(max_length=256)] | None = None
+    safety_identifier: ShortId | None = None
+    prompt_cache_key: ShortId | None = None
+    service_tier: ServiceTier | None = None
+    verbosity: Verbosity | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    # OpenAI features lmsp does not have: declared so that they are refused, not ignored
+    audio: Any = None
+    prediction: Any = None
+    functions: Any = None
+    function_call: Any = None
+    web_search_options: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    moderation: Any = None
+    # LMSP extensions
     on_restart: Literal["fail", "retry", "resume"] | None = None
 
-    @field_validator("metadata")
-    @classmethod
-    def _at_most_16(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None and len(value) > 16:
-            raise ValueError("metadata holds at most 16 pairs")
-        return value
+
+CHAT_UNAVAILABLE = (
+    "audio",
+    "prediction",
+    "functions",
+    "function_call",
+    "web_search_options",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "moderation",
+)
+
+
+def check_chat(body: ChatCompletionCreate) -> None:
+    """Raise the first ``unsupported_parameter`` (or cross-field ``invalid_value``)."""
+    _first(_chat_problems(body))
+
+
+def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
+    for name in CHAT_UNAVAILABLE:
+        if getattr(body, name) is not None:
+            yield unsupported(name, f"{name} is not supported by this server.")
+    if body.n not in (None, 1):
+        yield unsupported("n", "Only one choice per completion (n: 1) is supported.")
+    if (
+        body.max_tokens is not None
+        and body.max_completion_tokens is not None
+        and body.max_tokens != body.max_completion_tokens
+    ):
+        yield LmspError(
+            "invalid_value",
+            "max_tokens and max_completion_tokens disagree; send one of them.",
+            param="max_tokens",
+        )
+    if body.tools:
+        yield unsupported("tools", "Tool calling is not supported by this server yet.")
+    if body.tool_choice not in (None, "none", "auto"):
+        yield unsupported("tool_choice", "Tool calling is not supported by this server yet.")
+    if body.response_format is not None and body.response_format.type != "text":
+        yield unsupported(
+            "response_format",
+            f"response_format {body.response_format.type!r} is not supported yet.",
+        )
+    if body.logprobs:
+        yield unsupported("logprobs", "Log probabilities are not supported by this server yet.")
+    if body.logit_bias:
+        yield unsupported("logit_bias", "logit_bias is not supported by this server.")
+    if body.modalities is not None and "audio" in body.modalities:
+        yield unsupported("modalities", "Only text output is supported.")
+    if body.verbosity not in (None, "medium"):
+        yield unsupported("verbosity", "Only the model's own verbosity (medium) is supported.")
+    if body.reasoning_effort not in (None, "none"):
+        yield unsupported("reasoning_effort", "The models here do not reason.")
+    if body.service_tier not in (None, "auto", "default"):
+        yield unsupported("service_tier", "Only the default service tier exists here.")
+    if body.stream_options is not None:
+        if not body.stream:
+            yield LmspError(
+                "invalid_value", "stream_options needs stream: true.", param="stream_options"
+            )
+        if body.stream_options.include_obfuscation:
+            yield unsupported(
+                "stream_options.include_obfuscation", "Streams are not obfuscated here."
+            )
+    for index, message in enumerate(body.messages):
+        if message.name is not None:
+            yield unsupported(
+                f"messages.{index}.name", "Participant names are not supported by this server."
+            )
+        if message.function_call is not None or message.audio is not None:
+            field = "function_call" if message.function_call is not None else "audio"
+            yield unsupported(
+                f"messages.{index}.{field}", f"{field} is not supported by this server."
+            )
+    yield from _pending(body)

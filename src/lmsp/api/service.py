@@ -18,15 +18,23 @@ from lmsp.engines.host import ModelHost
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
 from lmsp.protocol.states import Status
+from lmsp.store import idempotency, models
+from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
 from lmsp.tasks import recovery, retention
-from lmsp.tasks.runner import Runner
+from lmsp.tasks.runner import Runner, messages_of
 
 from .broker import Broker
 
 log = logging.getLogger("lmsp")
+
+
+def model_not_found(model: str) -> errors.LmspError:
+    return errors.LmspError(
+        "model_not_found", f"The model {model!r} does not exist.", param="model"
+    )
 
 
 @dataclass
@@ -41,6 +49,7 @@ class Service:
     broker: Broker | None = None
     # client id → when this process last recorded its use (``last_used_at`` writes)
     touched: dict[str, int] = field(default_factory=dict)
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     # -- lookups (404 for what the client does not own) ------------------------------------
     def owned_response(self, response_id: str, client: Client) -> tuple[sqlite3.Row, sqlite3.Row]:
@@ -65,27 +74,93 @@ class Service:
         return task_store.render_response(conn, task)
 
     # -- shared operations -----------------------------------------------------------------
+    async def create(
+        self, client: Client, request: dict[str, Any], key: idempotency.Key | None
+    ) -> response_store.Created:
+        """Persist a response and its task (``/v1/responses`` and chat completions): the
+        model must exist and the prompt fit its context; a replayed idempotency key gives
+        the first request's response, or ``409`` while that (non-background) request is
+        still running."""
+        model = request["model"]
+        record = models.get(self.db.reader(), model)
+        if record is None:
+            raise model_not_found(model)
+        # a prompt the context cannot hold is refused now, when its length can be known
+        size = await asyncio.to_thread(self.host.prompt_size, record, messages_of(request))
+        if size is not None and size[0] >= size[1]:
+            raise errors.LmspError(
+                "context_length_exceeded",
+                f"The prompt has {size[0]} tokens; the context of {model!r} holds {size[1]}.",
+                param="input",
+            )
+
+        def job(conn: sqlite3.Connection) -> response_store.Created:
+            if models.get(conn, model) is None:  # deleted meanwhile
+                raise model_not_found(model)
+            return response_store.create(
+                conn,
+                client_id=client.id,
+                request=request,
+                on_restart=request["on_restart"],
+                max_queue=self.settings.max_queue,
+                key=key,
+            )
+
+        created = await self.db.write(job)
+        if not created.replayed:
+            self.runner.notify()
+        elif created.status_code != 202:
+            task = task_store.get(self.db.reader(), created.task_id)
+            if task is not None and not Status(task["status"]).terminal:
+                raise errors.LmspError(
+                    "idempotency_request_in_progress",
+                    "A request with this Idempotency-Key is still being processed.",
+                )
+        return created
+
     def cancel_nowait(self, task_id: str) -> None:
         """Cancel from a context that cannot await (a stream whose client left)."""
         future = self.db.submit(lambda c: task_store.cancel(c, task_id))
         future.add_done_callback(lambda f: self._after_cancel(task_id, f.result()))
 
-    async def cancel(self, task_id: str) -> None:
+    async def cancel(self, task_id: str, wait: float = 0.0) -> None:
+        """Cancel; when the runner has to stop generating, wait up to ``wait`` seconds
+        for it to have stopped (so the answer normally shows ``cancelled``)."""
         moved = await self.db.write(lambda c: task_store.cancel(c, task_id))
         self._after_cancel(task_id, moved)
+        if moved is not None and moved["status"] == Status.CANCELLING and wait > 0:
+            await self.wait_finished(task_id, timeout=wait)
+
+    async def delete_when_finished(self, task_id: str, response_id: str, client_id: str) -> None:
+        """``store: false``: the response goes once its task has finished."""
+        await self.wait_finished(task_id)
+        await self.db.write(lambda c: response_store.delete(c, response_id, client_id))
+
+    def forget_later(self, task_id: str, response_id: str, client_id: str) -> None:
+        """:meth:`delete_when_finished` from a context that cannot await."""
+        job = asyncio.get_running_loop().create_task(
+            self.delete_when_finished(task_id, response_id, client_id)
+        )
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
 
     def _after_cancel(self, task_id: str, moved: sqlite3.Row | None) -> None:
         if moved is not None and moved["status"] == Status.CANCELLING:
             self.runner.request_cancel(task_id)
 
-    async def wait_finished(self, task_id: str) -> None:
+    async def wait_finished(self, task_id: str, timeout: float | None = None) -> bool:
+        """Wait until the task is finished (or gone); ``False`` if ``timeout`` passed."""
         assert self.broker is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             waiter = self.broker.current()
             task = task_store.get(self.db.reader(), task_id)
             if task is None or Status(task["status"]).terminal:
-                return
-            await self.broker.wait(waiter, 10.0)
+                return True
+            left = 10.0 if deadline is None else min(10.0, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            await self.broker.wait(waiter, left)
 
     async def collect_garbage(self) -> retention.Swept:
         return await asyncio.to_thread(retention.sweep, self.db, self.settings.retention)

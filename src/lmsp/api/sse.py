@@ -2,12 +2,13 @@
 
 Events are always read from SQLite, so a stream shows exactly the committed log — the
 same bytes before and after a restart. ``id:`` carries the sequence number, so
-``Last-Event-ID`` resumes a stream too.
+``Last-Event-ID`` resumes a stream too. Lines end with ``\\n`` (PROTOCOL.md section 6):
+some SSE parsers split only on ``\\n``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -20,6 +21,14 @@ from lmsp.store.db import Database
 from .broker import Broker
 
 PAGE = 500
+SEP = "\n"
+#: the last line of a ``/v1/responses`` (and chat completions) stream
+DONE = "[DONE]"
+
+
+def sse(data: str, event: str | None = None, event_id: str | None = None) -> ServerSentEvent:
+    """One event, framed with ``\\n`` line endings."""
+    return ServerSentEvent(data=data, event=event, id=event_id, sep=SEP)
 
 
 class KeepAlive(ServerSentEvent):
@@ -32,24 +41,30 @@ class KeepAlive(ServerSentEvent):
     """
 
     def __init__(self) -> None:
-        super().__init__(comment="ping")
+        super().__init__(comment="ping", sep=SEP)
 
     def encode(self) -> bytes:
-        return b": ping\r\n"
+        return b": ping\n"
 
 
 async def task_events(
-    db: Database, broker: Broker, task_id: str, after: int
-) -> AsyncIterator[ServerSentEvent]:
-    """Events of ``task_id`` after ``after`` until its terminal event."""
+    db: Database,
+    broker: Broker,
+    task_id: str,
+    after: int,
+    hide: Collection[str] = (),
+) -> AsyncIterator[tuple[int, str, str]]:
+    """``(sequence number, type, JSON)`` of ``task_id``'s events after ``after`` until its
+    terminal event. Types in ``hide`` are skipped (they keep their numbers in the log)."""
     last = after
     while True:
         waiter = broker.current()
         conn = db.reader()
         rows = events.after(conn, task_id, last, PAGE)
         for seq, kind, data in rows:
-            yield ServerSentEvent(data=data, event=kind, id=str(seq))
             last = seq
+            if kind not in hide:
+                yield seq, kind, data
             if kind in TERMINAL_EVENTS:
                 return
         if rows:
@@ -62,27 +77,42 @@ async def task_events(
         await broker.wait(waiter, 10.0)
 
 
+async def framed(
+    source: AsyncIterator[tuple[int, str, str]],
+) -> AsyncIterator[ServerSentEvent]:
+    """Log events as SSE: ``id:`` the sequence number, ``event:`` the payload's type."""
+    async for seq, kind, data in source:
+        yield sse(data, event=kind, event_id=str(seq))
+
+
 def event_response(
     source: AsyncIterator[ServerSentEvent],
     *,
     on_disconnect: Callable[[], None] | None = None,
+    on_finish: Callable[[], Awaitable[None]] | None = None,
+    done: bool = False,
     headers: dict[str, str] | None = None,
     ping: float = 15.0,
 ) -> EventSourceResponse:
-    """Wrap a source; ``on_disconnect`` runs if the client leaves before the terminal event."""
+    """Wrap a source. ``on_disconnect`` runs if the client leaves before the source ends;
+    ``on_finish`` once it has ended; ``done`` ends the stream with ``data: [DONE]``."""
 
     async def guarded() -> AsyncIterator[ServerSentEvent]:
         finished = False
         try:
             async for event in source:
                 if event.event in TERMINAL_EVENTS:
-                    finished = True
+                    finished = True  # the client has all it needs even if it leaves now
                 yield event
             finished = True
+            if done:
+                yield sse(DONE)
         finally:
             if not finished and on_disconnect is not None:
                 on_disconnect()
+        if on_finish is not None:
+            await on_finish()
 
     return EventSourceResponse(
-        guarded(), headers=headers, ping=ping, ping_message_factory=KeepAlive
+        guarded(), headers=headers, ping=ping, ping_message_factory=KeepAlive, sep=SEP
     )

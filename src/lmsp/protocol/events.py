@@ -44,6 +44,9 @@ TERMINAL = frozenset({COMPLETED, INCOMPLETE, FAILED, CANCELLED})
 #: stream only when asked for (``include=lmsp.lifecycle``)
 LMSP_LIFECYCLE = frozenset({LOADING, CANCELLING})
 
+#: the ``include`` value that shows the LMSP lifecycle extensions in a responses stream
+INCLUDE_LIFECYCLE = "lmsp.lifecycle"
+
 #: every event whose payload carries the response object as ``response``
 WITH_RESPONSE = frozenset(
     {CREATED, QUEUED, LOADING, IN_PROGRESS, CANCELLING, COMPLETED, INCOMPLETE, FAILED, CANCELLED}
@@ -62,6 +65,19 @@ OUTPUT = frozenset(
         FUNCTION_CALL_ARGUMENTS_DONE,
     }
 )
+
+
+#: what a responses stream carries by default: the standard Responses event types lmsp
+#: emits, plus ``response.cancelled`` (chapter 11.3 requires it)
+STANDARD = (
+    frozenset({CREATED, QUEUED, IN_PROGRESS, COMPLETED, INCOMPLETE, FAILED, CANCELLED}) | OUTPUT
+)
+
+
+def hidden_in_stream(include: list[str] | tuple[str, ...] | None) -> frozenset[str]:
+    """The event types a ``/v1/responses`` stream leaves out for these ``include`` values
+    (they stay in the log and in ``/v1/tasks/{id}/events``)."""
+    return frozenset() if include and INCLUDE_LIFECYCLE in include else LMSP_LIFECYCLE
 
 
 def terminal_for(status: Status, incomplete: bool = False) -> str:

@@ -15,6 +15,27 @@ from lmsp.protocol.states import Status, response_status
 #: what a request that does not name them gets (and the response echoes)
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
+#: every sampling number the response object echoes, with lmsp's defaults
+SAMPLING_DEFAULTS: dict[str, float | int] = {
+    "temperature": DEFAULT_TEMPERATURE,
+    "top_p": DEFAULT_TOP_P,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "top_logprobs": 0,
+}
+
+
+def sampling_used(
+    request: dict[str, Any], defaults: dict[str, float | int] | None = None
+) -> dict[str, float | int]:
+    """The sampling numbers a request runs with: its own, else ``defaults`` (a model's),
+    else lmsp's. Stored with the request when it is created, so the runner uses and
+    every rendering of the response echoes the same numbers."""
+    chosen = dict(SAMPLING_DEFAULTS, **(defaults or {}))
+    return {
+        name: type(default)(request[name]) if request.get(name) is not None else default
+        for name, default in chosen.items()
+    }
 
 
 class Row(Protocol):
@@ -52,11 +73,43 @@ def render_usage(stored: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {
         "input_tokens": stored["input_tokens"],
-        "input_tokens_details": {"cached_tokens": stored.get("cached_tokens", 0)},
+        # no prompt cache: nothing read from or written to one (OpenAI adds the latter)
+        "input_tokens_details": {
+            "cached_tokens": stored.get("cached_tokens", 0),
+            "cache_write_tokens": 0,
+        },
         "output_tokens": stored["output_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": stored["total_tokens"],
     }
+
+
+def render_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the response echoes it: every field of a ``FunctionTool`` present."""
+    if tool.get("type") != "function":
+        return dict(tool)
+    return {
+        "type": "function",
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict", True),
+    }
+
+
+def render_tool_choice(choice: Any) -> Any:
+    if choice is None:
+        return "auto"
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return {"mode": "auto", **choice}
+    return choice
+
+
+def render_text(text: dict[str, Any] | None) -> dict[str, Any]:
+    """``text`` as asked, ``{"format": {"type": "text"}}`` by default."""
+    shown = dict(text or {})
+    shown["format"] = shown.get("format") or {"type": "text"}
+    return shown
 
 
 def render_response(
@@ -81,11 +134,11 @@ def render_response(
         "instructions": request.get("instructions"),
         "output": output,
         "error": task_error(task),
-        "tools": request.get("tools", []),
-        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": [render_tool(tool) for tool in request.get("tools") or []],
+        "tool_choice": render_tool_choice(request.get("tool_choice")),
         "truncation": "disabled",
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "text": request.get("text", {"format": {"type": "text"}}),
+        "text": render_text(request.get("text")),
         "top_p": _number(request.get("top_p"), DEFAULT_TOP_P),
         "presence_penalty": _number(request.get("presence_penalty"), 0.0),
         "frequency_penalty": _number(request.get("frequency_penalty"), 0.0),

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import sqlite3
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
-from lmsp.protocol.states import Status
-from lmsp.store import idempotency, models
+from lmsp.protocol import events as ev
+from lmsp.protocol import objects
+from lmsp.store import idempotency
 from lmsp.store import responses as response_store
-from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
-from lmsp.tasks.runner import messages_of
 
 from ..auth import require
-from ..schemas import CreateResponse
-from ..sse import event_response, task_events
+from ..schemas import INCLUDABLE, CreateResponse, check_response, unsupported
+from ..sse import event_response, framed, task_events
 from .deps import idempotency_key, service
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
@@ -34,74 +31,66 @@ def _stream(
     request: Request,
     task_id: str,
     after: int,
+    *,
+    include: list[str] | None,
     cancel_on_disconnect: bool,
+    forget: tuple[str, str] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
+    """A ``/v1/responses`` stream: standard event types (the LMSP lifecycle extensions
+    only when ``include`` asks for them), then ``data: [DONE]``. ``forget``:
+    ``(response id, client id)`` of a ``store: false`` response, deleted once finished."""
     svc = service(request)
     assert svc.broker is not None
-    on_disconnect = (lambda: svc.cancel_nowait(task_id)) if cancel_on_disconnect else None
+
+    def on_disconnect() -> None:
+        if cancel_on_disconnect:
+            svc.cancel_nowait(task_id)
+        if forget is not None:
+            svc.forget_later(task_id, *forget)
+
+    async def on_finish() -> None:
+        if forget is not None:
+            await svc.delete_when_finished(task_id, *forget)
+
+    source = task_events(svc.db, svc.broker, task_id, after, hide=ev.hidden_in_stream(include))
     return event_response(
-        task_events(svc.db, svc.broker, task_id, after),
+        framed(source),
         on_disconnect=on_disconnect,
+        on_finish=on_finish,
+        done=True,
         headers=headers,
         ping=svc.settings.sse_ping,
     )
 
 
-def _model_not_found(model: str) -> errors.LmspError:
-    return errors.LmspError(
-        "model_not_found", f"The model {model!r} does not exist.", param="model"
-    )
+def stored_request(body: CreateResponse, on_restart: str) -> dict[str, Any]:
+    """What the store keeps: the request as given, with the numbers it runs with."""
+    stored = body.stored()
+    stored.update(objects.sampling_used(stored))
+    stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
+    stored["on_restart"] = body.on_restart or on_restart
+    return stored
 
 
 @router.post("", status_code=200, responses={202: {"description": "Accepted (background)"}})
 async def create_response(body: CreateResponse, request: Request, client: Writer) -> Response:
     svc = service(request)
-    if body.background and not body.store:
-        raise errors.invalid("A background response must be stored (store: true).", "store")
-    record = models.get(svc.db.reader(), body.model)
-    if record is None:
-        raise _model_not_found(body.model)
+    check_response(body)
     key = await idempotency_key(request, client)
-    stored: dict[str, Any] = body.model_dump(exclude_none=True)
-    stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
-    on_restart = body.on_restart or svc.settings.default_on_restart
-    stored["on_restart"] = on_restart
-    # a prompt the context cannot hold is refused now, when its length can be known
-    size = await asyncio.to_thread(svc.host.prompt_size, record, messages_of(stored))
-    if size is not None and size[0] >= size[1]:
-        raise errors.LmspError(
-            "context_length_exceeded",
-            f"The prompt has {size[0]} tokens; the context of {body.model!r} holds {size[1]}.",
-            param="input",
-        )
-
-    def job(conn: sqlite3.Connection) -> response_store.Created:
-        if models.get(conn, body.model) is None:  # deleted meanwhile
-            raise _model_not_found(body.model)
-        return response_store.create(
-            conn,
-            client_id=client.id,
-            request=stored,
-            on_restart=on_restart,
-            max_queue=svc.settings.max_queue,
-            key=key,
-        )
-
-    created = await svc.db.write(job)
+    created = await svc.create(client, stored_request(body, svc.settings.default_on_restart), key)
     headers = dict(REPLAYED) if created.replayed else {}
-    if created.replayed:
-        task = task_store.get(svc.db.reader(), created.task_id)
-        unfinished = task is not None and not Status(task["status"]).terminal
-        if created.status_code != 202 and unfinished:
-            raise errors.LmspError(
-                "idempotency_request_in_progress",
-                "A request with this Idempotency-Key is still being processed.",
-            )
-    else:
-        svc.runner.notify()
+    forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:
-        return _stream(request, created.task_id, -1, not body.background, headers)
+        return _stream(
+            request,
+            created.task_id,
+            -1,
+            include=body.include,
+            cancel_on_disconnect=not body.background,
+            forget=forget,
+            headers=headers,
+        )
     if body.background:
         headers["Location"] = f"/v1/responses/{created.response_id}"
         # the object as committed: a worker may claim the task before a re-read
@@ -109,9 +98,18 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
         return JSONResponse(obj, 202, headers=headers)
     await svc.wait_finished(created.task_id)
     obj = svc.response_object(created.task_id)
-    if not body.store:
-        await svc.db.write(lambda c: response_store.delete(c, created.response_id, client.id))
+    if forget is not None:
+        await svc.db.write(lambda c: response_store.delete(c, *forget))
     return JSONResponse(obj, 200, headers=headers)
+
+
+def _include(values: list[str]) -> list[str]:
+    for value in values:
+        if value not in INCLUDABLE:
+            raise errors.LmspError(
+                "invalid_value", f"Unknown include value {value!r}.", param="include"
+            )
+    return values
 
 
 @router.get("/{response_id}")
@@ -121,15 +119,20 @@ async def retrieve_response(
     client: Reader,
     stream: bool = False,
     starting_after: Annotated[int, Query(ge=-1)] = -1,
+    include: Annotated[list[str], Query(max_length=16)] = [],  # noqa: B006 (FastAPI copies)
+    include_obfuscation: bool = False,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
     svc = service(request)
     _, task = svc.owned_response(response_id, client)
+    _include(include)
+    if include_obfuscation:
+        raise unsupported("include_obfuscation", "Streams are not obfuscated here.")
     if stream:
         after = starting_after
         if last_event_id is not None and last_event_id.strip().lstrip("-").isdigit():
             after = max(after, int(last_event_id))
-        return _stream(request, task["id"], after, cancel_on_disconnect=False)
+        return _stream(request, task["id"], after, include=include, cancel_on_disconnect=False)
     return JSONResponse(svc.response_object(task["id"]))
 
 
@@ -142,7 +145,7 @@ async def cancel_response(response_id: str, request: Request, client: Writer) ->
         replay = await svc.db.write(lambda c: idempotency.remember(c, key, response_id))
         if replay:
             return JSONResponse(svc.response_object(task["id"]), headers=REPLAYED)
-    await svc.cancel(task["id"])
+    await svc.cancel(task["id"], wait=svc.settings.cancel_wait)
     return JSONResponse(svc.response_object(task["id"]))
 
 

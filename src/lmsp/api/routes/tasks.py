@@ -16,7 +16,7 @@ from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 
 from ..auth import require
-from ..sse import event_response, task_events
+from ..sse import event_response, framed, task_events
 from .deps import idempotency_key, service
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
@@ -95,7 +95,7 @@ async def task_event_log(
         )
     assert svc.broker is not None
     return event_response(
-        task_events(svc.db, svc.broker, task_id, after), ping=svc.settings.sse_ping
+        framed(task_events(svc.db, svc.broker, task_id, after)), ping=svc.settings.sse_ping
     )
 
 
@@ -105,6 +105,6 @@ async def cancel_task(task_id: str, request: Request, client: Writer) -> dict[st
     svc.owned_task(task_id, client)
     key = await idempotency_key(request, client)
     if key is None or not await svc.db.write(lambda c: idempotency.remember(c, key, task_id)):
-        await svc.cancel(task_id)
+        await svc.cancel(task_id, wait=svc.settings.cancel_wait)
     task = svc.owned_task(task_id, client)
     return objects.render_task(task, task_store.queue_position(svc.db.reader(), task))

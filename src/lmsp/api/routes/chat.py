@@ -1,0 +1,151 @@
+"""``POST /v1/chat/completions``: the Chat Completions API on the durable core.
+
+Each completion is a stored response with its task and event log: the messages are
+translated into Responses input items, the answer is rendered from the finished response
+(or, streamed, from its event log), and the completion's id is the response's.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import TypeAdapter, ValidationError
+from sse_starlette import ServerSentEvent
+
+from lmsp import errors
+from lmsp.protocol import chat, objects
+from lmsp.store import responses as response_store
+from lmsp.store.clients import Client
+
+from ..auth import require
+from ..errors import body as error_body
+from ..schemas import ChatCompletionCreate, InputItem, check_chat
+from ..sse import event_response, sse, task_events
+from .deps import idempotency_key, service
+
+router = APIRouter(prefix="/v1/chat", tags=["chat"])
+
+Writer = Annotated[Client, Depends(require("responses:write"))]
+REPLAYED = {"Idempotent-Replayed": "true"}
+_ITEM: TypeAdapter[Any] = TypeAdapter(InputItem)
+
+
+def _input_items(body: ChatCompletionCreate) -> list[dict[str, Any]]:
+    """``messages`` as input items, each one checked as ``/v1/responses`` checks it."""
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    try:
+        translated = chat.items_from_messages(messages)
+    except chat.Untranslatable as exc:
+        raise errors.LmspError(exc.code, exc.message, param=exc.param) from exc
+    for item, origin in zip(translated.items, translated.origin, strict=True):
+        try:
+            _ITEM.validate_python(item, strict=True)
+        except ValidationError:
+            kind = item.get("type", "message")
+            raise errors.LmspError(
+                "unsupported_input",
+                f"messages.{origin}: this server cannot take {kind!r} input yet.",
+                param=f"messages.{origin}",
+            ) from None
+    return translated.items
+
+
+def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any]:
+    """The response request a chat completion is stored as."""
+    stop = body.stop
+    given: dict[str, Any] = {
+        "model": body.model,
+        "input": _input_items(body),
+        "max_output_tokens": body.max_completion_tokens or body.max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "top_logprobs": body.top_logprobs,
+        "stop": [stop] if isinstance(stop, str) else stop,
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "metadata": body.metadata,
+        "user": body.user,
+        "safety_identifier": body.safety_identifier,
+        "prompt_cache_key": body.prompt_cache_key,
+        "stream": bool(body.stream),
+        "background": False,
+        "store": body.store is not False,
+    }
+    stored = {name: value for name, value in given.items() if value is not None}
+    stored.update(objects.sampling_used(stored))
+    stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
+    stored["on_restart"] = body.on_restart or on_restart
+    return stored
+
+
+def _error(payload: dict[str, Any]) -> dict[str, Any]:
+    """A failed or cancelled completion's error in the section-8 shape."""
+    return error_body(errors.LmspError(payload["code"], payload["message"]))
+
+
+@router.post("/completions")
+async def create_chat_completion(
+    body: ChatCompletionCreate, request: Request, client: Writer
+) -> Response:
+    svc = service(request)
+    check_chat(body)
+    stored = stored_request(body, svc.settings.default_on_restart)
+    key = await idempotency_key(request, client)
+    created = await svc.create(client, stored, key)
+    headers = dict(REPLAYED) if created.replayed else {}
+    forget = None if body.store is not False else (created.response_id, client.id)
+    if body.stream:
+        return _stream(request, created.task_id, body, forget, headers)
+    await svc.wait_finished(created.task_id)
+    obj = svc.response_object(created.task_id)
+    if forget is not None:
+        await svc.db.write(lambda c: response_store.delete(c, *forget))
+    if obj["status"] in ("failed", "cancelled"):
+        problem = chat.error_of(obj)
+        raise errors.LmspError(problem["code"], problem["message"])
+    return JSONResponse(chat.completion(obj), headers=headers)
+
+
+def _stream(
+    request: Request,
+    task_id: str,
+    body: ChatCompletionCreate,
+    forget: tuple[str, str] | None,
+    headers: dict[str, str],
+) -> Response:
+    svc = service(request)
+    assert svc.broker is not None
+    broker = svc.broker
+    obj = svc.response_object(task_id)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    chunks = chat.ChunkStream(obj["id"], obj["created_at"], obj["model"], include_usage)
+
+    async def source() -> AsyncIterator[ServerSentEvent]:
+        async for _, _, data in task_events(svc.db, broker, task_id, -1):
+            for chunk in chunks.feed(json.loads(data)):
+                shown = _error(chunk["error"]) if "error" in chunk else chunk
+                yield sse(json.dumps(shown, separators=(",", ":")))
+
+    def on_disconnect() -> None:
+        svc.cancel_nowait(task_id)
+        if forget is not None:
+            svc.forget_later(task_id, *forget)
+
+    async def on_finish() -> None:
+        if forget is not None:
+            await svc.delete_when_finished(task_id, *forget)
+
+    return event_response(
+        source(),
+        on_disconnect=on_disconnect,
+        on_finish=on_finish,
+        done=True,
+        headers=headers,
+        ping=svc.settings.sse_ping,
+    )
