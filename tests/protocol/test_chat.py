@@ -97,6 +97,11 @@ def test_files_and_images_keep_their_responses_form() -> None:
             "messages.0.content.0.text",
             "invalid_value",
         ),
+        (
+            {"role": "user", "content": [{"type": "file"}]},
+            "messages.0.content.0.file",
+            "invalid_value",
+        ),
     ],
 )
 def test_untranslatable_messages_name_their_place(

@@ -75,7 +75,11 @@ class Service:
 
     # -- shared operations -----------------------------------------------------------------
     async def create(
-        self, client: Client, request: dict[str, Any], key: idempotency.Key | None
+        self,
+        client: Client,
+        request: dict[str, Any],
+        key: idempotency.Key | None,
+        input_param: str = "input",
     ) -> response_store.Created:
         """Persist a response and its task (``/v1/responses`` and chat completions): the
         model must exist and the prompt fit its context; a replayed idempotency key gives
@@ -91,7 +95,7 @@ class Service:
             raise errors.LmspError(
                 "context_length_exceeded",
                 f"The prompt has {size[0]} tokens; the context of {model!r} holds {size[1]}.",
-                param="input",
+                param=input_param,
             )
 
         def job(conn: sqlite3.Connection) -> response_store.Created:

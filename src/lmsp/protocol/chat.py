@@ -60,8 +60,8 @@ def _content(message: dict[str, Any], where: str) -> str | list[dict[str, Any]] 
         return content
     parts = []
     for index, part in enumerate(content):
-        needed = part["type"] if part["type"] in ("text", "refusal") else None
-        if needed is not None and part.get(needed) is None:
+        needed = part["type"]  # each part type carries its value under its own name
+        if part.get(needed) is None:
             raise Untranslatable(
                 f"{where}.{index}.{needed}", f"{where}.{index}: a {needed} part needs {needed}."
             )

@@ -97,7 +97,7 @@ async def create_chat_completion(
     check_chat(body)
     stored = stored_request(body, svc.settings.default_on_restart)
     key = await idempotency_key(request, client)
-    created = await svc.create(client, stored, key)
+    created = await svc.create(client, stored, key, input_param="messages")
     headers = dict(REPLAYED) if created.replayed else {}
     forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:
