@@ -410,6 +410,8 @@ def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
     fields: dict[str, str] = {}
     for line in response.iter_lines():
         if not line:
+            if fields.get("data") == "[DONE]":  # the end of a responses stream
+                return
             if "data" in fields:
                 event = json.loads(fields["data"])
                 yield dict(event, _id=int(fields["id"]), _event=fields["event"])
@@ -437,9 +439,9 @@ def test_stream_continues_across_a_restart(tmp_path: Path, client: TestClient) -
             assert created.status_code == 202
             response_id = created.json()["id"]
             seen: list[dict[str, Any]] = []
-            with http.stream(
-                "GET", f"/v1/responses/{response_id}", params={"stream": "true"}
-            ) as stream:
+            # the whole log (LMSP lifecycle events too), so its numbers have no gaps
+            whole = {"stream": "true", "include": "lmsp.lifecycle"}
+            with http.stream("GET", f"/v1/responses/{response_id}", params=whole) as stream:
                 for event in sse_events(stream):
                     seen.append(event)
                     if len([e for e in seen if "delta" in e]) >= 3:
@@ -449,12 +451,12 @@ def test_stream_continues_across_a_restart(tmp_path: Path, client: TestClient) -
         server.start()
         with server.client() as http:
             url = f"/v1/responses/{response_id}"
-            params = {"stream": "true", "starting_after": str(last_seen)}
+            params = {**whole, "starting_after": str(last_seen)}
             with http.stream("GET", url, params=params) as stream:
                 rest = list(sse_events(stream))
             # Last-Event-ID, as an EventSource reconnecting sends it, resumes the same way
             last_id = {"Last-Event-ID": str(last_seen)}
-            with http.stream("GET", url, params={"stream": "true"}, headers=last_id) as stream:
+            with http.stream("GET", url, params=whole, headers=last_id) as stream:
                 again = list(sse_events(stream))
             final = http.get(url).json()
         server.stop()

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from lmsp import config
+from lmsp.protocol.events import INCLUDE_LIFECYCLE
 from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
 
 CALL_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
@@ -174,7 +175,8 @@ class _Base:
     @staticmethod
     def _stream_params(path: str, after: int) -> dict[str, Any]:
         if path.startswith("/v1/responses/"):
-            return {"stream": "true", "starting_after": after}
+            # the whole log, as the task's own stream gives it: LMSP lifecycle events too
+            return {"stream": "true", "starting_after": after, "include": INCLUDE_LIFECYCLE}
         return {"after": after}
 
 
@@ -249,8 +251,9 @@ class Client(_Base):
         return result
 
     def stream(self, response_id: str, starting_after: int = -1) -> Iterator[dict[str, Any]]:
-        """The response's events after ``starting_after`` until the terminal one,
-        reconnecting transparently (also across a server restart)."""
+        """The response's events after ``starting_after`` until the terminal one (every
+        event of its log, the LMSP lifecycle extensions too), reconnecting transparently
+        (also across a server restart)."""
         return self._follow(f"/v1/responses/{response_id}", starting_after)
 
     # -- tasks -------------------------------------------------------------------------
