@@ -21,6 +21,18 @@ def variant(dest: Path, tag: bytes = b"X") -> Path:
     return dest
 
 
+def unknown_architecture(dest: Path) -> Path:
+    """A whole GGUF whose ``general.architecture`` is one llama.cpp does not know: it
+    imports, and fails to load."""
+    data = bytearray(bundled_model_path().read_bytes())
+    key = b"general.architecture"
+    at = data.index(key) + len(key) + 4 + 8  # the value type, then the string length
+    assert data[at : at + 5] == b"llama"
+    data[at : at + 5] = b"lxama"
+    dest.write_bytes(bytes(data))
+    return dest
+
+
 def truncated(dest: Path, size: int = 4 << 20) -> Path:
     """A GGUF whose header is intact but whose tensor data is cut off."""
     with bundled_model_path().open("rb") as src:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import logging
 import os
 import sqlite3
 from pathlib import Path
@@ -13,10 +14,12 @@ from typing import Any
 from lmsp.engines.test_engine import TEST_MODEL_BYTES, TEST_MODEL_ID
 from lmsp.gguf import model_metadata
 from lmsp.store import clients, models, service
-from lmsp.store.blobs import CHUNK, blob_path, leftovers, store_blob
+from lmsp.store.blobs import CHUNK, blob_path, remove_orphans, store_blob
 from lmsp.store.db import Database
 
 __all__ = ["bootstrap", "bundled_model_path", "file_digest", "store_blob"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -115,8 +118,9 @@ def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> No
 def bootstrap(db: Database, data_dir: Path, blobs_dir: Path, enable_test_engine: bool) -> str:
     """Everything a first start creates; idempotent. Returns the service id."""
     service_id: str = db.write_sync(service.ensure_identity)
-    for partial in leftovers(blobs_dir):  # copies a crash interrupted: never a blob
-        partial.unlink(missing_ok=True)
     ensure_owner(db, data_dir / "owner.token")
     ensure_models(db, blobs_dir, enable_test_engine)
+    # copies a crash interrupted, and blobs whose record never committed
+    for path in remove_orphans(db, blobs_dir):
+        log.warning("removed %s: no model record names it", path.name)
     return service_id

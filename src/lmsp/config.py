@@ -46,7 +46,11 @@ class Settings:
     sse_ping: float = 15.0
     cancel_wait: float = 5.0
     pairing_ttl: float = 600.0
-    max_pending_pairings: int = 16
+    max_pending_pairings: int = 64
+    max_pending_pairings_per_source: int = 4
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_connections: int = 1000
 
     @property
     def db_path(self) -> Path:
@@ -114,6 +118,20 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["max_pending_pairings"] = int(v)
         if int(v) < 1:
             raise ValueError("LMSP_MAX_PENDING_PAIRINGS must be at least 1")
+    if v := env.get("LMSP_MAX_PENDING_PAIRINGS_PER_SOURCE"):
+        changes["max_pending_pairings_per_source"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_MAX_PENDING_PAIRINGS_PER_SOURCE must be at least 1")
+    timeouts = (("LMSP_HEADER_TIMEOUT", "header_timeout"), ("LMSP_BODY_TIMEOUT", "body_timeout"))
+    for name, key in timeouts:
+        if v := env.get(name):
+            changes[key] = seconds = parse_duration(v)
+            if seconds <= 0:
+                raise ValueError(f"{name} must be more than 0s")
+    if v := env.get("LMSP_MAX_CONNECTIONS"):
+        changes["max_connections"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_MAX_CONNECTIONS must be at least 1")
     if v := env.get("LMSP_SSE_PING"):
         changes["sse_ping"] = parse_duration(v)
     if v := env.get("LMSP_CANCEL_WAIT"):

@@ -1,8 +1,11 @@
-"""A small pure reader of GGUF headers: is a file GGUF, and what does it say it is.
+"""A small pure reader of GGUF files: is a file GGUF, what does it say it is, and is
+it whole.
 
 Only the key/value metadata at the head of the file is read (arrays such as the
 vocabulary are skipped, not loaded), so checking a multi-gigabyte model costs a few
-milliseconds and never hands a malformed file to llama.cpp.
+milliseconds and never hands a malformed file to llama.cpp. :func:`check_structure`
+also reads the tensor table and checks that every tensor's data lies inside the file
+(a truncated copy fails it).
 """
 
 from __future__ import annotations
@@ -30,6 +33,46 @@ _SCALARS: dict[int, str] = {
     12: "<d",  # float64
 }
 _STRING, _ARRAY = 8, 9
+MAX_TENSORS = 1 << 20
+MAX_DIMS = 4
+DEFAULT_ALIGNMENT = 32
+
+# ggml tensor types: (elements per block, bytes per block), from the GGUF specification
+# and ggml's type traits; a type missing here is refused rather than guessed
+TENSOR_TYPES: dict[int, tuple[int, int]] = {
+    0: (1, 4),  # F32
+    1: (1, 2),  # F16
+    2: (32, 18),  # Q4_0
+    3: (32, 20),  # Q4_1
+    6: (32, 22),  # Q5_0
+    7: (32, 24),  # Q5_1
+    8: (32, 34),  # Q8_0
+    9: (32, 40),  # Q8_1
+    10: (256, 84),  # Q2_K
+    11: (256, 110),  # Q3_K
+    12: (256, 144),  # Q4_K
+    13: (256, 176),  # Q5_K
+    14: (256, 210),  # Q6_K
+    15: (256, 292),  # Q8_K
+    16: (256, 66),  # IQ2_XXS
+    17: (256, 74),  # IQ2_XS
+    18: (256, 98),  # IQ3_XXS
+    19: (256, 50),  # IQ1_S
+    20: (32, 18),  # IQ4_NL
+    21: (256, 110),  # IQ3_S
+    22: (256, 82),  # IQ2_S
+    23: (256, 136),  # IQ4_XS
+    24: (1, 1),  # I8
+    25: (1, 2),  # I16
+    26: (1, 4),  # I32
+    27: (1, 8),  # I64
+    28: (1, 8),  # F64
+    29: (256, 56),  # IQ1_M
+    30: (1, 2),  # BF16
+    34: (256, 54),  # TQ1_0
+    35: (256, 66),  # TQ2_0
+    39: (32, 17),  # MXFP4
+}
 
 
 class NotGGUF(ValueError):
@@ -76,29 +119,86 @@ def _value(fh: BinaryIO, kind: int) -> Any:
     raise NotGGUF(f"unknown GGUF value type {kind}")
 
 
+def _header(fh: BinaryIO) -> dict[str, Any]:
+    if fh.read(4) != MAGIC:
+        raise NotGGUF("the file does not start with the GGUF magic")
+    version = int(_unpack(fh, "<I"))
+    if version not in (2, 3):
+        raise NotGGUF(f"unsupported GGUF version {version}")
+    tensors = int(_unpack(fh, "<Q"))
+    count = int(_unpack(fh, "<Q"))
+    if count > MAX_KEYS:
+        raise NotGGUF("the GGUF header has implausibly many keys")
+    if tensors > MAX_TENSORS:
+        raise NotGGUF("the GGUF header has implausibly many tensors")
+    values: dict[str, Any] = {"gguf.version": version, "gguf.tensor_count": tensors}
+    for _ in range(count):
+        key = _string(fh)
+        values[key] = _value(fh, int(_unpack(fh, "<I")))
+    return values
+
+
+def read_header_from(fh: BinaryIO) -> dict[str, Any]:
+    """The key/value metadata of an open GGUF file, read from its start."""
+    try:
+        fh.seek(0)
+        return _header(fh)
+    except (OSError, struct.error, OverflowError) as exc:
+        raise NotGGUF(f"the GGUF header cannot be read: {exc}") from exc
+
+
 def read_header(path: Path) -> dict[str, Any]:
     """The key/value metadata of a GGUF file (arrays summarised); :class:`NotGGUF` if
     the file is not one."""
     try:
         with path.open("rb") as fh:
-            if fh.read(4) != MAGIC:
-                raise NotGGUF("the file does not start with the GGUF magic")
-            version = int(_unpack(fh, "<I"))
-            if version not in (2, 3):
-                raise NotGGUF(f"unsupported GGUF version {version}")
-            tensors = int(_unpack(fh, "<Q"))
-            count = int(_unpack(fh, "<Q"))
-            if count > MAX_KEYS:
-                raise NotGGUF("the GGUF header has implausibly many keys")
-            values: dict[str, Any] = {"gguf.version": version, "gguf.tensor_count": tensors}
-            for _ in range(count):
-                key = _string(fh)
-                values[key] = _value(fh, int(_unpack(fh, "<I")))
-            return values
-    except (OSError, struct.error) as exc:
+            return _header(fh)
+    except (OSError, struct.error, OverflowError) as exc:
         if isinstance(exc, IsADirectoryError | PermissionError | FileNotFoundError):
             raise
         raise NotGGUF(f"the GGUF header cannot be read: {exc}") from exc
+
+
+def check_structure(fh: BinaryIO, size: int) -> dict[str, Any]:
+    """Read the whole GGUF layout of an open file of ``size`` bytes: the header, the
+    tensor table, and that every tensor's data lies inside the file. Returns the header;
+    :class:`NotGGUF` says what is wrong (a truncated file fails here)."""
+    try:
+        fh.seek(0)
+        header = _header(fh)
+        alignment = header.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise NotGGUF("the GGUF header names an invalid general.alignment")
+        tensors: list[tuple[str, int, int]] = []
+        for _ in range(header["gguf.tensor_count"]):
+            name = _string(fh)
+            dims = int(_unpack(fh, "<I"))
+            if not 1 <= dims <= MAX_DIMS:
+                raise NotGGUF(f"tensor {name!r} has {dims} dimensions")
+            shape = [int(_unpack(fh, "<Q")) for _ in range(dims)]
+            kind = int(_unpack(fh, "<I"))
+            offset = int(_unpack(fh, "<Q"))
+            if kind not in TENSOR_TYPES:
+                raise NotGGUF(f"tensor {name!r} has an unknown type {kind}")
+            block, block_bytes = TENSOR_TYPES[kind]
+            elements = 1
+            for extent in shape:
+                elements *= extent
+            if shape[0] % block:
+                raise NotGGUF(f"tensor {name!r} does not fill whole blocks of its type")
+            if offset % alignment:
+                raise NotGGUF(f"tensor {name!r} is not aligned")
+            tensors.append((name, offset, elements // block * block_bytes))
+        here = fh.tell()
+        data_start = (here + alignment - 1) // alignment * alignment
+    except (OSError, struct.error, OverflowError) as exc:
+        raise NotGGUF(f"the GGUF file cannot be read: {exc}") from exc
+    for name, offset, nbytes in tensors:
+        if data_start + offset + nbytes > size:
+            raise NotGGUF(f"the file ends inside the data of tensor {name!r} (truncated?)")
+    if data_start > size:
+        raise NotGGUF("the file ends inside its tensor table")
+    return header
 
 
 def _file_type_name(code: int) -> str:
@@ -113,7 +213,11 @@ def _file_type_name(code: int) -> str:
 def model_metadata(path: Path) -> dict[str, Any]:
     """What ``models.metadata`` records about a GGUF file: architecture, context length,
     chat template presence and quantization (file type)."""
-    header = read_header(path)
+    return metadata_of(read_header(path))
+
+
+def metadata_of(header: dict[str, Any]) -> dict[str, Any]:
+    """The ``models.metadata`` fields of a header read by :func:`read_header`."""
     arch = header.get("general.architecture")
     if not isinstance(arch, str):
         raise NotGGUF("the GGUF header names no general.architecture")

@@ -18,7 +18,7 @@ from lmsp.config import Settings
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.store import blobs
 from tests.api.test_responses import wait_status
-from tests.gguf_files import flip_byte, truncated, variant
+from tests.gguf_files import flip_byte, truncated, unknown_architecture, variant
 
 SMALL = {"input": "Say hi.", "max_output_tokens": 4, "temperature": 0}
 
@@ -177,10 +177,10 @@ def test_delete_while_in_use_is_409(client: TestClient, settings: Settings, tmp_
 def test_a_model_that_cannot_load_fails_with_model_load_failed(
     client: TestClient, tmp_path: Path
 ) -> None:
-    add(client, "smol-cut", truncated(tmp_path / "cut.gguf"))
-    failed = ask(client, "smol-cut")
+    add(client, "smol-odd", unknown_architecture(tmp_path / "odd.gguf"))
+    failed = ask(client, "smol-odd")
     assert failed["status"] == "failed" and failed["error"]["code"] == "model_load_failed"
-    assert client.get("/v1/models/smol-cut").json()["loaded"] is False
+    assert client.get("/v1/models/smol-odd").json()["loaded"] is False
 
 
 @pytest.fixture

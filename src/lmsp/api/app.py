@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lmsp import __version__, errors
 from lmsp.config import Settings
+from lmsp.datadir import DataDirLock
 
 from .broker import Broker
 from .errors import body as error_body
@@ -144,12 +145,13 @@ async def _gc_loop(svc: Service) -> None:
             log.exception("retention sweep failed")
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the ASGI app. Startup opens the data directory and recovers before serving."""
+def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
+    """Build the ASGI app. Startup takes the data directory's lock (``lock``, when the
+    caller took it already), opens the directory and recovers before serving."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        svc = await asyncio.to_thread(open_service, settings)
+        svc = await asyncio.to_thread(open_service, settings, lock)
         svc.broker = Broker(asyncio.get_running_loop())
         svc.db.on_commit(svc.broker.notify)
         svc.runner.start(resume=svc.recovered.resumed)

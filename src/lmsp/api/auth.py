@@ -41,7 +41,12 @@ async def _record_use(request: Request, client: Client) -> None:
     if now - svc.touched.get(client.id, 0) < clients.TOUCH_INTERVAL:
         return
     svc.touched[client.id] = now
-    await svc.db.write(lambda c: clients.touch(c, client.id, now))
+    try:
+        await svc.db.write(lambda c: clients.touch(c, client.id, now))
+    except errors.LmspError as exc:  # a full disk must not fail reads
+        if exc.code != "insufficient_storage":
+            raise
+        svc.touched.pop(client.id, None)
 
 
 def require(scope: str) -> Callable[..., Awaitable[Client]]:

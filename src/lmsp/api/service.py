@@ -7,10 +7,11 @@ import asyncio
 import logging
 import sqlite3
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmsp import errors
+from lmsp import datadir, errors
 from lmsp.bootstrap import bootstrap
 from lmsp.config import Settings
 from lmsp.engines.base import Engine
@@ -125,7 +126,14 @@ class Service:
     def cancel_nowait(self, task_id: str) -> None:
         """Cancel from a context that cannot await (a stream whose client left)."""
         future = self.db.submit(lambda c: task_store.cancel(c, task_id))
-        future.add_done_callback(lambda f: self._after_cancel(task_id, f.result()))
+
+        def done(f: Future[Any]) -> None:
+            if f.exception() is None:
+                self._after_cancel(task_id, f.result())
+            else:  # e.g. a full disk: the task runs on, as if the client had stayed
+                log.warning("cancel of %s after a disconnect failed: %s", task_id, f.exception())
+
+        future.add_done_callback(done)
 
     async def cancel(self, task_id: str, wait: float = 0.0) -> None:
         """Cancel; when the runner has to stop generating, wait up to ``wait`` seconds
@@ -174,10 +182,17 @@ def engines() -> dict[str, Engine]:
     return {"llama_cpp": LlamaEngine(), "test": TestEngine()}
 
 
-def open_service(settings: Settings) -> Service:
-    """Open the data directory, bootstrap it and run startup recovery (blocking)."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.db_path)
+def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) -> Service:
+    """Take the data directory's lock (unless the caller holds it already), open it,
+    bootstrap it and run startup recovery (blocking). Closing ``db`` releases the lock;
+    :class:`lmsp.datadir.DataDirBusy` if another process holds it."""
+    if lock is None:
+        lock = datadir.acquire(settings.data_dir)
+    try:
+        db = Database(settings.db_path, lock=lock)
+    except BaseException:
+        lock.release()
+        raise
     try:
         service_id = bootstrap(
             db, settings.data_dir, settings.blobs_dir, settings.enable_test_engine

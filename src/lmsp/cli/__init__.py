@@ -3,13 +3,17 @@ other commands talk to a running server over HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import resource
+import socket
 import sys
 from pathlib import Path
 
 import click
 
-from lmsp import __version__, config
+from lmsp import __version__, config, datadir
 
 
 def _settings(data_dir: Path | None, **overrides: object) -> config.Settings:
@@ -26,35 +30,109 @@ def main() -> None:
     """lmsp — a local model service for AI agents whose work is durable."""
 
 
+def _lock(settings: config.Settings, command: str) -> datadir.DataDirLock:
+    """The data directory's lock, or one line naming its holder and exit status 1."""
+    os.umask(0o077)  # whatever this process creates in the data directory is private
+    try:
+        return datadir.acquire(settings.data_dir, command)
+    except datadir.DataDirBusy as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot use {settings.data_dir}: {exc.strerror}") from None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the listening address now (listening starts once recovery is done), so a
+    port in use is found before anything in the data directory changes."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _descriptor_budget(wanted: int) -> int:
+    """Raise the open-file limit to its hard maximum and keep the connection limit
+    under it, with room for the database, the models and the logs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    room = max(16, int(soft) - 128)
+    if wanted > room:
+        logging.getLogger("lmsp").warning(
+            "LMSP_MAX_CONNECTIONS=%d is over what %d open files allow: using %d",
+            wanted,
+            soft,
+            room,
+        )
+        return room
+    return wanted
+
+
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
 @click.option("--host", help="Address to bind (LMSP_HOST, default 127.0.0.1).")
 @click.option("--port", type=int, help="Port (LMSP_PORT, default 8430).")
 def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
-    """Run the service in the foreground."""
+    """Run the service in the foreground.
+
+    In this order: lock the data directory (refused if another lmsp process holds it),
+    bind the address (refused if it is in use), then open the directory, run startup
+    recovery and start listening.
+    """
     import uvicorn
 
     from lmsp.api.app import create_app
+    from lmsp.api.guard import guarded_protocol
 
     settings = _settings(data_dir, host=host, port=port)
+    lock = _lock(settings, "lmsp serve")
+    sock = _listen(settings.host, settings.port)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     click.echo(f"lmsp {__version__}: data in {settings.data_dir}", err=True)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="info",
-        timeout_graceful_shutdown=5,
+    protocol = guarded_protocol(
+        settings.header_timeout,
+        settings.body_timeout,
+        _descriptor_budget(settings.max_connections),
     )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, lock),
+            host=settings.host,
+            port=settings.port,
+            http=protocol,
+            log_level="info",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    server.run(sockets=[sock])
+    if not server.started:
+        raise SystemExit(3)
 
 
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
 @click.option("--retention", help="Keep finished work this long (e.g. 30s, 12h, 7d).")
 def gc(data_dir: Path | None, retention: str | None) -> None:
-    """Delete finished tasks, events and responses past the retention period."""
+    """Delete finished tasks, events and responses past the retention period, and model
+    blobs no record names. Refused while a server holds the data directory (it sweeps by
+    itself every LMSP_GC_INTERVAL)."""
+    from lmsp.store.blobs import remove_orphans
     from lmsp.store.db import Database
     from lmsp.tasks.retention import sweep
 
@@ -67,14 +145,17 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
     settings = _settings(data_dir, retention=keep)
     if not settings.db_path.exists():
         raise click.ClickException(f"no lmsp database in {settings.data_dir}")
-    db = Database(settings.db_path)
+    db = Database(settings.db_path, lock=_lock(settings, "lmsp gc"))
     try:
         swept = sweep(db, settings.retention)
+        orphans = remove_orphans(db, settings.blobs_dir)
     finally:
         db.close()
     click.echo(
         f"deleted {swept.responses} finished responses and {swept.idempotency_keys} expired keys"
     )
+    if orphans:
+        click.echo(f"removed {len(orphans)} model blob(s) no record named")
 
 
 from .clients import clients  # noqa: E402

@@ -1,6 +1,7 @@
 """``lmsp doctor``: checks on the data directory itself (it works with the server up or
-down): database integrity, schema version, model blobs against their records, and the
-owner token file's permissions."""
+down): database integrity, schema version, model blobs against their records, blobs no
+record names, who holds the directory, and file permissions (the database holds every
+prompt and output: nobody but its user may read it)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import click
 import httpx
 from rich.text import Text
 
-from lmsp import config
+from lmsp import config, datadir
+from lmsp.store.blobs import orphans
 from lmsp.store.clients import hash_token
 from lmsp.store.migrations import MIGRATIONS
 
@@ -88,6 +90,38 @@ def check_blobs(conn: sqlite3.Connection, blobs_dir: Path) -> list[Check]:
     return checks
 
 
+def check_orphans(conn: sqlite3.Connection, blobs_dir: Path) -> Check:
+    found = orphans(conn, blobs_dir)
+    if not found:
+        return Check("unreferenced blobs", "ok", "every blob has a model record")
+    size = sum(p.stat().st_size for p in found if p.exists())
+    return Check(
+        "unreferenced blobs",
+        "warn",
+        f"{len(found)} blob(s), {size} bytes, that no model names (an import a crash"
+        " interrupted); `lmsp gc` or the next start removes them",
+    )
+
+
+def check_permissions(settings: config.Settings) -> Check:
+    """The directory ``0700``, the database files and the token ``0600``: nothing wider."""
+    data_dir = settings.data_dir
+    paths = [data_dir, settings.blobs_dir, settings.owner_token_path]
+    paths += [data_dir / f"lmsp.db{suffix}" for suffix in ("", "-wal", "-shm")]
+    wide = []
+    for path in paths:
+        mode = datadir.wider_than_private(path)
+        if mode is not None:
+            wide.append(f"{path.name or path} {mode:04o}")
+    if not wide:
+        return Check("permissions", "ok", "private to their user (0700 / 0600)")
+    return Check(
+        "permissions",
+        "warn",
+        f"readable by others: {', '.join(wide)} (chmod 700 the directories, 600 the files)",
+    )
+
+
 def check_owner_token(conn: sqlite3.Connection, path: Path) -> Check:
     name = "owner token file"
     if not path.is_file():
@@ -122,7 +156,9 @@ def diagnose(settings: config.Settings) -> list[Check]:
     try:
         checks = [check_integrity(conn), check_schema(conn)]
         checks += check_blobs(conn, settings.blobs_dir)
+        checks.append(check_orphans(conn, settings.blobs_dir))
         checks.append(check_owner_token(conn, settings.owner_token_path))
+        checks.append(check_permissions(settings))
     except sqlite3.DatabaseError as exc:
         checks = [Check("database", "fail", f"cannot read {settings.db_path}: {exc}")]
     finally:

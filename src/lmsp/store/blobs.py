@@ -8,11 +8,13 @@ workflows the API and the CLI share; the database holds only the records.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import shutil
 import sqlite3
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -20,7 +22,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from lmsp import errors
-from lmsp.gguf import NotGGUF, model_metadata
+from lmsp.datadir import ensure_private_dir
+from lmsp.gguf import NotGGUF, check_structure, metadata_of, read_header_from
 from lmsp.store import models
 from lmsp.store.db import Database
 from lmsp.store.models import ModelRecord
@@ -45,25 +48,44 @@ def write_chunk(out: BinaryIO, chunk: bytes) -> None:
 
 
 def store_blob(
-    blobs_dir: Path, source: Path | bytes, progress: Progress | None = None
+    blobs_dir: Path,
+    source: Path | bytes | BinaryIO,
+    progress: Progress | None = None,
+    *,
+    limit: int | None = None,
+    check: Callable[[BinaryIO, int], None] | None = None,
 ) -> tuple[str, int]:
-    """Copy a file (or bytes) into the blob store while hashing it; ``(digest, size)``.
+    """Copy a file (a path, an open file or bytes) into the blob store while hashing
+    it; ``(digest, size)``.
 
-    ``progress`` is called with the byte count of every chunk copied.
+    At most ``limit`` bytes are copied from an open file (its size when it was
+    checked: a file growing meanwhile, or a device, cannot fill the disk). ``check``
+    runs on the private copy, synced and reopened for reading, before it is renamed to
+    its digest name: what it raises leaves no blob. ``progress`` is called with the
+    byte count of every chunk copied.
     """
-    blobs_dir.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(blobs_dir)
     sha = hashlib.sha256()
     size = 0
     fd, tmp_name = tempfile.mkstemp(dir=blobs_dir, prefix=".partial-")
     try:
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, "w+b") as out:
             if isinstance(source, bytes):
                 sha.update(source)
                 write_chunk(out, source)
                 size = len(source)
             else:
-                with source.open("rb") as src:
-                    while chunk := src.read(CHUNK):
+                with contextlib.ExitStack() as stack:
+                    src = (
+                        source
+                        if not isinstance(source, Path)
+                        else stack.enter_context(source.open("rb"))
+                    )
+                    while limit is None or size < limit:
+                        want = CHUNK if limit is None else min(CHUNK, limit - size)
+                        chunk = src.read(want)
+                        if not chunk:
+                            break
                         sha.update(chunk)
                         write_chunk(out, chunk)
                         size += len(chunk)
@@ -71,6 +93,8 @@ def store_blob(
                             progress(len(chunk))
             out.flush()
             os.fsync(out.fileno())
+            if check is not None:
+                check(out, size)
         digest = f"sha256:{sha.hexdigest()}"
         final = blob_path(blobs_dir, digest)
         if final.exists() and final.stat().st_size == size:
@@ -140,6 +164,59 @@ def _no_space(exc: OSError) -> errors.LmspError:
     )
 
 
+UNREADABLE = (
+    "The path does not name a readable regular file on the service's machine "
+    "(it is missing, not readable by the service, or not a regular file)."
+)
+
+
+def _unreadable() -> errors.LmspError:
+    return errors.invalid(UNREADABLE, "path", code="model_file_not_found")
+
+
+def _not_gguf(exc: NotGGUF) -> errors.LmspError:
+    return errors.invalid(f"Not a whole GGUF model file: {exc}", "path", "invalid_model_file")
+
+
+def open_source(path: Path) -> tuple[BinaryIO, int]:
+    """Open a file to import, once: ``(file, size)`` of a regular file, else the one
+    answer :data:`UNREADABLE`, whatever the reason (no file, no permission, a directory,
+    a device, a FIFO, a name too long), so the answer tells nothing about the server's
+    disk. What is then checked and copied is this open file: swapping the path (a
+    symlink to ``/dev/zero``) after the open changes nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        raise _unreadable() from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _unreadable()
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0), info.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _whole_gguf(expected: int) -> Callable[[BinaryIO, int], None]:
+    """The check of a private copy: as long as the file was, and a whole GGUF."""
+
+    def check(copy: BinaryIO, copied: int) -> None:
+        if copied != expected:
+            raise errors.invalid(
+                "The file got shorter while it was read; nothing was imported.",
+                "path",
+                code="invalid_model_file",
+            )
+        try:
+            check_structure(copy, copied)
+        except NotGGUF as exc:
+            raise _not_gguf(exc) from exc
+
+    return check
+
+
 def import_model(
     db: Database,
     blobs_dir: Path,
@@ -150,59 +227,66 @@ def import_model(
 ) -> ModelRecord:
     """``POST /v1/models``: copy a local GGUF file into the blob store while hashing it,
     then write its record. Errors are :class:`lmsp.errors.LmspError` with the protocol's
-    statuses (400, 409, 507)."""
+    statuses (400, 409, 507); no message names a path.
+
+    The file is opened once (:func:`open_source`); its header and size are read from
+    that descriptor, at most that many bytes are copied, and the private copy's whole
+    GGUF structure is checked before it becomes a blob, so a file changed or truncated
+    meanwhile never imports as ``ready``."""
     if models.get(db.reader(), model_id) is not None:
         raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
-    source = path.expanduser()
-    if not source.is_file():
-        raise errors.invalid(f"No file at {str(path)!r}.", "path", code="model_file_not_found")
-    try:
-        meta = model_metadata(source)
-    except NotGGUF as exc:
-        raise errors.invalid(f"Not a GGUF model file: {exc}", "path", "invalid_model_file") from exc
-    except OSError as exc:
-        raise errors.invalid(
-            f"The file cannot be read: {exc.strerror}.", "path", "model_file_not_found"
-        ) from exc
-    blobs_dir.mkdir(parents=True, exist_ok=True)
-    size = source.stat().st_size
-    if shutil.disk_usage(blobs_dir).free < size:
-        raise _no_space(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
-    meta["source_file"] = source.name
-    with _blob_lock:
+    source, size = open_source(path.expanduser())
+    with source:
         try:
-            digest, size = store_blob(blobs_dir, source, progress)
-        except OSError as exc:
-            if exc.errno in NO_SPACE:
-                raise _no_space(exc) from exc
-            raise
-        if expected_digest is not None and expected_digest != digest:
-            _remove_unreferenced(db, blobs_dir, digest)
-            raise errors.invalid(
-                f"The file hashes to {digest}, not {expected_digest}: it changed while read.",
-                "digest",
-                code="digest_mismatch",
-            )
+            meta = metadata_of(read_header_from(source))
+        except NotGGUF as exc:
+            raise _not_gguf(exc) from exc
+        source.seek(0)
+        ensure_private_dir(blobs_dir)
+        if shutil.disk_usage(blobs_dir).free < size:
+            raise _no_space(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+        meta["source_file"] = path.name
+        with _blob_lock:
+            try:
+                digest, _ = store_blob(
+                    blobs_dir, source, progress, limit=size, check=_whole_gguf(size)
+                )
+            except OSError as exc:
+                if exc.errno in NO_SPACE:
+                    raise _no_space(exc) from exc
+                raise _unreadable() from None
+            if expected_digest is not None and expected_digest != digest:
+                _remove_unreferenced(db, blobs_dir, digest)
+                raise errors.invalid(
+                    f"The file hashes to {digest}, not {expected_digest}: it changed while read.",
+                    "digest",
+                    code="digest_mismatch",
+                )
 
-        def job(conn: sqlite3.Connection) -> bool:
-            if models.get(conn, model_id) is not None:
-                return False
-            models.add(
-                conn,
-                model_id=model_id,
-                engine="llama_cpp",
-                digest=digest,
-                size_bytes=size,
-                fmt="gguf",
-                owned_by="user",
-                metadata=meta,
-            )
-            models.set_status(conn, model_id, "ready", verified=True)  # hashed just now
-            return True
+            def job(conn: sqlite3.Connection) -> bool:
+                if models.get(conn, model_id) is not None:
+                    return False
+                models.add(
+                    conn,
+                    model_id=model_id,
+                    engine="llama_cpp",
+                    digest=digest,
+                    size_bytes=size,
+                    fmt="gguf",
+                    owned_by="user",
+                    metadata=meta,
+                )
+                models.set_status(conn, model_id, "ready", verified=True)  # hashed just now
+                return True
 
-        if not db.write_sync(job):
-            _remove_unreferenced(db, blobs_dir, digest)
-            raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
+            try:
+                added = db.write_sync(job)
+            except BaseException:
+                _remove_unreferenced(db, blobs_dir, digest)  # e.g. the disk is full
+                raise
+            if not added:
+                _remove_unreferenced(db, blobs_dir, digest)
+                raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
     record = models.get(db.reader(), model_id)
     assert record is not None
     return record
@@ -232,3 +316,27 @@ def delete_model(db: Database, blobs_dir: Path, model_id: str) -> ModelRecord:
 def leftovers(blobs_dir: Path) -> list[Path]:
     """Temporary files of copies that never finished (a crash mid-import)."""
     return sorted(blobs_dir.glob(".partial-*")) if blobs_dir.is_dir() else []
+
+
+def orphans(conn: sqlite3.Connection, blobs_dir: Path) -> list[Path]:
+    """Blobs no model record names: a crash between renaming a copy into place and
+    committing its record leaves one."""
+    if not blobs_dir.is_dir():
+        return []
+    named = {str(r[0]) for r in conn.execute("SELECT DISTINCT digest FROM models")}
+    found = []
+    for path in sorted(blobs_dir.glob("sha256-*")):
+        if f"sha256:{path.name.removeprefix('sha256-')}" not in named:
+            found.append(path)
+    return found
+
+
+def remove_orphans(db: Database, blobs_dir: Path) -> list[Path]:
+    """Delete the blobs and copies no record names (at startup and by ``lmsp gc``, with
+    the data directory locked, so no import of another process is between its rename
+    and its commit; imports of this process are held off by the blob lock)."""
+    with _blob_lock:
+        gone = leftovers(blobs_dir) + orphans(db.reader(), blobs_dir)
+        for path in gone:
+            path.unlink(missing_ok=True)
+    return gone

@@ -5,6 +5,14 @@ Every write goes through :class:`Database.write` (async) or :meth:`Database.writ
 one ``BEGIN IMMEDIATE`` transaction, each inside its own savepoint so a job that raises
 rolls back only itself. Callers are answered only after the ``COMMIT`` has returned,
 so an answer means the write is on disk (``synchronous=FULL``).
+
+A full disk (``SQLITE_FULL``, ``ENOSPC``) anywhere in a transaction rolls the whole
+batch back, answers every job in it with ``LmspError("insufficient_storage")`` (``507``
+at the API) and marks :attr:`Database.health` degraded: nothing is half-written.
+
+Test seam: :attr:`Database.faults` is ``None`` and nothing in lmsp sets it. A test sets
+it to a :class:`Faults` to make chosen jobs or commits fail exactly as a full disk makes
+them fail (the faults campaign in ``tests/campaigns`` does).
 """
 
 from __future__ import annotations
@@ -17,10 +25,16 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from lmsp.datadir import create_private_file
+from lmsp.store.health import StorageHealth, insufficient_storage, is_storage_error
 from lmsp.store.migrations import migrate
+
+if TYPE_CHECKING:
+    from lmsp.datadir import DataDirLock
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +60,49 @@ def connect(path: Path | str) -> sqlite3.Connection:
     return conn
 
 
+@dataclass
+class Faults:
+    """A test seam: fail chosen writes the way a full disk fails them.
+
+    Jobs and commits are counted from 1 since the faults were set. A job whose number is
+    in ``jobs`` raises ``SQLITE_FULL`` inside its transaction; a commit whose number is
+    in ``commits`` raises it instead of committing; with ``all_writes`` every job fails
+    (a disk that stays full) until the test sets it back to ``False``.
+    """
+
+    jobs: set[int] = field(default_factory=set)
+    commits: set[int] = field(default_factory=set)
+    all_writes: bool = False
+    jobs_seen: int = 0
+    commits_seen: int = 0
+    injected: int = 0
+
+    def _fail(self) -> None:
+        self.injected += 1
+        exc = sqlite3.OperationalError("database or disk is full")
+        exc.sqlite_errorcode = sqlite3.SQLITE_FULL
+        exc.sqlite_errorname = "SQLITE_FULL"
+        raise exc
+
+    def job(self) -> None:
+        self.jobs_seen += 1
+        if self.all_writes or self.jobs_seen in self.jobs:
+            self._fail()
+
+    def commit(self) -> None:
+        self.commits_seen += 1
+        if self.commits_seen in self.commits:
+            self._fail()
+
+
+class _StorageFull(Exception):
+    """A job hit a full disk: the whole transaction must go."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class _Request:
     __slots__ = ("future", "job")
 
@@ -57,9 +114,13 @@ class _Request:
 class Database:
     """The data directory's database: thread-local readers plus one group-commit writer."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, lock: DataDirLock | None = None) -> None:
         self.path = Path(path)
+        self.lock = lock  # released by :meth:`close`
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private_file(self.path)  # 0600; the -wal and -shm files take its mode
+        self.health = StorageHealth()
+        self.faults: Faults | None = None  # test seam, see the module docstring
         with_conn = connect(self.path)
         try:
             migrate(with_conn)
@@ -133,30 +194,50 @@ class Database:
 
     def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Request]) -> None:
         outcomes: list[tuple[_Request, bool, Any]] = []
+        changes_before = conn.total_changes
+        faults = self.faults
         try:
             conn.execute("BEGIN IMMEDIATE")
             for request in batch:
                 conn.execute("SAVEPOINT job")
                 try:
+                    if faults is not None:
+                        faults.job()
                     value = request.job(conn)
                 except BaseException as exc:
+                    if is_storage_error(exc):
+                        raise _StorageFull(exc) from exc
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     outcomes.append((request, False, exc))
                 else:
                     conn.execute("RELEASE job")
                     outcomes.append((request, True, value))
+            if faults is not None:
+                faults.commit()
             conn.execute("COMMIT")
         except BaseException as exc:
-            log.exception("write transaction failed")
+            cause = exc.cause if isinstance(exc, _StorageFull) else exc
+            full = is_storage_error(cause)
+            if full:
+                log.warning("write transaction refused, the disk is full: %s", cause)
+                self.health.failed()
+            else:
+                log.exception("write transaction failed")
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:  # pragma: no cover - SQLite rolled back itself
+                    log.exception("rollback failed")
+            answer = insufficient_storage() if full else cause
             for request in batch:
                 if not request.future.done():
-                    request.future.set_exception(exc)
+                    request.future.set_exception(answer)
             return
         self.commits += 1
         self.jobs += len(batch)
+        if conn.total_changes != changes_before:
+            self.health.succeeded()
         for request, ok, value in outcomes:
             if ok:
                 request.future.set_result(value)
@@ -179,3 +260,5 @@ class Database:
                 with contextlib.suppress(sqlite3.ProgrammingError):
                     conn.close()
             self._readers.clear()
+        if self.lock is not None:
+            self.lock.release()

@@ -34,8 +34,15 @@ class Report:
     resumed: list[str] = field(default_factory=list)
 
 
-def recover_task(conn: sqlite3.Connection, task_id: str, report: Report) -> None:
-    """Apply the table to one task, inside the caller's transaction."""
+def recover_task(
+    conn: sqlite3.Connection,
+    task_id: str,
+    report: Report,
+    code: str = "server_restarted",
+    message: str = RESTART_MESSAGE,
+) -> None:
+    """Apply the table to one task, inside the caller's transaction (``code`` and
+    ``message`` are the error of a task the table fails)."""
     task = task_store.get(conn, task_id)
     if task is None:
         return
@@ -45,7 +52,7 @@ def recover_task(conn: sqlite3.Connection, task_id: str, report: Report) -> None
     target = recovery_target(found, Policy(task["on_restart"]))
     only_from = frozenset({found})
     if target is Status.FAILED:
-        if task_store.fail(conn, task_id, "server_restarted", RESTART_MESSAGE, only_from):
+        if task_store.fail(conn, task_id, code, message, only_from):
             report.failed.append(task_id)
     elif target is Status.CANCELLED:
         if task_store.finish_cancel(conn, task_id):

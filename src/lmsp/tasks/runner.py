@@ -26,6 +26,9 @@ from lmsp.protocol.states import Status
 from lmsp.store import events, models
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
+from lmsp.store.health import is_storage_error
+
+from . import durable
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +120,12 @@ class Runner:
         return str(claimed["id"])
 
     def _work(self, slot: int) -> None:
+        backoff = durable.Backoff(0.2)
         while not self._stop.is_set():
+            if not self.db.health.ok and not self._storage_back():
+                self._stop.wait(backoff.next())  # the disk is full: take no task
+                continue
+            backoff.reset()
             try:
                 ran = self.run_next(slot)
             except Exception:  # pragma: no cover - a bug; keep the worker alive
@@ -129,6 +137,30 @@ class Runner:
                 with self._wake:
                     self._wake.wait(timeout=0.5)
 
+    def _storage_back(self) -> bool:
+        """While writes fail: does a small write go through again?"""
+        try:
+            self.db.write_sync(durable.probe)
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            return False
+        return True
+
+    def _durably(self, task_id: str, job: Any) -> Any:
+        """A terminal write: retried while the disk is full (``None`` at shutdown)."""
+        return durable.write_until_done(self.db, job, self._shutdown, f"task {task_id}")[1]
+
+    def _interrupted(self, task_id: str) -> None:
+        """A write of the task failed for lack of space: its ``on_restart`` policy
+        decides, as after a restart (failed, requeued, or resumed from its snapshot)."""
+        outcome = self._durably(task_id, lambda c: durable.settle_interrupted(c, task_id))
+        log.warning("task %s broke off, the disk is full: %s", task_id, outcome)
+        if outcome == "resume":
+            self._resume.append(task_id)
+        if outcome in ("resume", "requeued"):
+            self.notify()
+
     # -- one task --------------------------------------------------------------------------
     def _run(self, task_id: str, slot: int, resumed: bool) -> None:
         self.busy += 1
@@ -137,6 +169,9 @@ class Runner:
         except EngineError as exc:
             self._fail(task_id, exc.code, exc.message)
         except Exception as exc:
+            if is_storage_error(exc):
+                self._interrupted(task_id)
+                return
             log.exception("task %s failed", task_id)
             self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
         finally:
@@ -153,7 +188,7 @@ class Runner:
             task_store.fail(conn, task_id, code, message)
             task_store.finish_cancel(conn, task_id)  # a cancel that came first still wins
 
-        self.db.write_sync(job)
+        self._durably(task_id, job)
         if corrupt is not None:
             log.error("model %s is corrupt: %s", corrupt.id, message)
             self.host.evict(corrupt)
@@ -165,7 +200,7 @@ class Runner:
         return models.get(conn, response["model"]) if response else None
 
     def _cancelled(self, task_id: str) -> None:
-        self.db.write_sync(lambda conn: task_store.finish_cancel(conn, task_id))
+        self._durably(task_id, lambda conn: task_store.finish_cancel(conn, task_id))
 
     def _execute(self, task_id: str, slot: int, resumed: bool) -> None:
         conn = self.db.reader()
@@ -256,8 +291,8 @@ class Runner:
         if stopped or task_id in self._cancels:
             self._cancelled(task_id)
             return
-        if pending:
-            flush()  # ordered before the completion in the writer's queue
+        last = list(pending)  # committed with the completion: all of the text, or none
+        snap = {"tokens": list(tokens), "seed": sampling.seed}
         usage = {
             "input_tokens": len(prompt),
             "output_tokens": len(tokens),
@@ -266,9 +301,12 @@ class Runner:
         closing = assembler.finish("incomplete" if incomplete else "completed")
         output = assembler.items
 
-        self.db.write_sync(
-            lambda c: task_store.settle(c, task_id, closing, output, usage, incomplete)
-        )
+        def finish(c: sqlite3.Connection) -> None:
+            if last:
+                task_store.append_output(c, task_id, last, snap)
+            task_store.settle(c, task_id, closing, output, usage, incomplete)
+
+        self._durably(task_id, finish)
 
 
 def status_of(db: Database, task_id: str) -> Status | None:

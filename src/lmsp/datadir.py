@@ -1,0 +1,113 @@
+"""The data directory: one owner at a time, and private to the user who runs lmsp.
+
+Every process that changes a data directory (``lmsp serve``, ``lmsp gc``, a test that
+opens the service in process) first takes an exclusive lock on ``lmsp.lock`` inside it,
+before it opens the database. The lock is an ``flock`` on an open descriptor: it is held
+for as long as the descriptor is open and released by the kernel when the process dies,
+however it dies, so a crash never leaves a stale lock behind. The file also holds the
+owner's pid and command, so a refusal can say who holds the directory.
+
+The directory is created ``0700`` and every file lmsp creates in it ``0600``: they hold
+every prompt and every output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCK_NAME = "lmsp.lock"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+class DataDirBusy(Exception):
+    """Another process holds the data directory."""
+
+    def __init__(self, data_dir: Path, holder: str) -> None:
+        super().__init__(
+            f"the data directory {data_dir} is in use by another lmsp process ({holder});"
+            " stop it first, or use another --data-dir"
+        )
+        self.data_dir = data_dir
+        self.holder = holder
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents of it) with mode ``0700``; an existing
+    directory is left as it is (``lmsp doctor`` warns about a wider mode)."""
+    if not path.is_dir():
+        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        os.chmod(path, DIR_MODE)  # mkdir's mode is filtered by the umask
+    return path
+
+
+def create_private_file(path: Path) -> None:
+    """Create ``path`` empty with mode ``0600`` unless it exists. SQLite gives its
+    ``-wal`` and ``-shm`` files the mode of the database file, so this covers them."""
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        os.close(fd)
+
+
+def wider_than_private(path: Path) -> int | None:
+    """The mode of ``path`` if group or others have any access to it, else ``None``."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return None
+    return mode if mode & 0o077 else None
+
+
+@dataclass
+class DataDirLock:
+    """An exclusive hold on a data directory; :meth:`release` (or process exit) ends it."""
+
+    data_dir: Path
+    fd: int | None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)  # closing the descriptor drops the flock
+
+
+def _holder(fd: int) -> str:
+    with contextlib.suppress(OSError):
+        text = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+        if text:
+            pid, _, command = text.partition(" ")
+            return f"pid {pid}" + (f", {command}" if command else "")
+    return "pid unknown"
+
+
+def acquire(data_dir: Path, command: str | None = None) -> DataDirLock:
+    """Take the data directory's lock, creating the directory (``0700``) if needed.
+
+    Raises :class:`DataDirBusy` at once (never waits) when another process holds it.
+    """
+    ensure_private_dir(data_dir)
+    path = data_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = _holder(fd)
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise DataDirBusy(data_dir, holder) from None
+        raise
+    what = command if command is not None else " ".join(Path(a).name for a in sys.argv[:2])
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {what}\n".encode(), 0)
+    return DataDirLock(data_dir, fd)
