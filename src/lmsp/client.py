@@ -313,6 +313,12 @@ class Client(_Base):
         result: dict[str, Any] = self.request("POST", f"/v1/pairing/{code}/deny")
         return result
 
+    def clear_pairings(self, source: str | None = None) -> list[dict[str, Any]]:
+        """Deny every pending pairing request (only those from ``source``, if given)."""
+        params = {"source": source} if source is not None else None
+        result: list[dict[str, Any]] = self.request("DELETE", "/v1/pairing", params=params)["data"]
+        return result
+
     # -- resumable event streams -------------------------------------------------------
     def _follow(self, path: str, after: int) -> Iterator[dict[str, Any]]:
         state = _Follow(after, self.reconnect_timeout, self.base_url)

@@ -174,6 +174,9 @@ ROUTES: dict[tuple[str, str], Route] = {
     ),
     ("POST", "/v1/tasks/{task_id}/cancel"): Route(_task("POST", "/cancel"), 200, owned=True),
     ("GET", "/v1/pairing"): Route(_static("GET", "/v1/pairing"), 200),
+    ("DELETE", "/v1/pairing"): Route(
+        _static("DELETE", "/v1/pairing", params={"source": "192.0.2.1"}), 200
+    ),
     ("POST", "/v1/pairing"): Route(
         lambda w, t: Call("POST", "/v1/pairing", json={"client_name": w.unique("agent")}), 201
     ),
@@ -199,7 +202,9 @@ ROUTES: dict[tuple[str, str], Route] = {
 
 @pytest.fixture
 def world(settings: Settings) -> Iterator[World]:
-    roomy = dataclasses.replace(settings, max_pending_pairings=1000)
+    roomy = dataclasses.replace(
+        settings, max_pending_pairings=1000, max_pending_pairings_per_source=1000
+    )
     with TestClient(create_app(roomy)) as http:
         owner = (settings.data_dir / "owner.token").read_text().strip()
         yield World(http, owner)

@@ -11,7 +11,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
@@ -21,11 +21,13 @@ from lmsp import __version__, errors
 from lmsp.config import Settings
 from lmsp.datadir import DataDirLock
 
+from . import inputs
 from .broker import Broker
 from .errors import body as error_body
 from .errors import error_response
 from .routes import chat, meta, models, pairing, responses, tasks
 from .routes import clients as client_routes
+from .routes.deps import idempotency_supported
 from .service import Service, open_service
 
 log = logging.getLogger("lmsp")
@@ -66,6 +68,10 @@ class BodyGate:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        problem = _unusable_json(body)
+        if problem is not None:
+            await error_response(problem)(scope, receive, send)
+            return
         delivered = False
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
         scope = dict(scope, headers=[*headers, (b"content-type", b"application/json")])
@@ -78,6 +84,26 @@ class BodyGate:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _unusable_json(body: bytes) -> errors.LmspError | None:
+    """JSON that parses but cannot be stored or sent back: text with lone surrogates,
+    or nesting deeper than the parser goes. Anything else is left to the route."""
+    if not body.strip():
+        return None
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return errors.invalid("The JSON body is nested too deeply.", code="invalid_json")
+    except ValueError:
+        return None  # not JSON: the route says so, with its own message
+    try:
+        inputs.refuse_lone_surrogates(value)
+    except errors.LmspError as exc:
+        return exc
+    except RecursionError:
+        return errors.invalid("The JSON body is nested too deeply.", code="invalid_json")
+    return None
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
@@ -170,6 +196,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         version=__version__,
         summary="A local model service for AI agents whose work is durable.",
         lifespan=lifespan,
+        dependencies=[Depends(idempotency_supported)],
     )
     app.add_exception_handler(errors.LmspError, _lmsp_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -34,6 +34,7 @@ STATUS: dict[str, int] = {
     "request_too_large": 413,
     "unsupported_media_type": 415,
     "idempotency_key_reused": 422,
+    "idempotency_key_spent": 422,
     # 429
     "queue_full": 429,
     "too_many_pairing_requests": 429,

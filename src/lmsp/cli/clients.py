@@ -14,6 +14,7 @@ from .remote import (
     table,
     when,
 )
+from .safe import clean
 
 
 @click.group("clients")
@@ -62,7 +63,7 @@ def add(
         print_json(created)
         return
     click.echo(created["token"])
-    note(f"client {created['id']} ({name}): {' '.join(created['scopes'])}")
+    note(f"client {created['id']} ({name}): {' '.join(created['scopes'])}")  # note() cleans
     note("the token above is shown once; lmsp keeps only its hash")
 
 
@@ -76,4 +77,4 @@ def revoke(client_id: str, url: str | None, token: str | None, as_json: bool) ->
     if as_json:
         print_json(revoked)
     else:
-        click.echo(f"revoked {revoked['id']} ({revoked['name']})")
+        click.echo(f"revoked {revoked['id']} ({clean(revoked['name'])})")

@@ -11,7 +11,6 @@ outcome; it exits with status 1 if any model is corrupt.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -34,6 +34,7 @@ from rich.table import Table
 from lmsp.store.blobs import hash_file
 
 from .common import target
+from .safe import clean, clean_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True)
@@ -64,7 +65,7 @@ def _answer(reply: httpx.Response) -> Any:
     if reply.is_error:
         error = body.get("error", {}) if isinstance(body, dict) else {}
         code = error.get("code", reply.status_code)
-        raise click.ClickException(f"{code}: {error.get('message', reply.text)}")
+        raise click.ClickException(f"{clean(code)}: {clean(error.get('message', reply.text))}")
     return body
 
 
@@ -78,7 +79,7 @@ def _size(n: int) -> str:
 
 
 def _print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
+    click.echo(clean_json(data))
 
 
 @click.group("models")
@@ -101,11 +102,11 @@ def list_models(url: str | None, token: str | None, as_json: bool) -> None:
         meta = m.get("metadata") or {}
         kind = " ".join(str(meta[k]) for k in ("architecture", "quantization") if meta.get(k))
         table.add_row(
-            m["id"],
+            escape(clean(m["id"])),
             short,
             _size(m["size_bytes"]),
-            f"{m['format']} {kind}".strip(),
-            m.get("status", "ready"),
+            escape(clean(f"{m['format']} {kind}".strip())),
+            escape(clean(m.get("status", "ready"))),
             "yes" if m["loaded"] else "",
         )
     Console().print(table)
@@ -180,6 +181,6 @@ def verify_models(model_id: str | None, url: str | None, token: str | None, as_j
     else:
         for r in results:
             verdict = "ok" if r["status"] == "ready" else f"CORRUPT: {r.get('problem')}"
-            click.echo(f"{r['id']}: {verdict}")
+            click.echo(clean(f"{r['id']}: {verdict}"))
     if any(r["status"] != "ready" for r in results):
         raise SystemExit(1)

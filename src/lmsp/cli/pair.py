@@ -1,19 +1,27 @@
-"""``lmsp pair ls | approve CODE | deny CODE``: the operator's side of pairing."""
+"""``lmsp pair ls | approve CODE | deny CODE | clear``: the operator's side of pairing.
+
+Everything a pairing request carries (its client name above all) is written by whoever
+asked, without a token: it is shown escaped (:mod:`lmsp.cli.safe`), and the scopes it
+asks for are shown in full, an ``admin`` request flagged."""
 
 from __future__ import annotations
 
 import time
 
 import click
+from rich.text import Text
 
 from .remote import (
     connect,
+    console,
+    note,
     print_json,
     remote_options,
     scopes_option,
     split_scopes,
     table,
 )
+from .safe import clean
 
 
 @click.group("pair")
@@ -42,13 +50,34 @@ def list_requests(url: str | None, token: str | None, as_json: bool) -> None:
         (
             p["user_code"],
             p["client_name"],
-            " ".join(p["scopes"]),
+            _scopes(p["scopes"]),
+            p.get("source") or "",
             _expires_in(p["expires_at"]),
             p["id"],
         )
         for p in pending
     ]
-    table(None, ["CODE", "CLIENT", "SCOPES", "EXPIRES IN", "ID"], rows)
+    table(None, ["CODE", "CLIENT", "SCOPES", "SOURCE", "EXPIRES IN", "ID"], rows)
+    for p in pending:
+        if "admin" in p["scopes"]:
+            warning = Text(f"{p['user_code']} asks for ADMIN", style="bold red")
+            warning.append(
+                ": full control of the service, every client's data and tokens; approve"
+                " it with --scopes to grant less",
+                style="red",
+            )
+            console().print(warning)
+
+
+def _scopes(scopes: list[str]) -> Text:
+    """The requested scopes, ``admin`` first and flagged."""
+    shown = Text()
+    if "admin" in scopes:
+        shown.append("ADMIN", style="bold red reverse")
+    for scope in scopes:
+        if scope != "admin":
+            shown.append((" " if shown else "") + clean(scope))
+    return shown
 
 
 @pair.command("approve")
@@ -65,7 +94,10 @@ def approve(
         print_json(decided)
     else:
         granted = " ".join(decided["granted_scopes"])
-        click.echo(f"approved {decided['user_code']} ({decided['client_name']}): {granted}")
+        name = clean(decided["client_name"])
+        click.echo(f"approved {decided['user_code']} ({name}): {clean(granted)}")
+        if "admin" in decided["granted_scopes"]:
+            note("this client holds admin: it can do anything the owner can")
 
 
 @pair.command("deny")
@@ -78,4 +110,18 @@ def deny(code: str, url: str | None, token: str | None, as_json: bool) -> None:
     if as_json:
         print_json(decided)
     else:
-        click.echo(f"denied {decided['user_code']} ({decided['client_name']})")
+        click.echo(f"denied {decided['user_code']} ({clean(decided['client_name'])})")
+
+
+@pair.command("clear")
+@click.option("--source", help="Only the requests from this address (as `pair ls` shows).")
+@remote_options
+def clear(source: str | None, url: str | None, token: str | None, as_json: bool) -> None:
+    """Deny every pending request (or those of one source), freeing their slots."""
+    with connect(url, token) as api:
+        denied = api.clear_pairings(source)
+    if as_json:
+        print_json(denied)
+        return
+    where = f" from {clean(source)}" if source else ""
+    click.echo(f"denied {len(denied)} pending pairing request(s){where}")

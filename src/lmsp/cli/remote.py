@@ -4,7 +4,6 @@ errors, ``--json`` output, rich tables and printing a response's text as it stre
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +18,7 @@ from rich.text import Text
 from lmsp.client import APIError, Client, ClientError
 
 from .common import target
+from .safe import clean, clean_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,10 +39,10 @@ def remote_options(func: F) -> F:
 
 def _message(exc: ClientError) -> str:
     if isinstance(exc, APIError) and exc.status == 401:
-        return f"{exc.message} Pass --token or set LMSP_TOKEN."
+        return f"{clean(exc.message)} Pass --token or set LMSP_TOKEN."
     if isinstance(exc, APIError):
-        return f"{exc.message} ({exc.code})"
-    return str(exc)
+        return f"{clean(exc.message)} ({clean(exc.code)})"
+    return clean(exc)
 
 
 @contextlib.contextmanager
@@ -70,7 +70,7 @@ def console() -> Console:
 
 
 def print_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+    click.echo(clean_json(obj))
 
 
 def table(title: str | None, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> None:
@@ -78,9 +78,7 @@ def table(title: str | None, columns: Iterable[str], rows: Iterable[Iterable[Any
     for name in columns:
         out.add_column(name, no_wrap=name in {"ID", "TASK", "RESPONSE", "CODE", "TOKEN PREFIX"})
     for row in rows:
-        out.add_row(
-            *(v if isinstance(v, Text) else escape("" if v is None else str(v)) for v in row)
-        )
+        out.add_row(*(v if isinstance(v, Text) else escape(clean(v)) for v in row))
     console().print(out)
 
 
@@ -104,7 +102,7 @@ def split_scopes(values: tuple[str, ...]) -> list[str]:
 
 
 def note(text: str) -> None:
-    click.echo(f"[lmsp] {text}", err=True)
+    click.echo(f"[lmsp] {clean(text)}", err=True)
 
 
 def print_stream(events: Iterable[dict[str, Any]], as_json: bool) -> dict[str, Any] | None:
@@ -115,9 +113,9 @@ def print_stream(events: Iterable[dict[str, Any]], as_json: bool) -> dict[str, A
     for event in events:
         kind = event.get("type", "")
         if as_json:
-            click.echo(json.dumps(event, ensure_ascii=False))
+            click.echo(clean_json(event, indent=None))
         elif kind == "response.output_text.delta":
-            click.echo(event.get("delta", ""), nl=False)
+            click.echo(clean(event.get("delta", ""), multiline=True), nl=False)
             wrote = True
         elif kind == "response.queued" and event.get("reset"):
             if wrote:
@@ -146,7 +144,9 @@ def finish(terminal: dict[str, Any] | None) -> None:
     if kind == "response.failed":
         error = (terminal.get("response") or {}).get("error") or {}
         code = error.get("code", "failed")
-        raise click.ClickException(f"the response failed: {error.get('message', '')} ({code})")
+        raise click.ClickException(
+            f"the response failed: {clean(error.get('message', ''))} ({clean(code)})"
+        )
     if kind == "response.cancelled":
         raise click.ClickException("the response was cancelled")
     if kind == "response.incomplete":

@@ -18,6 +18,7 @@ from .remote import (
     table,
     when,
 )
+from .safe import clean
 
 STATUSES = ["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"]
 
@@ -110,7 +111,7 @@ def show(task_id: str, url: str | None, token: str | None, as_json: bool) -> Non
     table(None, ["FIELD", "VALUE"], fields)
     text = _text(response)
     if text:
-        console().print(text, markup=False, highlight=False)
+        console().print(clean(text, multiline=True), markup=False, highlight=False)
 
 
 @tasks.command("follow")

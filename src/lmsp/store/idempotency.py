@@ -28,7 +28,9 @@ class Stored:
 
 def request_digest(method: str, path: str, body: Any) -> str:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(f"{method.upper()} {path}\n{canonical}".encode()).hexdigest()
+    text = f"{method.upper()} {path}\n{canonical}"
+    # surrogatepass: a digest for any parsed JSON, lone surrogates included
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def valid_key(key: str) -> bool:

@@ -146,6 +146,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE responses DROP COLUMN message_id;
         """,
     ),
+    (
+        # where a pairing request came from (the peer address): pending requests are
+        # limited per source, and the operator sees and clears them by source
+        "m005_pairing_source",
+        """
+        ALTER TABLE pairing_requests ADD COLUMN source TEXT NOT NULL DEFAULT '';
+        CREATE INDEX pairing_source ON pairing_requests(source, status);
+        """,
+    ),
 ]
 
 

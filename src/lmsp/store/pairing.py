@@ -60,9 +60,21 @@ def create(
     ttl: int,
     max_pending: int,
     now: int,
+    source: str = "",
+    max_per_source: int | None = None,
 ) -> sqlite3.Row:
-    """A new pending request; ``429`` when ``max_pending`` unexpired ones are waiting."""
+    """A new pending request; ``429`` when ``max_per_source`` unexpired ones from the
+    same ``source`` (the peer address), or ``max_pending`` in all, are waiting."""
     waiting = pending(conn, now)
+    mine = [r for r in waiting if r["source"] == source]
+    if max_per_source is not None and len(mine) >= max_per_source:
+        retry = max(1, min(r["expires_at"] for r in mine) - now)
+        raise LmspError(
+            "too_many_pairing_requests",
+            f"{max_per_source} pairing requests from this address are waiting for approval"
+            " already; retry later.",
+            headers={"Retry-After": str(retry)},
+        )
     if len(waiting) >= max_pending:
         retry = max(1, min(r["expires_at"] for r in waiting) - now)
         raise LmspError(
@@ -76,12 +88,25 @@ def create(
     pair_id = new_id("pair")
     conn.execute(
         "INSERT INTO pairing_requests (id, user_code, client_name, scopes, status, created_at,"
-        " expires_at) VALUES (?, ?, ?, ?, 'pending', ?, ?)",
-        (pair_id, code, client_name, json.dumps(scopes), now, now + ttl),
+        " expires_at, source) VALUES (?, ?, ?, ?, 'pending', ?, ?, ?)",
+        (pair_id, code, client_name, json.dumps(scopes), now, now + ttl, source),
     )
     row = get(conn, pair_id)
     assert row is not None
     return row
+
+
+def deny_pending(conn: sqlite3.Connection, now: int, source: str | None = None) -> list[str]:
+    """Deny every pending request (only those of ``source``, if given): the operator
+    clearing the slots. Returns the ids denied; their polls answer ``access_denied``."""
+    ids = [r["id"] for r in pending(conn, now) if source is None or r["source"] == source]
+    for pair_id in ids:
+        conn.execute(
+            "UPDATE pairing_requests SET status = 'denied', decided_at = ?"
+            " WHERE id = ? AND status = 'pending'",
+            (now, pair_id),
+        )
+    return ids
 
 
 def _narrow(requested: list[str], granted: list[str] | None) -> list[str]:
@@ -166,6 +191,7 @@ def render(row: sqlite3.Row) -> dict[str, Any]:
         "scopes": json.loads(row["scopes"]),
         "granted_scopes": None if granted is None else json.loads(granted),
         "status": row["status"],
+        "source": row["source"] or None,
         "client_id": row["client_id"],
         "created_at": row["created_at"],
         "expires_at": row["expires_at"],

@@ -39,7 +39,7 @@ def create(
 
     Runs in one transaction with the idempotency key row, so a retried request never
     makes two tasks. Raises ``queue_full`` when the queue is full, ``idempotency_key_reused``
-    on a reused key.
+    on a reused key, ``idempotency_key_spent`` when the key's response is gone.
     """
     background = bool(request.get("background"))
     status_code = 202 if background else 200
@@ -52,9 +52,14 @@ def create(
                     "SELECT id FROM tasks WHERE response_id = ?", (resp["id"],)
                 ).fetchone()
                 return Created(resp["id"], task[0], stored.status_code, replayed=True)
-            conn.execute(
-                "DELETE FROM idempotency_keys WHERE client_id = ? AND key = ?",
-                (key.client_id, key.key),
+            # the key made a response that is gone (``store: false``, deleted, swept):
+            # it can be neither replayed nor used to make a second one
+            raise LmspError(
+                "idempotency_key_spent",
+                f"This Idempotency-Key created {stored.resource_id}, which is no longer"
+                " stored (store was false, or it was deleted), so its result cannot be"
+                " replayed; send a new key to create another response.",
+                param="Idempotency-Key",
             )
     if task_store.queued_count(conn) >= max_queue:
         raise LmspError(

@@ -13,6 +13,30 @@ from lmsp.store.clients import Client
 
 from ..service import Service
 
+# the POST routes that honour ``Idempotency-Key`` (PROTOCOL.md section 7); any other POST
+# carrying one is refused rather than silently run twice on a retry
+IDEMPOTENT_ROUTES = frozenset(
+    {
+        "/v1/responses",
+        "/v1/responses/{response_id}/cancel",
+        "/v1/tasks/{task_id}/cancel",
+    }
+)
+
+
+async def idempotency_supported(request: Request) -> None:
+    """An app-wide dependency: refuse ``Idempotency-Key`` on a POST that cannot honour it."""
+    if request.method != "POST" or "idempotency-key" not in request.headers:
+        return
+    route = request.scope.get("route")
+    if getattr(route, "path", None) not in IDEMPOTENT_ROUTES:
+        raise errors.LmspError(
+            "unsupported_parameter",
+            "This operation does not take an Idempotency-Key (only creating and cancelling"
+            " responses and tasks do); send it without one.",
+            param="Idempotency-Key",
+        )
+
 
 def service(request: Request) -> Service:
     svc: Service = request.app.state.lmsp
@@ -31,6 +55,9 @@ async def idempotency_key(request: Request, client: Client) -> idempotency.Key |
             code="invalid_idempotency_key",
         )
     raw = await request.body()
-    body: Any = json.loads(raw) if raw.strip() else None
+    try:
+        body: Any = json.loads(raw) if raw.strip() else None
+    except (ValueError, RecursionError):
+        raise errors.invalid("The body is not valid JSON.", code="invalid_json") from None
     digest = idempotency.request_digest(request.method, request.url.path, body)
     return idempotency.Key(client.id, raw_key, digest, service(request).settings.idempotency_ttl)

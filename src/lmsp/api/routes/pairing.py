@@ -58,6 +58,8 @@ async def request_pairing(body: PairingRequest, request: Request) -> JSONRespons
             ttl=int(svc.settings.pairing_ttl),
             max_pending=svc.settings.max_pending_pairings,
             now=_now(),
+            source=request.client.host if request.client else "",
+            max_per_source=svc.settings.max_pending_pairings_per_source,
         )
 
     row = await svc.db.write(job)
@@ -69,6 +71,20 @@ async def list_pairing(request: Request, client: Admin) -> dict[str, Any]:
     """Pending, unexpired requests, oldest first."""
     rows = pairing.pending(service(request).db.reader(), _now())
     return {"object": "list", "data": [pairing.render(r) for r in rows]}
+
+
+@router.delete("")
+async def clear_pairing(
+    request: Request, client: Admin, source: str | None = None
+) -> dict[str, Any]:
+    """Deny every pending request, or only those from ``?source=`` (an address as
+    ``GET /v1/pairing`` shows it): the operator frees the slots."""
+    svc = service(request)
+    now = _now()
+    ids = await svc.db.write(lambda c: pairing.deny_pending(c, now, source))
+    conn = svc.db.reader()
+    rows = [row for i in ids if (row := pairing.get(conn, i)) is not None]
+    return {"object": "list", "data": [pairing.render(row) for row in rows]}
 
 
 async def _decide(

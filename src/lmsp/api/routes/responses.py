@@ -15,7 +15,9 @@ from lmsp.store import idempotency
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
+from .. import inputs
 from ..auth import require
+from ..revocation import until_revoked
 from ..schemas import INCLUDABLE, CreateResponse, check_response, unsupported
 from ..sse import event_response, framed, task_events
 from .deps import idempotency_key, service
@@ -36,6 +38,7 @@ def _stream(
     cancel_on_disconnect: bool,
     forget: tuple[str, str] | None = None,
     headers: dict[str, str] | None = None,
+    client: Client | None = None,
 ) -> Response:
     """A ``/v1/responses`` stream: standard event types (the LMSP lifecycle extensions
     only when ``include`` asks for them), then ``data: [DONE]``. ``forget``:
@@ -53,9 +56,12 @@ def _stream(
         if forget is not None:
             await svc.delete_when_finished(task_id, *forget)
 
-    source = task_events(svc.db, svc.broker, task_id, after, hide=ev.hidden_in_stream(include))
+    hide = ev.hidden_in_stream(include)
+    source = framed(task_events(svc.db, svc.broker, task_id, after, hide=hide))
+    if client is not None:  # a revoked client's stream ends
+        source = until_revoked(source, svc.db, svc.broker, client.id, on_revoked=on_disconnect)
     return event_response(
-        framed(source),
+        source,
         on_disconnect=on_disconnect,
         on_finish=on_finish,
         done=True,
@@ -90,6 +96,7 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
             cancel_on_disconnect=not body.background,
             forget=forget,
             headers=headers,
+            client=client,
         )
     if body.background:
         headers["Location"] = f"/v1/responses/{created.response_id}"
@@ -118,7 +125,7 @@ async def retrieve_response(
     request: Request,
     client: Reader,
     stream: bool = False,
-    starting_after: Annotated[int, Query(ge=-1)] = -1,
+    starting_after: Annotated[int, Query(ge=-1, le=inputs.MAX_SEQUENCE)] = -1,
     include: Annotated[list[str], Query(max_length=16)] = [],  # noqa: B006 (FastAPI copies)
     include_obfuscation: bool = False,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -129,10 +136,10 @@ async def retrieve_response(
     if include_obfuscation:
         raise unsupported("include_obfuscation", "Streams are not obfuscated here.")
     if stream:
-        after = starting_after
-        if last_event_id is not None and last_event_id.strip().lstrip("-").isdigit():
-            after = max(after, int(last_event_id))
-        return _stream(request, task["id"], after, include=include, cancel_on_disconnect=False)
+        after = inputs.resume_after(starting_after, last_event_id)
+        return _stream(
+            request, task["id"], after, include=include, cancel_on_disconnect=False, client=client
+        )
     return JSONResponse(svc.response_object(task["id"]))
 
 

@@ -15,7 +15,9 @@ from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 
+from .. import inputs
 from ..auth import require
+from ..revocation import until_revoked
 from ..sse import event_response, framed, task_events
 from .deps import idempotency_key, service
 
@@ -75,15 +77,14 @@ async def task_event_log(
     task_id: str,
     request: Request,
     client: Reader,
-    after: Annotated[int, Query(ge=-1)] = -1,
+    after: Annotated[int, Query(ge=-1, le=inputs.MAX_SEQUENCE)] = -1,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
     """Without ``after`` the log starts at 0. ``Accept: application/json`` gives a page."""
     svc = service(request)
     svc.owned_task(task_id, client)
-    if last_event_id is not None and last_event_id.strip().lstrip("-").isdigit():
-        after = max(after, int(last_event_id))
+    after = inputs.resume_after(after, last_event_id)
     if "application/json" in request.headers.get("accept", ""):
         rows = events.after(svc.db.reader(), task_id, after, limit + 1)
         return JSONResponse(
@@ -94,8 +95,9 @@ async def task_event_log(
             }
         )
     assert svc.broker is not None
+    source = framed(task_events(svc.db, svc.broker, task_id, after))
     return event_response(
-        framed(task_events(svc.db, svc.broker, task_id, after)), ping=svc.settings.sse_ping
+        until_revoked(source, svc.db, svc.broker, client.id), ping=svc.settings.sse_ping
     )
 
 
