@@ -148,9 +148,7 @@ def test_a_port_in_use_is_found_before_recovery_changes_anything(
         assert len(said) == 1 and "cannot listen" in said[0], said
         conn = open_db(left)
         try:
-            statuses = {
-                r["id"]: r["status"] for r in conn.execute("SELECT id, status FROM tasks")
-            }
+            statuses = {r["id"]: r["status"] for r in conn.execute("SELECT id, status FROM tasks")}
         finally:
             conn.close()
         assert [statuses[i] for i in ids].count("failed") == 0, statuses
@@ -162,9 +160,7 @@ def test_a_port_in_use_is_found_before_recovery_changes_anything(
 # -- private files ------------------------------------------------------------------------------
 
 
-def test_a_new_data_directory_is_private(
-    tmp_path: Path, blob_cache: Path, umask_022: None
-) -> None:
+def test_a_new_data_directory_is_private(tmp_path: Path, blob_cache: Path, umask_022: None) -> None:
     settings = Settings(data_dir=tmp_path / "fresh" / "data", enable_test_engine=True)
     svc = open_service(settings)
     try:

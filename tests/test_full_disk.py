@@ -186,9 +186,7 @@ def test_a_full_filesystem_answers_507_and_recovers_without_restart(
                     return all(t["status"] in ("completed", "failed") for t in tasks)
 
                 wait_until(all_finished, "every task to finish once space is back", 120)
-                wait_until(
-                    lambda: httpx.get(f"{server.url}/healthz").status_code == 200, "health"
-                )
+                wait_until(lambda: httpx.get(f"{server.url}/healthz").status_code == 200, "health")
                 after = http.post("/v1/responses", json={"model": "lmsp-test", "input": "ok"})
                 assert after.status_code == 200 and after.json()["status"] == "completed"
                 finals = [http.get(f"/v1/responses/{r['id']}").json() for r in running]

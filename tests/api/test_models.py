@@ -18,7 +18,7 @@ from lmsp.config import Settings
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.store import blobs
 from tests.api.test_responses import wait_status
-from tests.gguf_files import flip_byte, truncated, unknown_architecture, variant
+from tests.gguf_files import flip_byte, unknown_architecture, variant
 
 SMALL = {"input": "Say hi.", "max_output_tokens": 4, "temperature": 0}
 

@@ -8,6 +8,7 @@ of the connections. Tests call :func:`attack` with a few hundred.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import selectors
 import socket
@@ -82,10 +83,8 @@ def attack(
         if time.monotonic() >= next_send:
             next_send += interval
             for sock in list(socks):
-                try:
+                with contextlib.suppress(OSError):  # closed by the server: recv sees it
                     sock.send(b"1" if body else b"X-Slow: 1\r\n")
-                except OSError:
-                    pass  # closed by the server: recv sees it
     out.still_open = len(socks)
     for sock in socks:
         sel.unregister(sock)

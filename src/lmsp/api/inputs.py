@@ -28,7 +28,8 @@ def lone_surrogate(value: Any, where: str = "") -> str | None:
         return None
     if isinstance(value, dict):
         for key, item in value.items():
-            inner = f"{where}.{key}" if where else str(key)
+            shown = key.encode("utf-8", "backslashreplace").decode("utf-8")  # \\ud800
+            inner = f"{where}.{shown}" if where else shown
             if (found := lone_surrogate(key, inner)) is not None:
                 return found
             if (found := lone_surrogate(item, inner)) is not None:

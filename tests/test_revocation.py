@@ -1,0 +1,122 @@
+"""A revoked client's open streams end with an error event (issue 8, defect 9)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import Server, open_db
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(
+        tmp_path_factory.mktemp("revoke") / "data",
+        env={"LMSP_TEST_ENGINE_DELAY": "0.3", "LMSP_PARALLEL": "3"},
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def agent(server: Server) -> tuple[str, str]:
+    with server.client() as owner:
+        made = owner.post(
+            "/v1/clients", json={"name": "agent", "scopes": ["responses:read", "responses:write"]}
+        ).json()
+    return made["id"], made["token"]
+
+
+def frames(stream: httpx.Response) -> Iterator[dict[str, str]]:
+    fields: dict[str, str] = {}
+    for line in stream.iter_lines():
+        if not line:
+            if fields:
+                yield fields
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            fields[name] = value.lstrip(" ")
+    if fields:
+        yield fields
+
+
+def follow_until_revoked(
+    server: Server, token: str, client_id: str, method: str, path: str, body: Any = None
+) -> tuple[list[dict[str, str]], float]:
+    headers = {"Authorization": f"Bearer {token}"}
+    seen: list[dict[str, str]] = []
+    revoked_at = 0.0
+    with (
+        httpx.Client(base_url=server.url, headers=headers, timeout=30) as http,
+        http.stream(method, path, json=body) as stream,
+    ):
+        assert stream.status_code == 200
+        for frame in frames(stream):
+            seen.append(frame)
+            deltas = [f for f in seen if f.get("event") == "response.output_text.delta"]
+            if len(deltas) == 2 and not revoked_at:
+                with server.client() as owner:
+                    assert owner.delete(f"/v1/clients/{client_id}").status_code == 200
+                revoked_at = time.monotonic()
+    return seen, revoked_at
+
+
+def ends_revoked(seen: list[dict[str, str]]) -> None:
+    last = seen[-1]
+    assert last.get("event") == "error" and "id" not in last, last
+    data = json.loads(last["data"])
+    assert data["code"] == "token_revoked" and data["error"]["code"] == "token_revoked"
+    kinds = [f.get("event") for f in seen]
+    assert "response.completed" not in kinds
+    # it ended well before the task would have (24 tokens at 0.3 s each)
+    assert kinds.count("response.output_text.delta") < 20
+
+
+def test_a_task_event_stream_ends_when_its_client_is_revoked(server: Server) -> None:
+    client_id, token = agent(server)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as http:
+        task_id = http.post(
+            "/v1/responses", json={"model": "lmsp-test", "input": "x", "background": True}
+        ).json()["task"]["id"]
+    seen, _ = follow_until_revoked(server, token, client_id, "GET", f"/v1/tasks/{task_id}/events")
+    ends_revoked(seen)
+
+
+def test_a_response_stream_ends_and_its_task_is_cancelled(server: Server) -> None:
+    client_id, token = agent(server)
+    body = {"model": "lmsp-test", "input": "y", "stream": True}
+    seen, _ = follow_until_revoked(server, token, client_id, "POST", "/v1/responses", body)
+    ends_revoked(seen)
+    response_id = json.loads(seen[0]["data"])["response"]["id"]
+
+    def status() -> str:
+        conn = open_db(server.data_dir)
+        try:
+            row = conn.execute("SELECT status FROM tasks WHERE response_id = ?", (response_id,))
+            return str(row.fetchone()[0])
+        finally:
+            conn.close()
+
+    deadline = time.monotonic() + 30
+    while status() != "cancelled":
+        assert time.monotonic() < deadline, "the revoked client's task ran on"
+        time.sleep(0.05)
+
+
+def test_a_resumed_response_stream_ends_too(server: Server, tmp_path: Path) -> None:
+    client_id, token = agent(server)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as http:
+        response_id = http.post(
+            "/v1/responses", json={"model": "lmsp-test", "input": "z", "background": True}
+        ).json()["id"]
+    path = f"/v1/responses/{response_id}?stream=true"
+    seen, _ = follow_until_revoked(server, token, client_id, "GET", path)
+    ends_revoked(seen)
