@@ -88,3 +88,13 @@ def token_watch() -> Iterator[None]:
         logging.getLogger().removeHandler(handler)
         lmsp_logger.setLevel(previous)
         clients.new_token = original  # type: ignore[assignment]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The campaigns' figures (kills, faults, cases, violations), after every run."""
+    from tests.campaigns.invariants import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("campaign figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)

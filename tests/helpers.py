@@ -62,6 +62,11 @@ class Server:
         )
 
     def start(self, wait: float = 120) -> Server:
+        self.launch()
+        return self.wait_healthy(wait)
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start the process without waiting for it to serve."""
         env = dict(os.environ)
         env.update(
             {
@@ -79,6 +84,10 @@ class Server:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        return self.proc
+
+    def wait_healthy(self, wait: float = 120) -> Server:
+        assert self.proc is not None
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -120,7 +120,7 @@ class Runner:
         return str(claimed["id"])
 
     def _work(self, slot: int) -> None:
-        backoff = durable.Backoff(0.2)
+        backoff = durable.Backoff(0.1, 1.0)
         while not self._stop.is_set():
             if not self.db.health.ok and not self._storage_back():
                 self._stop.wait(backoff.next())  # the disk is full: take no task
@@ -128,10 +128,11 @@ class Runner:
             backoff.reset()
             try:
                 ran = self.run_next(slot)
-            except Exception:  # pragma: no cover - a bug; keep the worker alive
-                log.exception("runner slot %d failed", slot)
-                ran = None
-                time.sleep(0.5)
+            except Exception as exc:
+                if not is_storage_error(exc):  # pragma: no cover - a bug; keep the worker alive
+                    log.exception("runner slot %d failed", slot)
+                ran = None  # a claim refused for lack of space: the health check waits
+                time.sleep(0.1)
             if ran is None:
                 self.host.reap()  # idle: unload models past their keep-alive
                 with self._wake:
