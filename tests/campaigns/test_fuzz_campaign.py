@@ -1,0 +1,306 @@
+"""The fuzz campaign: schemathesis over ``/openapi.json`` against a real server with a
+valid token (plus generated ``Idempotency-Key`` and ``Last-Event-ID`` headers), and
+hypothesis properties of every parser — durations, cursors and ``Last-Event-ID``,
+idempotency keys and digests, Unicode (lone surrogates included), GGUF headers, the
+CLI's escaping, user codes. No input may give a 5xx or a hang (each call has a
+deadline); every error has the section-8 shape.
+
+``make test`` runs a short pass; ``make torture`` (``LMSP_CAMPAIGN=long``) runs at least
+2,000 schemathesis cases and 2,000 cases per parser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lmsp import config, errors
+from lmsp.api import inputs
+from lmsp.bootstrap import bundled_model_path
+from lmsp.cli.safe import clean, clean_json
+from lmsp.gguf import NotGGUF, check_structure, read_header_from
+from lmsp.store import idempotency, pairing
+from tests.campaigns.invariants import Ledger, check, long_run, report
+from tests.helpers import Server
+
+PER_PARSER = 2000 if long_run() else 150
+PER_OPERATION = 150 if long_run() else 12
+COUNTS: dict[str, int] = {}
+
+# every code point, lone surrogates included (hypothesis leaves them out by default)
+ANY_CHAR = st.characters(exclude_categories=())
+ANY_TEXT = st.text(ANY_CHAR, max_size=40)
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(ANY_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def parser_figures() -> Iterator[None]:
+    """The parser properties' figures, once this module's tests ran (a failing property
+    fails its own test; these are the cases that passed)."""
+    yield
+    if COUNTS:
+        report(
+            f"fuzz campaign (parsers): {sum(COUNTS.values())} cases —"
+            f" {', '.join(f'{k} {v}' for k, v in COUNTS.items())}"
+        )
+
+
+def counted(name: str) -> None:
+    COUNTS[name] = COUNTS.get(name, 0) + 1
+
+
+def parser_settings() -> Any:
+    return settings(max_examples=PER_PARSER, deadline=None, database=None)
+
+
+# -- parsers -----------------------------------------------------------------------------------
+
+
+@parser_settings()
+@given(ANY_TEXT)
+def test_durations(text: str) -> None:
+    counted("durations")
+    try:
+        value = config.parse_duration(text)
+    except ValueError:
+        return
+    assert value >= 0
+
+
+@parser_settings()
+@given(st.integers(min_value=0, max_value=10**6), st.sampled_from(["", "ms", "s", "m", "h", "d"]))
+def test_durations_that_are_valid(number: int, unit: str) -> None:
+    counted("durations")
+    scale = {"": 1, "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+    assert config.parse_duration(f"{number}{unit}") == pytest.approx(number * scale)
+
+
+@parser_settings()
+@given(st.one_of(ANY_TEXT, st.integers(min_value=-(2**70), max_value=2**70).map(str)))
+def test_last_event_id(text: str) -> None:
+    counted("Last-Event-ID")
+    try:
+        value = inputs.event_id(text)
+    except errors.LmspError as exc:
+        assert exc.code == "invalid_value" and exc.param == "Last-Event-ID"
+        return
+    if value is not None:
+        assert -1 <= value <= inputs.MAX_SEQUENCE
+        assert re.fullmatch(r"\s*-?[0-9]+\s*", text)
+
+
+@parser_settings()
+@given(st.integers(min_value=-5, max_value=2**64), ANY_TEXT)
+def test_resume_points(after: int, header: str) -> None:
+    counted("cursors")
+    try:
+        point = inputs.resume_after(after, header)
+    except errors.LmspError:
+        return
+    assert point >= after
+
+
+@parser_settings()
+@given(JSON, st.sampled_from(["POST", "post"]), ANY_TEXT)
+def test_idempotency_digests(body: Any, method: str, path: str) -> None:
+    counted("idempotency digests")
+    digest = idempotency.request_digest(method, path, body)
+    assert re.fullmatch(r"[0-9a-f]{64}", digest)
+    if isinstance(body, dict):
+        reordered = dict(reversed(list(body.items())))
+        assert idempotency.request_digest("POST", path, reordered) == digest
+
+
+@parser_settings()
+@given(ANY_TEXT)
+def test_idempotency_keys(key: str) -> None:
+    counted("idempotency keys")
+    assert idempotency.valid_key(key) == bool(re.fullmatch(r"[!-~]{1,255}", key))
+
+
+@parser_settings()
+@given(JSON)
+def test_lone_surrogates(value: Any) -> None:
+    counted("unicode")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        storable = True
+    except UnicodeEncodeError:
+        storable = False
+    where = inputs.lone_surrogate(value)
+    assert (where is None) == storable
+    if where is not None:
+        where.encode("utf-8")  # the path itself can be sent back
+
+
+@parser_settings()
+@given(st.binary(max_size=256))
+def test_gguf_reader_on_any_bytes(data: bytes) -> None:
+    import io
+
+    counted("gguf")
+    for parse in (lambda f: read_header_from(f), lambda f: check_structure(f, len(data))):
+        with contextlib.suppress(NotGGUF):
+            parse(io.BytesIO(data))
+
+
+HEAD = bundled_model_path().open("rb").read(4096)
+
+
+@parser_settings()
+@given(st.integers(min_value=0, max_value=4095), st.integers(min_value=0, max_value=255))
+def test_gguf_reader_on_damaged_headers(at: int, byte: int) -> None:
+    import io
+
+    counted("gguf")
+    data = bytearray(HEAD)
+    data[at] = byte
+    with contextlib.suppress(NotGGUF):
+        check_structure(io.BytesIO(bytes(data)), len(data))
+
+
+@parser_settings()
+@given(ANY_TEXT, st.booleans())
+def test_cli_escaping(text: str, multiline: bool) -> None:
+    counted("cli escaping")
+    shown = clean(text, multiline=multiline)
+    for ch in shown:
+        code = ord(ch)
+        assert code >= 0x20 or (multiline and ch in "\n\t")
+        assert not (0x7F <= code < 0xA0) and not 0xD800 <= code < 0xE000
+    if all(32 <= ord(c) < 127 for c in text):
+        assert shown == text
+    assert json.loads(clean_json({"v": text})) == {"v": text}
+
+
+@parser_settings()
+@given(ANY_TEXT)
+def test_user_codes(text: str) -> None:
+    counted("user codes")
+    pairing.normalize_code(text)
+
+
+@settings(
+    max_examples=max(50, PER_PARSER // 10),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    after=st.integers(min_value=-(2**65), max_value=2**65),
+    header=st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=25),
+)
+def test_cursors_through_the_api(client: TestClient, after: int, header: str) -> None:
+    counted("cursors")
+    obj = _finished(client)
+    for url in (
+        f"/v1/tasks/{obj['task']['id']}/events?after={after}",
+        f"/v1/responses/{obj['id']}?stream=true&starting_after={after}",
+    ):
+        answer = client.get(url, headers={"Last-Event-ID": header, "Accept": "application/json"})
+        assert answer.status_code < 500, answer.text
+        if answer.status_code >= 400:
+            assert set(answer.json()["error"]) == {"type", "code", "message", "param"}
+
+
+_FINISHED: dict[int, dict[str, Any]] = {}
+
+
+def _finished(client: TestClient) -> dict[str, Any]:
+    key = id(client)
+    if key not in _FINISHED:
+        _FINISHED.clear()
+        answer = client.post("/v1/responses", json={"model": "lmsp-test", "input": "fuzz"})
+        _FINISHED[key] = answer.json()
+    return _FINISHED[key]
+
+
+# -- the API against a real server ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(
+        tmp_path_factory.mktemp("fuzz-campaign") / "data",
+        env={"LMSP_TEST_ENGINE_DELAY": "0", "LMSP_MAX_PENDING_PAIRINGS_PER_SOURCE": "100000"},
+    )
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+HEADER_TEXT = st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=300)
+
+
+@pytest.mark.slow
+def test_schema_fuzz_campaign(fuzz_server: Server) -> None:
+    schema = schemathesis.openapi.from_url(f"{fuzz_server.url}/openapi.json")
+    auth = {"Authorization": f"Bearer {fuzz_server.token}"}
+    statuses: dict[int, int] = {}
+    violations: list[str] = []
+    operations = 0
+    started = time.monotonic()
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        operations += 1
+
+        @given(case=operation.as_strategy(), key=st.none() | HEADER_TEXT, last=HEADER_TEXT)
+        @settings(
+            max_examples=PER_OPERATION,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def call(case: Any, key: str | None, last: str) -> None:
+            headers = dict(auth)
+            if key is not None and case.method == "POST":
+                headers["Idempotency-Key"] = key
+            if case.method == "GET" and (case.headers or {}).get("last-event-id") is None:
+                headers["Last-Event-ID"] = last
+            response = case.call(base_url=fuzz_server.url, headers=headers, timeout=30)
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            where = f"{case.method} {case.formatted_path}"
+            if response.status_code >= 500:
+                violations.append(f"{where}: {response.status_code} {response.text[:200]}")
+            elif response.status_code >= 400:
+                error = response.json().get("error", {})
+                if set(error) != {"type", "code", "message", "param"}:
+                    violations.append(f"{where}: error shape {response.text[:200]}")
+                if "Traceback" in response.text:
+                    violations.append(f"{where}: a traceback in the answer")
+
+        call()
+    cases = sum(statuses.values())
+    violations += check(fuzz_server.data_dir, Ledger())
+    report(
+        f"fuzz campaign: {cases} schemathesis cases over {operations} operations in"
+        f" {time.monotonic() - started:.0f}s (statuses {dict(sorted(statuses.items()))});"
+        f" {len(violations)} violations"
+    )
+    assert not violations, violations[:10]
+    assert operations >= 15
+    assert cases >= (2000 if long_run() else 100)
+
+
+def test_gguf_header_sample_is_whole() -> None:
+    """The damaged-header cases start from a real header (not from noise)."""
+    assert HEAD[:4] == b"GGUF" and struct.unpack("<I", HEAD[4:8])[0] in (2, 3)
