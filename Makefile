@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench torture clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ lint: $(VENV)/.dev
 
 test: lint
 	$(VENV)/bin/pytest -q
+
+# the long campaigns: 200 kills, 120 fault runs + 10 full-disk episodes, 2,000+ fuzz
+# cases and 2,000 cases per parser (about 30 minutes on two cores); figures at the end
+torture: $(VENV)/.dev
+	LMSP_CAMPAIGN=long $(VENV)/bin/pytest -q --timeout 5400 tests/campaigns
 
 bench: $(VENV)/.dev
 	$(PY) bench/run.py

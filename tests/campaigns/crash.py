@@ -248,9 +248,10 @@ class Load:
             thread.join(60)
 
 
-def race(data_dir: Path, log_dir: Path, figs: Figures) -> Server:
-    """Two servers on one directory at once: exactly one serves; the other refuses."""
-    pair = [Server(data_dir, env=ENV), Server(data_dir, env=ENV)]
+def race(data_dir: Path, log_dir: Path, figs: Figures, alone: bool = False) -> Server:
+    """Two servers on one directory at once: exactly one serves; the other refuses.
+    (``alone``: one server, no race.)"""
+    pair = [Server(data_dir, env=ENV)] + ([] if alone else [Server(data_dir, env=ENV)])
     for n, srv in enumerate(pair):
         srv.log_path = log_dir / f"server-{n}.log"
         srv.port = free_port()
@@ -270,6 +271,8 @@ def race(data_dir: Path, log_dir: Path, figs: Figures) -> Server:
         for srv in pair:
             srv.kill()
         raise RuntimeError("no server of the race came up")
+    if alone:
+        return winner
     loser = pair[1] if winner is pair[0] else pair[0]
     assert loser.proc is not None
     try:
@@ -299,7 +302,8 @@ def retry_pending_keys(server: Server, load: Load, figs: Figures) -> None:
                 figs.keys_retried_after_crash += 1
 
 
-def run(base: Path, blob_cache: Path, kills: int, seed: int) -> Figures:
+def run(base: Path, blob_cache: Path, kills: int, seed: int, race_every: int = 1) -> Figures:
+    """``kills`` rounds; every ``race_every``-th restart is a race of two servers."""
     rng = random.Random(seed)
     figs = Figures()
     data_dir = seeded_data_dir(base / "data", blob_cache)
@@ -309,8 +313,8 @@ def run(base: Path, blob_cache: Path, kills: int, seed: int) -> Figures:
     leftovers: list[Any] = []
     server: Server | None = None
     try:
-        for _ in range(kills):
-            server = race(data_dir, base, figs)
+        for round_ in range(kills):
+            server = race(data_dir, base, figs, alone=round_ % race_every != 0)
             found, cells = recovery_violations(data_dir, leftovers)
             figs.violations += found
             for cell, n in cells.items():

@@ -20,7 +20,7 @@ def test_crash_campaign(tmp_path: Path, blob_cache: Path) -> None:
     kills = 200 if long_run() else 20
     seed = int(os.environ.get("LMSP_CRASH_SEED", random.randrange(2**32)))
     started = time.monotonic()
-    figs = crash.run(tmp_path, blob_cache, kills, seed)
+    figs = crash.run(tmp_path, blob_cache, kills, seed, race_every=1 if long_run() else 2)
     report(crash.summary(figs, time.monotonic() - started) + f" [LMSP_CRASH_SEED={seed}]")
     assert figs.kills == kills
     assert not figs.violations, figs.violations[:20]
