@@ -42,7 +42,7 @@ MAX_BACKLOG = 12  # unfinished requests the load keeps at most
 ENV = {
     "LMSP_TEST_ENGINE_DELAY": "0.01",
     "LMSP_PARALLEL": "2",
-    "LMSP_RETENTION": "3s",
+    "LMSP_RETENTION": "5s",
     "LMSP_GC_INTERVAL": "0.5s",
 }
 
