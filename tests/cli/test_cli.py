@@ -243,6 +243,9 @@ def test_doctor_and_gc_on_a_data_directory(svc: Service, settings: Settings) -> 
     blob.write_bytes(original)
     os.chmod(token_file, 0o600)
 
+    held = runner.invoke(main, ["gc", "--data-dir", str(settings.data_dir)])
+    assert held.exit_code == 1 and "in use by another lmsp process" in held.output
+    svc.db.close()  # gc needs the directory to itself
     swept = runner.invoke(main, ["gc", "--data-dir", str(settings.data_dir)])
     assert swept.exit_code == 0 and "deleted" in swept.stdout
     missing = runner.invoke(
