@@ -32,7 +32,7 @@ from lmsp.config import Settings
 from lmsp.store.db import Faults
 from tests.helpers import Server, free_port
 
-from .invariants import Ledger, check, wait_all_finished
+from .invariants import Ledger, Witness, check, wait_all_finished
 from .smallfs import can_mount, fill, seed_by_symlink, small_fs
 
 
@@ -286,11 +286,17 @@ def filesystem_runs(base: Path, blob_cache: Path, episodes: int, seed: int, figs
         return
     rng = random.Random(seed)
     ledger = Ledger()
-    with small_fs(base / "small", 24) as mount:
+    with small_fs(base / "small", 48) as mount:
         data_dir = seed_by_symlink(mount / "data", blob_cache)
-        server = Server(data_dir, env={"LMSP_TEST_ENGINE_DELAY": "0.01", "LMSP_PARALLEL": "2"})
+        # retention keeps the database small, so that freeing the filler frees the disk
+        # (the witness checks each task before it is swept)
+        env = {"LMSP_TEST_ENGINE_DELAY": "0.01", "LMSP_PARALLEL": "2"}
+        env.update(LMSP_RETENTION="2s", LMSP_GC_INTERVAL="0.5s")
+        server = Server(data_dir, env=env)
         server.log_path = base / "fs-server.log"
         server.start()
+        witness = Witness(data_dir, ledger)
+        witness.start()
         try:
             for n in range(episodes):
                 burst = Burst(server.url, server.token, ledger, rng, pad=8_000)
@@ -336,6 +342,9 @@ def filesystem_runs(base: Path, blob_cache: Path, episodes: int, seed: int, figs
                 figs.violations += [f"fs {n}: {v}" for v in serving_again(server.url, server.token)]
             server.stop()
         finally:
+            witness.stop.set()
+            witness.join(10)
+            figs.violations += witness.violations
             server.kill()
 
 
