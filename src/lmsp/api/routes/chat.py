@@ -24,6 +24,7 @@ from lmsp.store.clients import Client
 
 from ..auth import require
 from ..errors import body as error_body
+from ..revocation import until_revoked
 from ..schemas import ChatCompletionCreate, InputItem, check_chat
 from ..sse import event_response, sse, task_events
 from .deps import idempotency_key, service
@@ -101,7 +102,7 @@ async def create_chat_completion(
     headers = dict(REPLAYED) if created.replayed else {}
     forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:
-        return _stream(request, created.task_id, body, forget, headers)
+        return _stream(request, created.task_id, body, forget, headers, client)
     await svc.wait_finished(created.task_id)
     obj = svc.response_object(created.task_id)
     if forget is not None:
@@ -118,6 +119,7 @@ def _stream(
     body: ChatCompletionCreate,
     forget: tuple[str, str] | None,
     headers: dict[str, str],
+    client: Client | None = None,
 ) -> Response:
     svc = service(request)
     assert svc.broker is not None
@@ -141,8 +143,11 @@ def _stream(
         if forget is not None:
             await svc.delete_when_finished(task_id, *forget)
 
+    events: AsyncIterator[ServerSentEvent] = source()
+    if client is not None:  # a revoked client's stream ends
+        events = until_revoked(events, svc.db, broker, client.id, on_revoked=on_disconnect)
     return event_response(
-        source(),
+        events,
         on_disconnect=on_disconnect,
         on_finish=on_finish,
         done=True,

@@ -18,6 +18,7 @@ from ..service import Service
 IDEMPOTENT_ROUTES = frozenset(
     {
         "/v1/responses",
+        "/v1/chat/completions",
         "/v1/responses/{response_id}/cancel",
         "/v1/tasks/{task_id}/cancel",
     }
@@ -32,8 +33,8 @@ async def idempotency_supported(request: Request) -> None:
     if getattr(route, "path", None) not in IDEMPOTENT_ROUTES:
         raise errors.LmspError(
             "unsupported_parameter",
-            "This operation does not take an Idempotency-Key (only creating and cancelling"
-            " responses and tasks do); send it without one.",
+            "This operation does not take an Idempotency-Key (only creating responses and"
+            " chat completions and cancelling responses and tasks do); send it without one.",
             param="Idempotency-Key",
         )
 
