@@ -70,6 +70,8 @@ def follow_until_revoked(
 
 
 def ends_revoked(seen: list[dict[str, str]]) -> None:
+    if seen[-1].get("data") == "[DONE]":  # a /v1/responses stream's last line
+        seen = seen[:-1]
     last = seen[-1]
     assert last.get("event") == "error" and "id" not in last, last
     data = json.loads(last["data"])
