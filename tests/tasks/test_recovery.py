@@ -32,7 +32,7 @@ from lmsp.store import responses as response_store
 from lmsp.store import service as service_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
-from lmsp.tasks.runner import messages_of
+from lmsp.tasks.plan import messages_of
 from tests.helpers import TERMINAL_EVENTS, check_log_invariants, open_db, task_log, text_events
 
 STATES = ["queued", "loading", "running", "cancelling"]

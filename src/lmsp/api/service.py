@@ -25,7 +25,8 @@ from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
 from lmsp.tasks import recovery, retention
-from lmsp.tasks.runner import Runner, messages_of
+from lmsp.tasks.plan import messages_of
+from lmsp.tasks.runner import Runner
 
 from .broker import Broker
 

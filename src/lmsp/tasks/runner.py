@@ -19,9 +19,9 @@ import time
 from collections import deque
 from typing import Any
 
-from lmsp.engines.base import EngineError, Sampling
+from lmsp.engines.base import EngineError
 from lmsp.engines.host import ModelHost
-from lmsp.protocol.assembler import OutputAssembler, TextDelta
+from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.states import Status
 from lmsp.store import events, models
 from lmsp.store import tasks as task_store
@@ -29,26 +29,9 @@ from lmsp.store.db import Database
 from lmsp.store.health import is_storage_error
 
 from . import durable
+from .plan import plan_for
 
 log = logging.getLogger(__name__)
-
-
-def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
-    """The chat messages of a stored request: ``instructions`` first, as the system message."""
-    out: list[dict[str, str]] = []
-    if request.get("instructions"):
-        out.append({"role": "system", "content": str(request["instructions"])})
-    given = request["input"]
-    if isinstance(given, str):
-        out.append({"role": "user", "content": given})
-        return out
-    for message in given:
-        content = message["content"]
-        if not isinstance(content, str):
-            content = "".join(part.get("text", "") for part in content)
-        role = "system" if message["role"] == "developer" else message["role"]
-        out.append({"role": role, "content": content})
-    return out
 
 
 class Runner:
@@ -225,30 +208,23 @@ class Runner:
 
         snapshot = json.loads(task["snapshot"]) if resumed and task["snapshot"] else {}
         tokens: list[int] = list(snapshot.get("tokens", []))
+        plan = plan_for(request)
         # the output so far is what the log holds: the snapshot covers exactly that
-        stop = request.get("stop") or ()
         assembler = (
-            OutputAssembler.replay(
-                events.output_events(conn, task_id), stop=stop, held=snapshot.get("held", "")
-            )
+            plan.replay(events.output_events(conn, task_id), snapshot.get("held", ""))
             if tokens
-            else OutputAssembler(stop=stop)
+            else plan.assembler()
         )
-        temperature, top_p = request.get("temperature"), request.get("top_p")
-        sampling = Sampling(
-            temperature=1.0 if temperature is None else float(temperature),
-            top_p=1.0 if top_p is None else float(top_p),
-            seed=int(request["seed"]),
-        )
-        prompt = model.prompt_tokens(messages_of(request))
+        sampling = plan.sampling
+        prompt = model.prompt_tokens(plan.messages)
         if len(prompt) >= model.n_ctx:
             raise EngineError(
                 "context_length_exceeded",
                 f"The prompt has {len(prompt)} tokens; the context holds {model.n_ctx}.",
             )
-        limit = request.get("max_output_tokens")
+        limit = plan.max_output_tokens
         budget = model.n_ctx - len(prompt)
-        cap = budget if limit is None else min(int(limit), budget)
+        cap = budget if limit is None else min(limit, budget)
 
         pending: list[dict[str, Any]] = []
         inflight: concurrent.futures.Future[Any] | None = None
