@@ -246,7 +246,6 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
-    ({"previous_response_id": "resp_123"}, "previous_response_id"),
     ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),

@@ -60,20 +60,11 @@ INCLUDABLE = frozenset(
 )
 
 
-# -- input (the input-items helper owns these models) --------------------------------------
-class InputText(Body):
-    type: Literal["input_text", "output_text", "text"]
-    text: str
-
-
-class InputMessage(Body):
-    type: Literal["message"] | None = None
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText]
-
-
-#: one item of ``input`` (chat ``messages`` are translated into these and checked here)
-InputItem = InputMessage
+# -- input -----------------------------------------------------------------------------------
+#: one item of ``input``: a JSON object, checked and normalized by
+#: :func:`lmsp.protocol.items.normalize` (which names the item and part at fault)
+InputItem = dict[str, Any]
+MAX_INPUT_ITEMS = 4096
 
 
 # -- Responses ------------------------------------------------------------------------------
@@ -135,7 +126,7 @@ class CreateResponse(Body):
     model: ModelId
     input: (
         Annotated[str, StringConstraints(min_length=1)]
-        | Annotated[list[InputItem], Field(min_length=1)]
+        | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_INPUT_ITEMS)]
     )
     instructions: str | None = None
     previous_response_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = (
@@ -263,10 +254,6 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
     if body.background and body.store is False:
         yield LmspError(
             "invalid_value", "A background response must be stored (store: true).", param="store"
-        )
-    if body.previous_response_id is not None:
-        yield unsupported(
-            "previous_response_id", "previous_response_id is not supported by this server yet."
         )
     for value in body.include or []:
         if value not in INCLUDABLE:

@@ -16,29 +16,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmsp.engines.base import Constraint, LoadedModel, Sampling
+from lmsp.protocol import items
 from lmsp.protocol.assembler import Event, OutputAssembler
 
 #: builds a fresh constraint for one sequence of a loaded model (and again on resume,
 #: where it is then fed the snapshot's tokens)
 ConstraintFactory = Callable[[LoadedModel], Constraint]
+Item = dict[str, Any]
+
+
+def context_of(request: dict[str, Any]) -> list[Item]:
+    """The items a stored request gives the model: the conversation it continues
+    (``previous_response_id``, resolved when it was created) and then its own input."""
+    return [*(request.get(items.HISTORY) or []), *items.input_of(request)]
 
 
 def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
-    """The chat messages of a stored request: ``instructions`` first, as the system message."""
-    out: list[dict[str, str]] = []
-    if request.get("instructions"):
-        out.append({"role": "system", "content": str(request["instructions"])})
-    given = request["input"]
-    if isinstance(given, str):
-        out.append({"role": "user", "content": given})
-        return out
-    for message in given:
-        content = message["content"]
-        if not isinstance(content, str):
-            content = "".join(part.get("text", "") for part in content)
-        role = "system" if message["role"] == "developer" else message["role"]
-        out.append({"role": role, "content": content})
-    return out
+    """The chat messages of a stored request: ``instructions`` first, as the system
+    message (a conversation's earlier instructions are not carried over), then every
+    item of its context."""
+    return items.render(context_of(request), request.get("instructions"))
 
 
 def sampling_of(request: dict[str, Any]) -> Sampling:
