@@ -21,6 +21,7 @@ from typing import Any
 
 from lmsp.engines.base import EngineError
 from lmsp.engines.host import ModelHost
+from lmsp.metrics import Metrics
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.states import Status
 from lmsp.store import events, models
@@ -42,8 +43,10 @@ class Runner:
         *,
         parallel: int = 1,
         flush_interval: float = 0.05,
+        metrics: Metrics | None = None,
     ) -> None:
         self.db = db
+        self.metrics = metrics or Metrics()
         self.host = host
         self.parallel = parallel
         self.flush_interval = flush_interval
@@ -159,6 +162,7 @@ class Runner:
             log.exception("task %s failed", task_id)
             self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
         finally:
+            self.metrics.end(task_id)
             self.host.release(slot)
             self._cancels.discard(task_id)
             self.busy -= 1
@@ -206,6 +210,7 @@ class Runner:
             self._cancelled(task_id)  # a cancel won while loading
             return
 
+        self.metrics.begin(task_id, record.id)
         snapshot = json.loads(task["snapshot"]) if resumed and task["snapshot"] else {}
         tokens: list[int] = list(snapshot.get("tokens", []))
         plan = plan_for(request)
@@ -222,6 +227,7 @@ class Runner:
                 "context_length_exceeded",
                 f"The prompt has {len(prompt)} tokens; the context holds {model.n_ctx}.",
             )
+        self.metrics.prompt(task_id, len(prompt))
         limit = plan.max_output_tokens
         budget = model.n_ctx - len(prompt)
         cap = budget if limit is None else min(limit, budget)
@@ -243,6 +249,7 @@ class Runner:
         else:
             for piece in model.generate(prompt, tokens, sampling):
                 tokens.append(piece.token)
+                self.metrics.token(task_id)
                 if piece.text:
                     pending.extend(assembler.feed(TextDelta(piece.text)))
                 if task_id in self._cancels or self._shutdown.is_set():
