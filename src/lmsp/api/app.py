@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lmsp import __version__, errors
+from lmsp import __version__, errors, logs
 from lmsp.config import Settings
 from lmsp.datadir import DataDirLock
 
@@ -88,8 +89,10 @@ class BodyGate:
 
 
 class HttpMetrics:
-    """Count every HTTP answer by route template (never the raw path: ids would make a
-    label per object), method and status, with its latency (a stream's, until it
+    """Give every request an id (``X-Request-Id``: the caller's if it is a plain token
+    of up to 64 characters, else a new one), which every log line written for it
+    carries, and count every answer by route template (never the raw path: ids would
+    make a label per object), method and status, with its latency (a stream's, until it
     ends). The outermost layer, so a ``413`` of :class:`BodyGate` is counted too; the
     route is noted by :func:`note_route` once routing found it."""
 
@@ -104,16 +107,22 @@ class HttpMetrics:
         status = 500
         noted: dict[str, str] = {}
         scope[_ROUTE_KEY] = noted  # shared by the copies of ``scope`` made further in
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
+        token = logs.request_id.set(rid)
 
         async def sending(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                headers = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                message = dict(message, headers=headers)
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
+            logs.request_id.reset(token)
             svc = getattr(scope["app"].state, "lmsp", None)
             if svc is not None:
                 route = noted.get("route") or ("unmatched" if status == 404 else "other")
@@ -121,6 +130,7 @@ class HttpMetrics:
 
 
 _ROUTE_KEY = "lmsp.route"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 async def note_route(request: Request) -> None:

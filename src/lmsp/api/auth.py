@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from lmsp import errors
+from lmsp import errors, logs
 from lmsp.store import clients
 from lmsp.store.clients import Client
 
@@ -73,6 +73,7 @@ async def authorize(request: Request, scope: str) -> Client:
     client = clients.authenticate(request.app.state.lmsp.db.reader(), token)
     if client is None:
         raise errors.unauthorized()
+    logs.client_id.set(client.id)  # the request's log lines name their client
     if not client.allows(scope):
         raise errors.forbidden(scope)
     await _record_use(request, client)

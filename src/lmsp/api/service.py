@@ -119,6 +119,17 @@ class Service:
         created = await self.db.write(job)
         if not created.replayed:
             self.runner.notify()
+            log.info(
+                "response %s queued as task %s",
+                created.response_id,
+                created.task_id,
+                extra={
+                    "event": "response.created",
+                    "response_id": created.response_id,
+                    "task_id": created.task_id,
+                    "model": model,
+                },
+            )
         elif created.status_code != 202:
             task = task_store.get(self.db.reader(), created.task_id)
             if task is not None and not Status(task["status"]).terminal:
@@ -144,6 +155,12 @@ class Service:
         """Cancel; when the runner has to stop generating, wait up to ``wait`` seconds
         for it to have stopped (so the answer normally shows ``cancelled``)."""
         moved = await self.db.write(lambda c: task_store.cancel(c, task_id))
+        if moved is not None:
+            log.info(
+                "task %s: cancel requested",
+                task_id,
+                extra={"event": "task.cancel_requested", "task_id": task_id},
+            )
         self._after_cancel(task_id, moved)
         if moved is not None and moved["status"] == Status.CANCELLING and wait > 0:
             await self.wait_finished(task_id, timeout=wait)

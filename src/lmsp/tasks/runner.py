@@ -142,7 +142,9 @@ class Runner:
         """A write of the task failed for lack of space: its ``on_restart`` policy
         decides, as after a restart (failed, requeued, or resumed from its snapshot)."""
         outcome = self._durably(task_id, lambda c: durable.settle_interrupted(c, task_id))
-        log.warning("task %s broke off, the disk is full: %s", task_id, outcome)
+        log.warning(
+            "task %s broke off, the disk is full: %s", task_id, outcome, extra={"task_id": task_id}
+        )
         if outcome == "resume":
             self._resume.append(task_id)
         if outcome in ("resume", "requeued"):
@@ -159,12 +161,13 @@ class Runner:
             if is_storage_error(exc):
                 self._interrupted(task_id)
                 return
-            log.exception("task %s failed", task_id)
+            log.exception("task %s failed", task_id, extra={"task_id": task_id})
             self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
         finally:
             self.metrics.end(task_id)
             self.host.release(slot)
             self._cancels.discard(task_id)
+            log_outcome(self.db, task_id)
             self.busy -= 1
 
     def _fail(self, task_id: str, code: str, message: str) -> None:
@@ -291,6 +294,29 @@ class Runner:
             task_store.settle(c, task_id, closing, output, usage, incomplete)
 
         self._durably(task_id, finish)
+
+
+def log_outcome(db: Database, task_id: str) -> None:
+    """One line when the runner leaves a task: its state and size (no text)."""
+    conn = db.reader()
+    task = task_store.get(conn, task_id)
+    if task is None:
+        return
+    log.info(
+        "task %s left the runner %s (attempt %d, %d events)",
+        task_id,
+        task["status"],
+        task["attempt"],
+        task["last_sequence_number"] + 1,
+        extra={
+            "event": "task.run_ended",
+            "task_id": task_id,
+            "response_id": task["response_id"],
+            "client_id": task["client_id"],
+            "status": task["status"],
+            "error_code": task["error_code"],
+        },
+    )
 
 
 def status_of(db: Database, task_id: str) -> Status | None:
