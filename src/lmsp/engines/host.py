@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmsp.engines.base import Engine, EngineError, LoadedModel, Tokenizer
+from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size
 from lmsp.store.models import ModelRecord
 
@@ -56,6 +57,7 @@ class ModelHost:
         self._verify_lock = threading.Lock()
         self._tokenizers: dict[str, Tokenizer] = {}
         self._tokenizer_lock = threading.Lock()
+        self.metrics: Metrics | None = None  # the service's: loads and unloads
 
     # -- what is loaded ----------------------------------------------------------------
     def is_loaded(self, model_id: str) -> bool:
@@ -120,6 +122,8 @@ class ModelHost:
                 cached = _Loaded(record.digest, model)
                 self._loaded[(record.id, slot)] = cached
                 log.info("loaded %s (slot %d)", record.id, slot)
+                if self.metrics is not None:
+                    self.metrics.model_loaded(record.id)
             self._busy[slot] = record.id
             cached.last_used = time.monotonic()
             return cached.model
@@ -157,6 +161,8 @@ class ModelHost:
         entry = self._loaded.pop(key, None)
         if entry is not None:
             entry.model.close()
+            if self.metrics is not None:
+                self.metrics.model_unloaded(key[0])
 
     def reap(self, now: float | None = None) -> list[str]:
         """Unload models idle for longer than ``keep_alive``; the ids unloaded."""

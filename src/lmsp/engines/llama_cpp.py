@@ -8,6 +8,7 @@ of its snapshot and draws exactly what an uninterrupted run would.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,33 @@ FALLBACK_TEMPLATE = (
 )
 
 
+_native_log = logging.getLogger("lmsp.llama_cpp")
+_callback: Any = None  # kept referenced: llama.cpp holds a pointer to it
+
+
+def _route_native_logs() -> None:
+    """llama.cpp's own messages go to the logger ``lmsp.llama_cpp``: its errors as
+    warnings, the rest (model metadata, ``n_ctx_train`` notes …) at debug level, so a
+    server at the default level prints none of them. (llama-cpp-python's own callback
+    prints some of them to stderr whatever ``verbose`` says.)"""
+    global _callback
+    if _callback is not None:
+        return
+    import ctypes
+
+    import llama_cpp
+    import llama_cpp.llama
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def forward(level: int, text: bytes, user_data: Any) -> None:
+        message = text.decode("utf-8", errors="replace").rstrip()
+        if message:  # ggml: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
+            _native_log.log(logging.WARNING if level == 4 else logging.DEBUG, "%s", message)
+
+    _callback = forward
+    llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+
+
 def _threads() -> int:
     return max(1, int(os.environ.get("LMSP_THREADS", "0")) or (os.cpu_count() or 1))
 
@@ -34,6 +62,8 @@ class LlamaTokenizer:
     def __init__(self, path: Path, n_ctx: int, vocab_only: bool = True) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        _route_native_logs()
 
         self.llm: Any = Llama(
             model_path=str(path),
