@@ -29,7 +29,7 @@ from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
 from lmsp.tasks import recovery, retention
-from lmsp.tasks.plan import messages_of
+from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.runner import Runner
 
 from .broker import Broker
@@ -109,7 +109,9 @@ class Service:
                 self.db.reader(), previous, client.id
             )
         # a prompt the context cannot hold is refused now, when its length can be known
-        size = await asyncio.to_thread(self.host.prompt_size, record, messages_of(request))
+        size = await asyncio.to_thread(
+            self.host.prompt_size, record, messages_of(request), tools_of(request)
+        )
         if size is not None and size[0] >= size[1]:
             raise errors.LmspError(
                 "context_length_exceeded",
