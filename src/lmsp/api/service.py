@@ -20,8 +20,8 @@ from lmsp.engines.base import Engine
 from lmsp.engines.host import ModelHost
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
-from lmsp.protocol import items
 from lmsp.metrics import Metrics
+from lmsp.protocol import items
 from lmsp.protocol.states import Status
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
