@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,9 +130,11 @@ class LlamaModel(LlamaTokenizer):
             from llguidance.llamacpp import lltokenizer_from_vocab
 
             vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
-            self._guidance = lltokenizer_from_vocab(
-                vocab, n_vocab=self.n_vocab, eos_token=sorted(self.stop_ids)
-            )
+            with warnings.catch_warnings():  # it reads each token's attributes by an old name
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._guidance = lltokenizer_from_vocab(
+                    vocab, n_vocab=self.n_vocab, eos_token=sorted(self.stop_ids)
+                )
         return self._guidance
 
     def _logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:

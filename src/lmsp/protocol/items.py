@@ -37,6 +37,7 @@ from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
+from lmsp.protocol import toolcalls
 
 Item = dict[str, Any]
 Message = dict[str, str]
@@ -366,8 +367,8 @@ def render_tool_call(name: str, arguments: str) -> str:
         parsed: Any = json.loads(arguments) if arguments else {}
     except ValueError:
         parsed = arguments
-    body = json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False)
-    return f"<tool_call>\n{body}\n</tool_call>"
+    # the format the model generates calls in (:mod:`lmsp.protocol.toolcalls`)
+    return toolcalls.render_call(name, json.dumps(parsed, ensure_ascii=False))
 
 
 def render_tool_response(output: str) -> str:
