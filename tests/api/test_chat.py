@@ -171,6 +171,46 @@ BAD: list[tuple[dict[str, Any], int, str, str]] = [
     ({"tools": [{"type": "web_search"}]}, 400, "unsupported_parameter", "tools.0.type"),
     ({"tool_choice": "required"}, 400, "invalid_value", "tool_choice"),
     (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"x": {"type": "array", "uniqueItems": True}},
+                        },
+                    },
+                }
+            ]
+        },
+        400,
+        "unsupported_schema",
+        "tools.0.function.parameters.properties.x.uniqueItems",
+    ),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        400,
+        "invalid_value",
+        "tool_choice.function.name",
+    ),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {
+                "type": "allowed_tools",
+                "allowed_tools": {"mode": "auto", "tools": [{"type": "custom", "custom": {}}]},
+            },
+        },
+        400,
+        "unsupported_parameter",
+        "tool_choice.allowed_tools.tools.0.type",
+    ),
+    (
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
         400,
         "invalid_value",
