@@ -62,6 +62,7 @@ def test_responses_tool_loop(sdk: openai.OpenAI) -> None:
         input=QUESTION,
         tools=[RESPONSES_TOOL],
         tool_choice="required",
+        parallel_tool_calls=False,
         max_output_tokens=60,
         extra_body={"seed": 3},
         stream=True,
@@ -121,6 +122,7 @@ def test_chat_tool_loop(sdk: openai.OpenAI) -> None:
         messages=[{"role": "user", "content": QUESTION}],
         tools=[CHAT_TOOL],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
         max_tokens=60,
         seed=5,
     )
@@ -137,6 +139,7 @@ def test_chat_tool_loop(sdk: openai.OpenAI) -> None:
         messages=[{"role": "user", "content": QUESTION}],
         tools=[CHAT_TOOL],
         tool_choice="required",
+        parallel_tool_calls=False,
         max_tokens=60,
         seed=5,
         stream=True,

@@ -172,3 +172,10 @@ def test_text_that_only_looks_like_a_call_stays_text() -> None:
     items, _ = run(["a <tool_call>oops</tool_call> b"])
     assert [item["type"] for item in items] == ["message"]
     assert items[0]["content"][0]["text"] == "a <tool_call>oops</tool_call> b"
+
+
+def test_a_call_head_cut_by_the_token_limit_is_not_text() -> None:
+    asm = CallAssembler(counter())
+    asm.feed(TextDelta(render_call("add", '{"a": 1}') + '\n<tool_call>{"na'))
+    asm.finish("incomplete")
+    assert [item["type"] for item in asm.items] == ["function_call"]

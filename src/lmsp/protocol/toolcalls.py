@@ -186,6 +186,9 @@ class CallAssembler(OutputAssembler):
     def finish(self, status: ItemStatus = "completed") -> list[Event]:
         call = self._in_call()
         if call is None:
+            rest = self.held.lstrip()
+            if rest and rest.startswith("<") and _could_be_head(rest):
+                self.held = self.held[: len(self.held) - len(rest)]  # a call cut off: not text
             if self.items and self._between(self.held):
                 self.held = ""
             return super().finish(status)
