@@ -245,9 +245,9 @@ def test_the_sdk_reads_every_field(sdk: openai.OpenAI) -> None:
     assert response.completed_at is not None
     assert response.metadata == {"k": "v"}
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk.responses.create(model=MODEL, input="x", previous_response_id=response.id)
+        sdk.responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
     assert refused.value.code == "unsupported_parameter"
-    assert refused.value.param == "previous_response_id"
+    assert refused.value.param == "tools.0.type"
 
 
 def test_chat_completions_through_the_sdk(sdk: openai.OpenAI) -> None:
