@@ -21,6 +21,7 @@ from lmsp.protocol import chat, items, objects
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
+from .. import toolcheck
 from ..auth import require
 from ..errors import body as error_body
 from ..revocation import until_revoked
@@ -50,6 +51,10 @@ def _input_items(body: ChatCompletionCreate) -> list[dict[str, Any]]:
 def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any]:
     """The response request a chat completion is stored as."""
     stop = body.stop
+    given_format = (
+        body.response_format.model_dump(exclude_none=True) if body.response_format else None
+    )
+    fmt = toolcheck.chat_format(given_format)
     given: dict[str, Any] = {
         "model": body.model,
         "input": _input_items(body),
@@ -61,6 +66,10 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
         "top_logprobs": body.top_logprobs,
         "stop": [stop] if isinstance(stop, str) else stop,
         "parallel_tool_calls": body.parallel_tool_calls,
+        "tools": toolcheck.chat_tools([t.model_dump(exclude_none=True) for t in body.tools or []])
+        or None,
+        "tool_choice": toolcheck.chat_choice(body.tool_choice),
+        "text": {"format": fmt} if fmt else None,
         "metadata": body.metadata,
         "user": body.user,
         "safety_identifier": body.safety_identifier,
