@@ -68,6 +68,7 @@ def wait_for_events(data_dir: Path, task_id: str, beyond: int) -> tuple[str, int
             "presence_penalty": 0.3,
             "frequency_penalty": 0.2,
             "top_logprobs": 2,
+            "max_output_tokens": 120,  # fewer tokens: each step here does the most work
         },
     ],
     ids=["greedy", "seeded", "every-sampler"],
