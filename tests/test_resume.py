@@ -27,6 +27,10 @@ def text_of(obj: dict[str, Any]) -> str:
     return "".join(c["text"] for item in obj["output"] for c in item["content"])
 
 
+def logprobs_of(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [lp for item in obj["output"] for c in item["content"] for lp in c["logprobs"]]
+
+
 def progress(data_dir: Path, task_id: str) -> tuple[str, int]:
     conn = open_db(data_dir)
     try:
@@ -51,8 +55,23 @@ def wait_for_events(data_dir: Path, task_id: str, beyond: int) -> tuple[str, int
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "sampling",
-    [{"temperature": 0}, {"temperature": 0.8, "seed": 20240611}],
-    ids=["greedy", "seeded"],
+    [
+        {"temperature": 0},
+        {"temperature": 0.8, "seed": 20240611},
+        {
+            "temperature": 0.9,
+            "seed": 7,
+            "top_k": 40,
+            "min_p": 0.02,
+            "top_p": 0.95,
+            "repeat_penalty": 1.15,
+            "presence_penalty": 0.3,
+            "frequency_penalty": 0.2,
+            "top_logprobs": 2,
+            "max_output_tokens": 120,  # fewer tokens: each step here does the most work
+        },
+    ],
+    ids=["greedy", "seeded", "every-sampler"],
 )
 def test_kill_9_many_times_then_the_uninterrupted_text(
     tmp_path: Path, sampling: dict[str, Any]
@@ -88,6 +107,12 @@ def test_kill_9_many_times_then_the_uninterrupted_text(
                 time.sleep(0.05)
         assert final["status"] == reference["status"]
         assert text_of(final) == expected
+        for name in sampling:  # the numbers it ran with, echoed
+            assert final[name] == reference[name] == sampling[name]
+        if sampling.get("top_logprobs"):  # the same log probabilities, crashes or not
+            got, want = logprobs_of(final), logprobs_of(reference)
+            assert [e["token"] for e in got] == [e["token"] for e in want] and got
+            assert [e["logprob"] for e in got] == pytest.approx([e["logprob"] for e in want])
         assert final["usage"] == reference["usage"]
         assert final["model_digest"] == reference["model_digest"]
 

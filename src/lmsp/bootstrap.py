@@ -95,6 +95,34 @@ def _register(
     db.write_sync(lambda c: models.add_once(c, model_id=model_id, **fields))
 
 
+#: sampling defaults of the bundled model (SmolLM2-135M-Instruct): at lmsp's own defaults
+#: (temperature 1, no penalty) it often rambles or loops until the token limit; with these,
+#: short instructions end on their own (``completed``). Measured in docs/protocol.md
+#: (*Per-model defaults*); an operator changes them with ``lmsp models set``.
+BUNDLED_DEFAULTS: dict[str, float | int] = {
+    "temperature": 0.3,
+    "top_p": 0.9,
+    "top_k": 40,
+    "repeat_penalty": 1.1,
+}
+
+
+def ensure_bundled_defaults(db: Database) -> None:
+    """Give the bundled model its sampling defaults once (databases made before there
+    were defaults included); what an operator sets later stays."""
+    conn = db.reader()
+    if service.get(conn, "bundled_defaults_set") is not None:
+        return
+
+    def job(c: sqlite3.Connection) -> None:
+        record = models.get(c, DEFAULT_MODEL_ID)
+        if record is not None and not record.defaults:
+            models.set_defaults(c, DEFAULT_MODEL_ID, dict(BUNDLED_DEFAULTS))
+        service.put(c, "bundled_defaults_set", "1")
+
+    db.write_sync(job)
+
+
 def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> None:
     """Register the bundled default model once, on first start (a model the owner
     deletes stays deleted), and the test engine's whenever that engine is enabled."""
@@ -110,6 +138,7 @@ def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> No
             meta.update(model_metadata(path))
             _register(db, DEFAULT_MODEL_ID, "llama_cpp", "gguf", (digest, size), meta)
         db.write_sync(lambda c: service.put(c, "default_model_registered", DEFAULT_MODEL_ID))
+    ensure_bundled_defaults(db)
     if enable_test_engine and models.get(conn, TEST_MODEL_ID) is None:
         blob_info = store_blob(blobs_dir, TEST_MODEL_BYTES)
         _register(db, TEST_MODEL_ID, "test", "lmsp-test", blob_info, {"deterministic": True})

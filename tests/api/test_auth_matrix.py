@@ -147,6 +147,12 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("DELETE", "/v1/models/{model_id}"): Route(
         lambda w, t: Call("DELETE", f"/v1/models/{w.imported_model()}"), 200
     ),
+    ("PATCH", "/v1/models/{model_id}"): Route(
+        lambda w, t: Call(
+            "PATCH", f"/v1/models/{w.imported_model()}", json={"defaults": {"temperature": 0.5}}
+        ),
+        200,
+    ),
     ("POST", "/v1/models/{model_id}/verify"): Route(
         _static("POST", "/v1/models/lmsp-test/verify"), 200
     ),

@@ -217,7 +217,6 @@ BAD: list[tuple[dict[str, Any], int, str, str]] = [
         "response_format.json_schema.schema",
     ),
     ({"logprobs": True}, 400, "unsupported_parameter", "logprobs"),
-    ({"presence_penalty": 1.0}, 400, "unsupported_parameter", "presence_penalty"),
     ({"logit_bias": {"42": 5}}, 400, "unsupported_parameter", "logit_bias"),
     ({"audio": {"voice": "alloy"}}, 400, "unsupported_parameter", "audio"),
     ({"modalities": ["text", "audio"]}, 400, "unsupported_parameter", "modalities"),

@@ -51,3 +51,34 @@ def test_ls_add_verify_rm(tmp_path: Path) -> None:
         assert code == 1 and "not_found" in out
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_set_defaults(tmp_path: Path) -> None:
+    server = Server(tmp_path / "data").start()
+    try:
+        where = ["--url", server.url, "--token", server.token]
+        cli = CliRunner()
+
+        def run(*args: str) -> tuple[int, str]:
+            result = cli.invoke(main, ["models", *args, *where])
+            return result.exit_code, result.output
+
+        code, out = run("set", "lmsp-test", "--temperature", "0.4", "--repeat-penalty", "1.15")
+        assert (code, out.strip()) == (
+            0,
+            "lmsp-test: defaults repeat_penalty=1.15, temperature=0.4",
+        )
+        code, out = run("set", "lmsp-test", "--top-k", "20", "--unset", "temperature", "--json")
+        assert code == 0 and json.loads(out)["defaults"] == {"repeat_penalty": 1.15, "top_k": 20}
+        with server.client() as http:
+            obj = http.post("/v1/responses", json={"model": "lmsp-test", "input": "x"}).json()
+        assert (obj["temperature"], obj["repeat_penalty"], obj["top_k"]) == (1.0, 1.15, 20)
+        code, out = run("set", "lmsp-test", "--temperature", "5")
+        assert code == 1 and "defaults.temperature" in out
+        code, out = run("set", "lmsp-test")
+        assert code == 2 and "at least one" in out
+        code, out = run("set", "nope", "--temperature", "0.5")
+        assert code == 1 and "not_found" in out
+    finally:
+        server.stop()

@@ -39,6 +39,9 @@ Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(gt=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+TopK = Annotated[int, Field(ge=0, le=100_000)]
+MinP = Annotated[float, Field(ge=0, le=1)]
+RepeatPenalty = Annotated[float, Field(gt=0, le=10)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
 OutputTokens = Annotated[int, Field(ge=1, le=1_000_000)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -170,9 +173,9 @@ class CreateResponse(Body):
     # LMSP extensions
     seed: Seed | None = None
     on_restart: Literal["fail", "retry", "resume"] | None = None
-    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repeat_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repeat_penalty: RepeatPenalty | None = None
     stop: Stop | None = None
 
     def stored(self) -> dict[str, Any]:
@@ -202,20 +205,16 @@ UNAVAILABLE = (
 )
 
 
-def _pending(body: CreateResponse | ChatCompletionCreate) -> Iterator[LmspError]:
-    """Sampling and conversation features the input-items and sampling work wires; until
-    then a value that would change the output is refused (neutral values are fine)."""
-    for name, neutral in (
-        ("presence_penalty", 0.0),
-        ("frequency_penalty", 0.0),
-        ("top_logprobs", 0),
-        ("top_k", 0),
-        ("min_p", 0.0),
-        ("repeat_penalty", 1.0),
-    ):
-        value = getattr(body, name, None)
-        if value is not None and value != neutral:
-            yield unsupported(name, f"{name} is not supported by this server yet.")
+def _chat_logprobs(body: ChatCompletionCreate) -> Iterator[LmspError]:
+    """Chat completions carry no log probabilities (``/v1/responses`` does)."""
+    if body.logprobs:
+        yield unsupported(
+            "logprobs", "Log probabilities are given by /v1/responses (top_logprobs), not here."
+        )
+    if body.top_logprobs:
+        yield unsupported(
+            "top_logprobs", "Log probabilities are given by /v1/responses (top_logprobs), not here."
+        )
 
 
 def _tools(body: CreateResponse) -> Iterator[LmspError]:
@@ -251,9 +250,11 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
     for value in body.include or []:
         if value not in INCLUDABLE:
             yield LmspError("invalid_value", f"Unknown include value {value!r}.", param="include")
-        elif value == "message.output_text.logprobs":
-            yield unsupported("include", "Log probabilities are not supported by this server yet.")
-        elif value not in (INCLUDE_LIFECYCLE, "reasoning.encrypted_content"):
+        elif value not in (
+            INCLUDE_LIFECYCLE,
+            "reasoning.encrypted_content",
+            "message.output_text.logprobs",
+        ):
             yield unsupported("include", f"include {value!r}: lmsp has no such tool output.")
     yield from _tools(body)
     if body.text and body.text.verbosity not in (None, "medium"):
@@ -277,7 +278,6 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
             yield unsupported(
                 "stream_options.include_obfuscation", "Streams are not obfuscated here."
             )
-    yield from _pending(body)
 
 
 # -- Chat Completions -----------------------------------------------------------------------
@@ -429,8 +429,7 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
         body.stop,
         toolcheck.chat_param,
     )
-    if body.logprobs:
-        yield unsupported("logprobs", "Log probabilities are not supported by this server yet.")
+    yield from _chat_logprobs(body)
     if body.logit_bias:
         yield unsupported("logit_bias", "logit_bias is not supported by this server.")
     if body.modalities is not None and "audio" in body.modalities:
@@ -460,4 +459,3 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
             yield unsupported(
                 f"messages.{index}.{field}", f"{field} is not supported by this server."
             )
-    yield from _pending(body)

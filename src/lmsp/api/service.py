@@ -21,7 +21,7 @@ from lmsp.engines.host import ModelHost
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
 from lmsp.metrics import Metrics
-from lmsp.protocol import items
+from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
@@ -96,6 +96,8 @@ class Service:
         record = models.get(self.db.reader(), model)
         if record is None:
             raise model_not_found(model)
+        # the sampling numbers it runs with: its own, else the model's defaults, else lmsp's
+        request.update(objects.sampling_used(request, record.defaults))
         # every input item checked (files read) before anything is written
         request["input"] = await asyncio.to_thread(
             items.normalize,

@@ -1,4 +1,4 @@
-"""``lmsp models ls | add PATH --id NAME | rm NAME | verify [NAME]``.
+"""``lmsp models ls | add PATH --id NAME | rm NAME | verify [NAME] | set NAME --temperature …``.
 
 Every command talks to the running service over HTTP. ``add`` names a file on the
 service's machine: the service copies it into its blob store while hashing it. The
@@ -184,3 +184,55 @@ def verify_models(model_id: str | None, url: str | None, token: str | None, as_j
             click.echo(clean(f"{r['id']}: {verdict}"))
     if any(r["status"] != "ready" for r in results):
         raise SystemExit(1)
+
+
+#: ``lmsp models set`` options: the sampling defaults a model may carry
+DEFAULT_OPTIONS: list[tuple[str, type[float] | type[int], str]] = [
+    ("temperature", float, "0 … 2"),
+    ("top_p", float, "0 … 1"),
+    ("top_k", int, "0 (off) … 100000"),
+    ("min_p", float, "0 (off) … 1"),
+    ("presence_penalty", float, "-2 … 2"),
+    ("frequency_penalty", float, "-2 … 2"),
+    ("repeat_penalty", float, "1 (off); llama.cpp's repetition penalty"),
+]
+
+
+def _default_options(func: F) -> F:
+    for name, kind, what in reversed(DEFAULT_OPTIONS):
+        flag = "--" + name.replace("_", "-")
+        func = click.option(flag, name, type=kind, help=f"Default {name} ({what}).")(func)
+    func = click.option(
+        "--unset",
+        multiple=True,
+        type=click.Choice([name for name, _, _ in DEFAULT_OPTIONS]),
+        help="Remove a default (lmsp's own applies again); repeatable.",
+    )(func)
+    return func
+
+
+@models.command("set")
+@click.argument("model_id")
+@_default_options
+@_options
+def set_defaults(
+    model_id: str,
+    unset: tuple[str, ...],
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+    **values: float | int | None,
+) -> None:
+    """Set a model's sampling defaults: what requests that do not name a value run with
+    (responses created from now on)."""
+    changes: dict[str, float | int | None] = {k: v for k, v in values.items() if v is not None}
+    changes.update({name: None for name in unset})
+    if not changes:
+        raise click.UsageError("name at least one default to set (or --unset)")
+    with _api(url, token) as http:
+        model = _answer(http.patch(f"/v1/models/{model_id}", json={"defaults": changes}))
+    if as_json:
+        _print_json(model)
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(model["defaults"].items())) or "none"
+    click.echo(clean(f"{model['id']}: defaults {shown}"))

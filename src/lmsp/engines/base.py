@@ -10,7 +10,7 @@ tokens an uninterrupted one would.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,7 +41,8 @@ class Sampling:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0  # LMSP extension (llama.cpp's): 1.0 is off
-    top_logprobs: int = 0  # > 0: log probabilities of the chosen and this many top tokens
+    top_logprobs: int = 0  # how many of the most likely tokens each logprobs entry lists
+    logprobs: bool = False  # report each chosen token's log probability (and the top ones)
 
 
 class Constraint(Protocol):
@@ -69,6 +70,8 @@ class Piece:
 
     token: int
     text: str
+    #: with ``Sampling.logprobs``: ``{"token", "logprob", "bytes", "top_logprobs"}``
+    logprobs: dict[str, Any] | None = None
 
 
 class Tokenizer(Protocol):
@@ -117,24 +120,78 @@ class Engine(Protocol):
     def tokenizer(self, path: Path, n_ctx: int) -> Tokenizer: ...
 
 
-def sample(logits: npt.NDArray[np.float32], sampling: Sampling, position: int) -> int:
-    """Pick a token: greedy at temperature 0, else temperature + top-p with an RNG
-    keyed by ``(seed, position)`` — the same draw on every run, resumed or not."""
+def penalized(
+    logits: npt.NDArray[np.float32], sampling: Sampling, generated: Sequence[int]
+) -> npt.NDArray[np.float64]:
+    """The logits after the penalties on the tokens generated so far (all of them, the
+    snapshot's included): ``repeat_penalty`` (llama.cpp's: a positive logit divided, a
+    negative one multiplied), then ``frequency_penalty`` times each token's count and
+    ``presence_penalty`` once per token present (OpenAI's)."""
+    out = logits.astype(np.float64)
+    if not generated or (
+        sampling.repeat_penalty == 1.0
+        and sampling.frequency_penalty == 0.0
+        and sampling.presence_penalty == 0.0
+    ):
+        return out
+    tokens, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+    inside = tokens < len(out)
+    tokens, counts = tokens[inside], counts[inside]
+    values = out[tokens]
+    if sampling.repeat_penalty != 1.0:
+        values = np.where(
+            values > 0, values / sampling.repeat_penalty, values * sampling.repeat_penalty
+        )
+    values = values - counts * sampling.frequency_penalty - sampling.presence_penalty
+    out[tokens] = values
+    return out
+
+
+def sample(
+    logits: npt.NDArray[np.float32],
+    sampling: Sampling,
+    position: int,
+    generated: Sequence[int] = (),
+) -> int:
+    """Pick a token: penalties over ``generated`` first; then greedy at temperature 0,
+    else temperature, ``top_k``, ``top_p`` and ``min_p`` with an RNG keyed by
+    ``(seed, position)`` — the same draw on every run, resumed or not."""
+    scores = penalized(logits, sampling, generated)
     if sampling.temperature <= 0:
-        return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / sampling.temperature
+        return int(np.argmax(scores))
+    scaled = scores / sampling.temperature
     scaled -= scaled.max()
     probs = np.exp(scaled)
     probs /= probs.sum()
     order = np.argsort(-probs, kind="stable")
+    if sampling.top_k > 0:
+        order = order[: sampling.top_k]
     if sampling.top_p < 1.0:
-        cumulative = np.cumsum(probs[order])
+        cumulative = np.cumsum(probs[order]) / probs[order].sum()
         keep = int(np.searchsorted(cumulative, sampling.top_p) + 1)
         order = order[:keep]
+    if sampling.min_p > 0.0:
+        floor = sampling.min_p * probs[order[0]]
+        order = order[probs[order] >= floor]
     kept = probs[order]
     kept /= kept.sum()
     rng = np.random.default_rng([sampling.seed & 0xFFFFFFFF, position])
     return int(order[int(rng.choice(len(order), p=kept))])
+
+
+def top_logprobs(
+    logits: npt.NDArray[np.float32], token: int, count: int
+) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log probability under the model's distribution (the logits as
+    the model gave them, a constraint's mask applied) and the ``count`` most likely
+    tokens with theirs."""
+    scores = logits.astype(np.float64)
+    finite = np.isfinite(scores)
+    top = scores[finite].max()
+    logz = top + np.log(np.exp(scores[finite] - top).sum())
+    logp = scores - logz
+    best = np.argsort(-logp, kind="stable")[:count] if count > 0 else np.array([], np.int64)
+    return float(logp[token]), [(int(t), float(logp[t])) for t in best if finite[t]]
 
 
 class Utf8Stream:

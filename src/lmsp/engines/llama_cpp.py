@@ -17,7 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from lmsp.engines.base import Constraint, EngineError, Piece, Sampling, Utf8Stream, sample
+from lmsp.engines.base import (
+    Constraint,
+    EngineError,
+    Piece,
+    Sampling,
+    Utf8Stream,
+    sample,
+    top_logprobs,
+)
 from lmsp.protocol import toolprompt
 
 FALLBACK_TEMPLATE = (
@@ -164,6 +172,7 @@ class LlamaModel(LlamaTokenizer):
         if resume:  # hold back the bytes of a character the snapshot had not completed
             decoder.feed(bytes(llm.detokenize(resume)))
         position = len(resume)
+        generated = list(resume)  # what the penalties count
         while llm.n_tokens < self.n_ctx:
             if constraint is not None and constraint.finished():
                 return
@@ -171,15 +180,34 @@ class LlamaModel(LlamaTokenizer):
             mask = None if constraint is None else constraint.allowed()
             if mask is not None:
                 logits = np.where(mask, logits, np.float32(-np.inf))
-            token = sample(logits, sampling, position)
+            token = sample(logits, sampling, position, generated)
             if token in self.stop_ids:
                 return
             if constraint is not None:
                 constraint.advance(token)
-            text = decoder.feed(bytes(llm.detokenize([token])))
-            yield Piece(token, text)
+            raw = bytes(llm.detokenize([token]))
+            text = decoder.feed(raw)
+            yield Piece(token, text, self._logprobs(logits, token, raw, sampling))
             position += 1
+            generated.append(token)
             llm.eval([token])
+
+    def _logprobs(
+        self, logits: np.ndarray[Any, Any], token: int, raw: bytes, sampling: Sampling
+    ) -> dict[str, Any] | None:
+        if not sampling.logprobs:
+            return None
+        chosen, best = top_logprobs(logits, token, sampling.top_logprobs)
+
+        def entry(tok: int, logprob: float, data: bytes | None = None) -> dict[str, Any]:
+            data = bytes(self.llm.detokenize([tok])) if data is None else data
+            text = data.decode("utf-8", errors="replace")
+            return {"token": text, "logprob": logprob, "bytes": list(data)}
+
+        return {
+            **entry(token, chosen, raw),
+            "top_logprobs": [entry(tok, logprob) for tok, logprob in best],
+        }
 
 
 class LlamaEngine:

@@ -9,6 +9,7 @@ failure path.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -93,10 +94,24 @@ class TestModel:
             salt = sampling.seed if sampling.temperature > 0 else 0
             digest = hashlib.sha256(key + f"{salt}:{position}".encode()).digest()
             token = digest[0] % len(WORDS)
-            yield Piece(token, WORDS[token] + " ")
+            yield Piece(token, WORDS[token] + " ", _logprobs(token, sampling))
 
     def close(self) -> None:
         return None
+
+
+def _logprobs(token: int, sampling: Sampling) -> dict[str, Any] | None:
+    """The test engine draws every word alike: each has probability 1/len(WORDS)."""
+    if not sampling.logprobs:
+        return None
+    logprob = -math.log(len(WORDS))
+
+    def entry(tok: int) -> dict[str, Any]:
+        text = WORDS[tok] + " "
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    top = [entry(tok) for tok in range(min(sampling.top_logprobs, len(WORDS)))]
+    return {**entry(token), "top_logprobs": top}
 
 
 class TestEngine:

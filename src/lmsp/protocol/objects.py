@@ -24,7 +24,21 @@ SAMPLING_DEFAULTS: dict[str, float | int] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "top_logprobs": 0,
+    # LMSP extensions (llama.cpp's samplers), off by default
+    "top_k": 0,
+    "min_p": 0.0,
+    "repeat_penalty": 1.0,
 }
+#: the sampling numbers a model may carry defaults for (``top_logprobs`` is the caller's)
+MODEL_DEFAULTS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+)
 
 
 def sampling_used(
@@ -33,9 +47,12 @@ def sampling_used(
     """The sampling numbers a request runs with: its own, else ``defaults`` (a model's),
     else lmsp's. Stored with the request when it is created, so the runner uses and
     every rendering of the response echoes the same numbers."""
-    chosen = dict(SAMPLING_DEFAULTS, **(defaults or {}))
+    given = {k: v for k, v in (defaults or {}).items() if k in MODEL_DEFAULTS and v is not None}
+    chosen = dict(SAMPLING_DEFAULTS, **given)
     return {
-        name: type(default)(request[name]) if request.get(name) is not None else default
+        name: type(SAMPLING_DEFAULTS[name])(
+            request[name] if request.get(name) is not None else default
+        )
         for name, default in chosen.items()
     }
 
@@ -146,6 +163,10 @@ def render_response(
         "frequency_penalty": _number(request.get("frequency_penalty"), 0.0),
         "top_logprobs": int(request.get("top_logprobs") or 0),
         "temperature": _number(request.get("temperature"), DEFAULT_TEMPERATURE),
+        # LMSP extensions: the other sampling numbers the task runs with
+        "top_k": int(request.get("top_k") or 0),
+        "min_p": _number(request.get("min_p"), 0.0),
+        "repeat_penalty": _number(request.get("repeat_penalty"), 1.0),
         "reasoning": None,
         "user": request.get("user"),
         "usage": render_usage(load_json(response["usage"])),

@@ -224,6 +224,7 @@ def import_model(
     path: Path,
     expected_digest: str | None = None,
     progress: Progress | None = None,
+    defaults: dict[str, float | int] | None = None,
 ) -> ModelRecord:
     """``POST /v1/models``: copy a local GGUF file into the blob store while hashing it,
     then write its record. Errors are :class:`lmsp.errors.LmspError` with the protocol's
@@ -275,6 +276,7 @@ def import_model(
                     fmt="gguf",
                     owned_by="user",
                     metadata=meta,
+                    defaults=defaults,
                 )
                 models.set_status(conn, model_id, "ready", verified=True)  # hashed just now
                 return True

@@ -155,6 +155,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX pairing_source ON pairing_requests(source, status);
         """,
     ),
+    (
+        # per-model sampling defaults (temperature, top_p, top_k, min_p, penalties): what a
+        # request that does not name a value runs with; set on import and by PATCH
+        "m006_model_defaults",
+        """
+        ALTER TABLE models ADD COLUMN defaults TEXT NOT NULL DEFAULT '{}';
+        """,
+    ),
 ]
 
 

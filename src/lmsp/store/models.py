@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lmsp.ids import now as _now
@@ -23,6 +23,9 @@ class ModelRecord:
     metadata: dict[str, Any]
     status: str = "ready"
     verified_at: int | None = None
+    #: sampling defaults (``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    #: ``presence_penalty``, ``frequency_penalty``, ``repeat_penalty``)
+    defaults: dict[str, float | int] = field(default_factory=dict)
 
     @property
     def hex(self) -> str:
@@ -41,6 +44,7 @@ def _record(row: sqlite3.Row) -> ModelRecord:
         metadata=json.loads(row["metadata"]),
         status=row["status"],
         verified_at=None if row["verified_at"] is None else int(row["verified_at"]),
+        defaults=json.loads(row["defaults"]),
     )
 
 
@@ -68,11 +72,12 @@ def add(
     fmt: str,
     owned_by: str,
     metadata: dict[str, Any],
+    defaults: dict[str, float | int] | None = None,
 ) -> None:
     position = conn.execute("SELECT coalesce(max(position), -1) + 1 FROM models").fetchone()[0]
     conn.execute(
         "INSERT INTO models (id, format, engine, digest, size_bytes, owned_by, metadata,"
-        " position, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " position, created_at, defaults) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             model_id,
             fmt,
@@ -83,6 +88,7 @@ def add(
             json.dumps(metadata),
             position,
             _now(),
+            json.dumps(defaults or {}),
         ),
     )
 
@@ -91,6 +97,24 @@ def add_once(conn: sqlite3.Connection, *, model_id: str, **fields: Any) -> None:
     """Register a model unless one with this id exists (first-start registration)."""
     if get(conn, model_id) is None:
         add(conn, model_id=model_id, **fields)
+
+
+def set_defaults(
+    conn: sqlite3.Connection, model_id: str, changes: dict[str, float | int | None]
+) -> ModelRecord | None:
+    """Change a model's sampling defaults (a ``None`` value removes one); the record, or
+    ``None`` if there is no such model. Tasks already created keep their numbers."""
+    record = get(conn, model_id)
+    if record is None:
+        return None
+    merged = dict(record.defaults)
+    for name, value in changes.items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    conn.execute("UPDATE models SET defaults = ? WHERE id = ?", (json.dumps(merged), model_id))
+    return get(conn, model_id)
 
 
 def set_status(

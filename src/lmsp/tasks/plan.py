@@ -18,13 +18,15 @@ from typing import Any
 from lmsp.constraints import grammar
 from lmsp.constraints.matcher import grammar_constraint
 from lmsp.engines.base import Constraint, LoadedModel, Sampling
-from lmsp.protocol import items
+from lmsp.protocol import items, objects
 from lmsp.protocol.assembler import Event, OutputAssembler
 from lmsp.protocol.toolcalls import CallAssembler
 
 #: builds a fresh constraint for one sequence of a loaded model (and again on resume,
 #: where it is then fed the snapshot's tokens)
 ConstraintFactory = Callable[[LoadedModel], Constraint]
+#: the ``include`` value that asks for log probabilities in the output
+LOGPROBS = "message.output_text.logprobs"
 Item = dict[str, Any]
 
 
@@ -42,12 +44,22 @@ def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def sampling_of(request: dict[str, Any]) -> Sampling:
-    """The sampling values a request asked for, lmsp's defaults for the rest."""
-    temperature, top_p = request.get("temperature"), request.get("top_p")
+    """The sampling values of a stored request: the numbers fixed when it was created
+    (the request's own, else the model's defaults, else lmsp's; see
+    :func:`lmsp.protocol.objects.sampling_used`), lmsp's defaults for rows from before."""
+    used = objects.sampling_used(request)
+    include = request.get("include") or ()
     return Sampling(
-        temperature=1.0 if temperature is None else float(temperature),
-        top_p=1.0 if top_p is None else float(top_p),
+        temperature=float(used["temperature"]),
+        top_p=float(used["top_p"]),
         seed=int(request["seed"]),
+        top_k=int(used["top_k"]),
+        min_p=float(used["min_p"]),
+        presence_penalty=float(used["presence_penalty"]),
+        frequency_penalty=float(used["frequency_penalty"]),
+        repeat_penalty=float(used["repeat_penalty"]),
+        top_logprobs=int(used["top_logprobs"]),
+        logprobs=int(used["top_logprobs"]) > 0 or LOGPROBS in include,
     )
 
 

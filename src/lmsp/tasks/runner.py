@@ -260,11 +260,15 @@ class Runner:
                 if constraint is None
                 else model.generate(prompt, tokens, sampling, constraint)
             )
+            logprobs: list[dict[str, Any]] = []
             for piece in pieces:
                 tokens.append(piece.token)
                 self.metrics.token(task_id)
+                if piece.logprobs is not None:  # a token inside a character waits for it
+                    logprobs.append(piece.logprobs)
                 if piece.text:
-                    pending.extend(assembler.feed(TextDelta(piece.text)))
+                    pending.extend(assembler.feed(TextDelta(piece.text, tuple(logprobs))))
+                    logprobs.clear()
                 if task_id in self._cancels or self._shutdown.is_set():
                     stopped = True
                     break

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
-from lmsp.protocol import chat, items, objects
+from lmsp.protocol import chat, items
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
@@ -79,7 +79,6 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
         "store": body.store is not False,
     }
     stored = {name: value for name, value in given.items() if value is not None}
-    stored.update(objects.sampling_used(stored))
     stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
     stored["on_restart"] = body.on_restart or on_restart
     return stored

@@ -20,6 +20,7 @@ from lmsp.store.clients import Client
 from lmsp.store.models import ModelRecord
 
 from ..auth import require
+from ..schemas import MinP, Penalty, RepeatPenalty, Temperature, TopK, TopP
 from .deps import service
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -32,6 +33,33 @@ ModelId = Annotated[
 ]
 
 
+class ModelDefaults(BaseModel):
+    """Sampling defaults of a model: what a request that does not name a value runs
+    with (``null`` in a ``PATCH`` removes one: lmsp's default applies again)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repeat_penalty: RepeatPenalty | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The values the body named (``None``: remove)."""
+        return self.model_dump(exclude_unset=True)
+
+
+class ChangeModel(BaseModel):
+    """``PATCH /v1/models/{id}``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    defaults: ModelDefaults
+
+
 class ImportModel(BaseModel):
     """``POST /v1/models``: a local file to copy into the blob store under a new id.
     ``digest`` (optional, ``sha256:<hex>``) is what the caller hashed: the import fails
@@ -42,6 +70,7 @@ class ImportModel(BaseModel):
     id: ModelId
     path: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
+    defaults: ModelDefaults | None = None
 
 
 def render(request: Request, record: ModelRecord) -> dict[str, Any]:
@@ -58,6 +87,7 @@ def render(request: Request, record: ModelRecord) -> dict[str, Any]:
         "capabilities": list(models.capabilities(record)),
         "verified_at": record.verified_at,
         "metadata": record.metadata,
+        "defaults": record.defaults,
     }
 
 
@@ -78,10 +108,34 @@ async def get_model(model_id: str, request: Request, client: ModelReader) -> dic
 @router.post("", status_code=201)
 async def import_model(body: ImportModel, request: Request, client: ModelWriter) -> JSONResponse:
     svc = service(request)
+    defaults = None if body.defaults is None else _set(body.defaults.given())
     record = await asyncio.to_thread(
-        blobs.import_model, svc.db, svc.settings.blobs_dir, body.id, Path(body.path), body.digest
+        blobs.import_model,
+        svc.db,
+        svc.settings.blobs_dir,
+        body.id,
+        Path(body.path),
+        body.digest,
+        defaults=defaults,
     )
     return JSONResponse(render(request, record), 201, headers={"Location": f"/v1/models/{body.id}"})
+
+
+def _set(given: dict[str, Any]) -> dict[str, float | int]:
+    return {name: value for name, value in given.items() if value is not None}
+
+
+@router.patch("/{model_id:path}")
+async def change_model(
+    model_id: str, body: ChangeModel, request: Request, client: ModelWriter
+) -> dict[str, Any]:
+    """Change a model's sampling defaults (responses created from now on use them)."""
+    svc = service(request)
+    changes = body.defaults.given()
+    record = await svc.db.write(lambda c: models.set_defaults(c, model_id, changes))
+    if record is None:
+        raise errors.not_found("model", model_id)
+    return render(request, record)
 
 
 @router.post("/{model_id:path}/verify")

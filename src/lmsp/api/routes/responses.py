@@ -74,7 +74,6 @@ def _stream(
 def stored_request(body: CreateResponse, on_restart: str) -> dict[str, Any]:
     """What the store keeps: the request as given, with the numbers it runs with."""
     stored = body.stored()
-    stored.update(objects.sampling_used(stored))
     stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
     stored["on_restart"] = body.on_restart or on_restart
     return stored
