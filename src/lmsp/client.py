@@ -289,6 +289,11 @@ class Client(_Base):
         from the last sequence number seen."""
         return self._follow(f"/v1/tasks/{task_id}/events", after)
 
+    def activity(self) -> dict[str, Any]:
+        """What the service does now (``admin``): models, sequences, queue, clients."""
+        result: dict[str, Any] = self.request("GET", "/v1/service/activity")
+        return result
+
     # -- models, clients, pairing ------------------------------------------------------
     def models(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.request("GET", "/v1/models")["data"]

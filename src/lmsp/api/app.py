@@ -27,7 +27,7 @@ from . import inputs
 from .broker import Broker
 from .errors import body as error_body
 from .errors import error_response
-from .routes import chat, meta, models, pairing, responses, tasks
+from .routes import activity, chat, meta, models, pairing, responses, tasks
 from .routes import clients as client_routes
 from .routes.deps import idempotency_supported
 from .service import Service, open_service
@@ -258,6 +258,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
     app.include_router(meta.router)
+    app.include_router(activity.router)
     app.include_router(models.router)
     app.include_router(responses.router)
     app.include_router(chat.router)

@@ -164,6 +164,7 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
 from .clients import clients  # noqa: E402
 from .doctor import doctor  # noqa: E402
 from .pair import pair  # noqa: E402
+from .ps import ps  # noqa: E402
 from .run import run  # noqa: E402
 from .tasks import tasks  # noqa: E402
 
@@ -172,6 +173,7 @@ main.add_command(tasks)
 main.add_command(pair)
 main.add_command(clients)
 main.add_command(doctor)
+main.add_command(ps)
 
 from .models import models  # noqa: E402
 
