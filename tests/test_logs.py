@@ -143,4 +143,6 @@ def test_the_default_log_is_human_readable_with_the_ids(tmp_path: Path, blob_cac
     assert len(ended) == 1 and ended[0].split()[2] == "INFO"
     assert f"response_id={made['id']}" in ended[0] and done["task"]["id"] in ended[0]
     assert not [line for line in raw if line.startswith("{")]
+    banner = f"owner token (admin): {server.data_dir / 'owner.token'}"
+    assert [line for line in raw if banner in line]  # the serve banner says where it is
     assert "zebra-canary" not in "\n".join(raw)
