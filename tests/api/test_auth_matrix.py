@@ -167,6 +167,9 @@ ROUTES: dict[tuple[str, str], Route] = {
     ),
     ("GET", "/v1/responses/{response_id}"): Route(_resp("GET"), 200, owned=True),
     ("DELETE", "/v1/responses/{response_id}"): Route(_resp("DELETE"), 200, owned=True),
+    ("GET", "/v1/responses/{response_id}/input_items"): Route(
+        _resp("GET", "/input_items"), 200, owned=True
+    ),
     ("POST", "/v1/responses/{response_id}/cancel"): Route(
         _resp("POST", "/cancel"), 200, owned=True
     ),

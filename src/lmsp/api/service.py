@@ -21,6 +21,7 @@ from lmsp.engines.host import ModelHost
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
 from lmsp.metrics import Metrics
+from lmsp.protocol import items
 from lmsp.protocol.states import Status
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
@@ -28,7 +29,7 @@ from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
 from lmsp.tasks import recovery, retention
-from lmsp.tasks.plan import messages_of
+from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.runner import Runner
 
 from .broker import Broker
@@ -95,8 +96,22 @@ class Service:
         record = models.get(self.db.reader(), model)
         if record is None:
             raise model_not_found(model)
+        # every input item checked (files read) before anything is written
+        request["input"] = await asyncio.to_thread(
+            items.normalize,
+            request["input"],
+            capabilities=models.capabilities(record),
+            param=input_param,
+        )
+        previous = request.get("previous_response_id")
+        if previous is not None:  # the whole chain, kept with this request (durable)
+            request[items.HISTORY] = response_store.conversation(
+                self.db.reader(), previous, client.id
+            )
         # a prompt the context cannot hold is refused now, when its length can be known
-        size = await asyncio.to_thread(self.host.prompt_size, record, messages_of(request))
+        size = await asyncio.to_thread(
+            self.host.prompt_size, record, messages_of(request), tools_of(request)
+        )
         if size is not None and size[0] >= size[1]:
             raise errors.LmspError(
                 "context_length_exceeded",
@@ -107,6 +122,8 @@ class Service:
         def job(conn: sqlite3.Connection) -> response_store.Created:
             if models.get(conn, model) is None:  # deleted meanwhile
                 raise model_not_found(model)
+            if previous is not None:  # still there (not deleted or swept meanwhile)
+                response_store.conversation(conn, previous, client.id)
             return response_store.create(
                 conn,
                 client_id=client.id,

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lmsp.engines.base import Engine, EngineError, LoadedModel, Tokenizer
 from lmsp.metrics import Metrics
@@ -221,7 +222,10 @@ class ModelHost:
 
     # -- prompt length before queueing ---------------------------------------------------
     def prompt_size(
-        self, record: ModelRecord, messages: list[dict[str, str]]
+        self,
+        record: ModelRecord,
+        messages: list[dict[str, str]],
+        tools: list[dict[str, Any]] | None = None,
     ) -> tuple[int, int] | None:
         """``(prompt tokens, context size)`` with the model's own tokenizer, or ``None``
         when that cannot be known now (the blob is damaged, the engine cannot read it):
@@ -237,7 +241,12 @@ class ModelHost:
                     path = blob_path(self.blobs_dir, record.digest)
                     tokenizer = engine.tokenizer(path, self.n_ctx)
                     self._tokenizers[record.digest] = tokenizer
-                return len(tokenizer.prompt_tokens(messages)), tokenizer.n_ctx
+                prompt = (
+                    tokenizer.prompt_tokens(messages, tools)
+                    if tools
+                    else tokenizer.prompt_tokens(messages)
+                )
+                return len(prompt), tokenizer.n_ctx
         except Exception as exc:
             log.info("no prompt size for %s before queueing: %s", record.id, exc)
             return None

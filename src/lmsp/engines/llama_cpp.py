@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from lmsp.engines.base import EngineError, Piece, Sampling, Utf8Stream, sample
+from lmsp.engines.base import Constraint, EngineError, Piece, Sampling, Utf8Stream, sample
+from lmsp.protocol import toolprompt
 
 FALLBACK_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -83,8 +84,10 @@ class LlamaTokenizer:
         eot = meta.get("tokenizer.ggml.eot_token_id")
         if eot is not None:
             self.stop_ids.add(int(eot))
+        template = meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE
+        self.template_tools = toolprompt.supports_tools(template)
         self._formatter = Jinja2ChatFormatter(
-            template=meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE,
+            template=template,
             eos_token=self._piece(self.eos),
             bos_token=self._piece(int(self.llm.token_bos())),
         )
@@ -92,8 +95,17 @@ class LlamaTokenizer:
     def _piece(self, token: int) -> str:
         return bytes(self.llm.detokenize([token], special=True)).decode("utf-8", errors="replace")
 
-    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        formatted = self._formatter(messages=messages)  # type: ignore[arg-type]
+    def prompt_tokens(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        if tools and self.template_tools:
+            formatted = self._formatter(
+                messages=messages,  # type: ignore[arg-type]
+                tools=toolprompt.template_tools(tools),  # type: ignore[arg-type]
+            )
+        else:
+            messages = toolprompt.with_tools(messages, tools or [])
+            formatted = self._formatter(messages=messages)  # type: ignore[arg-type]
         tokens: list[int] = self.llm.tokenize(
             formatted.prompt.encode("utf-8"), add_bos=False, special=True
         )
@@ -108,6 +120,19 @@ class LlamaModel(LlamaTokenizer):
         super().__init__(path, n_ctx, vocab_only=False)
         self.n_ctx = int(self.llm.n_ctx())
         self.n_vocab = int(self.llm.n_vocab())
+        self._guidance: Any = None
+
+    def guidance_tokenizer(self) -> Any:
+        """The llguidance tokenizer of this model's vocabulary (built once, ~1 s)."""
+        if self._guidance is None:
+            import llama_cpp
+            from llguidance.llamacpp import lltokenizer_from_vocab
+
+            vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+            self._guidance = lltokenizer_from_vocab(
+                vocab, n_vocab=self.n_vocab, eos_token=sorted(self.stop_ids)
+            )
+        return self._guidance
 
     def memory_bytes(self) -> int:
         """What this context holds: the model's tensors plus its KV cache (K and V,
@@ -127,7 +152,13 @@ class LlamaModel(LlamaTokenizer):
         )
         return array
 
-    def generate(self, prompt: list[int], resume: list[int], sampling: Sampling) -> Iterator[Piece]:
+    def generate(
+        self,
+        prompt: list[int],
+        resume: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None = None,
+    ) -> Iterator[Piece]:
         context = prompt + resume
         if len(context) >= self.n_ctx:
             raise EngineError("context_length_exceeded", "The conversation fills the context.")
@@ -136,14 +167,24 @@ class LlamaModel(LlamaTokenizer):
         llm.eval(prompt)
         for token in resume:  # one at a time, as first generated: the same arithmetic
             llm.eval([token])
+            if constraint is not None:
+                constraint.advance(token)
         decoder = Utf8Stream()
         if resume:  # hold back the bytes of a character the snapshot had not completed
             decoder.feed(bytes(llm.detokenize(resume)))
         position = len(resume)
         while llm.n_tokens < self.n_ctx:
-            token = sample(self._logits(), sampling, position)
+            if constraint is not None and constraint.finished():
+                return
+            logits = self._logits()
+            mask = None if constraint is None else constraint.allowed()
+            if mask is not None:
+                logits = np.where(mask, logits, np.float32(-np.inf))
+            token = sample(logits, sampling, position)
             if token in self.stop_ids:
                 return
+            if constraint is not None:
+                constraint.advance(token)
             text = decoder.feed(bytes(llm.detokenize([token])))
             yield Piece(token, text)
             position += 1

@@ -224,7 +224,12 @@ class Runner:
             else plan.assembler()
         )
         sampling = plan.sampling
-        prompt = model.prompt_tokens(plan.messages)
+        prompt = (
+            model.prompt_tokens(plan.messages, plan.tools)
+            if plan.tools
+            else model.prompt_tokens(plan.messages)
+        )
+        constraint = None if plan.constraint is None else plan.constraint(model)
         if len(prompt) >= model.n_ctx:
             raise EngineError(
                 "context_length_exceeded",
@@ -250,7 +255,12 @@ class Runner:
         if len(tokens) >= cap:
             incomplete = "max_output_tokens"
         else:
-            for piece in model.generate(prompt, tokens, sampling):
+            pieces = (
+                model.generate(prompt, tokens, sampling)
+                if constraint is None
+                else model.generate(prompt, tokens, sampling, constraint)
+            )
+            for piece in pieces:
                 tokens.append(piece.token)
                 self.metrics.token(task_id)
                 if piece.text:
