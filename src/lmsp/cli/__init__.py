@@ -176,6 +176,7 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
 
 
 from .clients import clients  # noqa: E402
+from .console import console  # noqa: E402
 from .doctor import doctor  # noqa: E402
 from .pair import pair  # noqa: E402
 from .ps import ps  # noqa: E402
@@ -188,6 +189,7 @@ main.add_command(pair)
 main.add_command(clients)
 main.add_command(doctor)
 main.add_command(ps)
+main.add_command(console)
 
 from .models import models  # noqa: E402
 
