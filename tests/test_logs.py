@@ -136,6 +136,13 @@ def test_the_default_log_is_human_readable_with_the_ids(tmp_path: Path, blob_cac
                 json={"model": "lmsp-test", "input": CANARY, "background": True},
             ).json()
             done = finished(http, made["id"])
+        # the banner's one-time console link signs a browser in, once
+        start = server.log_path.read_text(encoding="utf-8")
+        link = start.split("console: ", 1)[1].split()[0]
+        assert link.startswith(f"{server.url}/console/login?code=")
+        first = httpx.get(link)
+        assert first.status_code == 303 and "lmsp_console=" in first.headers["set-cookie"]
+        assert httpx.get(link).status_code == 403
     finally:
         server.stop()
     raw = server.log_path.read_text(encoding="utf-8").splitlines()
@@ -143,4 +150,6 @@ def test_the_default_log_is_human_readable_with_the_ids(tmp_path: Path, blob_cac
     assert len(ended) == 1 and ended[0].split()[2] == "INFO"
     assert f"response_id={made['id']}" in ended[0] and done["task"]["id"] in ended[0]
     assert not [line for line in raw if line.startswith("{")]
+    banner = f"owner token (admin): {server.data_dir / 'owner.token'}"
+    assert [line for line in raw if banner in line]  # the serve banner says where it is
     assert "zebra-canary" not in "\n".join(raw)

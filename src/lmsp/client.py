@@ -289,6 +289,16 @@ class Client(_Base):
         from the last sequence number seen."""
         return self._follow(f"/v1/tasks/{task_id}/events", after)
 
+    def console_link(self) -> dict[str, Any]:
+        """A one-time login link to the console (``admin``)."""
+        result: dict[str, Any] = self.request("POST", "/v1/console/links")
+        return result
+
+    def activity(self) -> dict[str, Any]:
+        """What the service does now (``admin``): models, sequences, queue, clients."""
+        result: dict[str, Any] = self.request("GET", "/v1/service/activity")
+        return result
+
     # -- models, clients, pairing ------------------------------------------------------
     def models(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.request("GET", "/v1/models")["data"]

@@ -136,6 +136,8 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/v1/service"): Route(_static("GET", "/v1/service"), 200),
     # bound to loopback (as here): no token needed; see tests/test_metrics.py otherwise
     ("GET", "/metrics"): Route(_static("GET", "/metrics"), 200),
+    ("GET", "/v1/service/activity"): Route(_static("GET", "/v1/service/activity"), 200),
+    ("POST", "/v1/console/links"): Route(_static("POST", "/v1/console/links"), 201),
     ("GET", "/v1/models"): Route(_static("GET", "/v1/models"), 200),
     ("GET", "/v1/models/{model_id}"): Route(_static("GET", "/v1/models/lmsp-test"), 200),
     ("POST", "/v1/models"): Route(

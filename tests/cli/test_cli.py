@@ -198,7 +198,7 @@ def test_clients_add_ls_revoke(server: Server) -> None:
     table = ok(lmsp(server, "clients", "ls"))
     assert bot["id"] in table and token not in table and token[:11] in table
     assert bot["id"] in ok(lmsp(server, "clients", "revoke", bot["id"]))
-    fails(lmsp(server, "tasks", "ls", LMSP_TOKEN=token), "Missing or invalid bearer token")
+    fails(lmsp(server, "tasks", "ls", LMSP_TOKEN=token), "was refused: unknown or revoked (")
     revoked = as_json(lmsp(server, "clients", "revoke", bot["id"], "--json"))
     assert revoked["revoked_at"] is not None
     fails(lmsp(server, "clients", "add", "x", "--scopes", "root"), "scopes")
@@ -229,12 +229,56 @@ def test_the_owner_lists_every_clients_tasks(server: Server) -> None:
     assert stopped.startswith(f"{task_id}: ")
 
 
+def test_what_a_newcomer_tries(server: Server, tmp_path: Path) -> None:
+    # global options before the command
+    owner = server.token
+    listed = lmsp(server, "--url", server.url, "--token", owner, "tasks", "ls", LMSP_URL=None)
+    assert ok(listed)
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    fails(lmsp(server, "--url", nowhere, "tasks", "ls"), "start it with `lmsp serve`")
+    fails(lmsp(server, "--url", nowhere, "models", "ls"), "start it with `lmsp serve`")
+    # one error format: <message> (<code>), and a refused token says which one
+    fails(lmsp(server, "tasks", "show", "task_missing"), "'task_missing'. (not_found)")
+    fails(lmsp(server, "models", "rm", "nope"), "'nope'. (not_found)")
+    fails(lmsp(server, "--token", "lmsp_wrong", "tasks", "ls"), "token from --token was refused")
+    fails(lmsp(server, "tasks", "ls", LMSP_TOKEN="lmsp_wrong"), "token from LMSP_TOKEN was refused")
+    # models add refuses a taken id or a file that is not GGUF before copying anything
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model" * 100)
+    refused = lmsp(server, "models", "add", str(junk), "--id", "junk")
+    fails(refused, "(invalid_model_file)")
+    assert "hashing" not in refused.stderr and "copying" not in refused.stderr
+    model = next(p for p in (server.data_dir / "blobs").iterdir() if p.stat().st_size > 1000)
+    taken = lmsp(server, "models", "add", str(model), "--id", "smollm2-135m-instruct")
+    fails(taken, "A model 'smollm2-135m-instruct' exists. (model_exists)")
+    assert "hashing" not in taken.stderr
+    # help that is not cut mid-sentence
+    helped = ok(lmsp(server, "pair", "--help"))
+    assert "Approve a pending request by its CODE." in helped and "(e.g." not in helped
+    # a task stopped by max_output_tokens shows as incomplete, as its response does
+    cut = as_json(
+        lmsp(server, "run", "short", "-m", "lmsp-test", "--max-output-tokens", "2", "--json")
+    )
+    assert cut["status"] == "incomplete"
+    table = ok(lmsp(server, "tasks", "ls", "--limit", "1"))
+    assert cut["task"]["id"] in table and "incomplete" in table
+    assert "incomplete" in ok(lmsp(server, "tasks", "show", cut["task"]["id"]))
+    # a token without models:read is told to name the model
+    with server.client() as http:
+        agent = http.post(
+            "/v1/clients",
+            json={"name": "no-models", "scopes": ["responses:read", "responses:write"]},
+        ).json()["token"]
+    fails(lmsp(server, "run", "x", LMSP_TOKEN=agent), "name the model with -m MODEL")
+    assert ok(lmsp(server, "run", "x", "-m", "lmsp-test", LMSP_TOKEN=agent))
+
+
 def test_errors_are_one_line(server: Server) -> None:
     nowhere = f"http://127.0.0.1:{free_port()}"
     fails(lmsp(server, "tasks", "ls", "--url", nowhere), f"cannot reach lmsp at {nowhere}")
     fails(lmsp(server, "run", "x", "--url", nowhere), "cannot reach lmsp")
     fails(lmsp(server, "tasks", "show", "task_missing"), "No task with id 'task_missing'")
-    fails(lmsp(server, "tasks", "ls", "--token", "lmsp_wrong"), "Missing or invalid bearer token")
+    fails(lmsp(server, "tasks", "ls", "--token", "lmsp_wrong"), "was refused")
     fails(lmsp(server, "run", "x", "-m", "no-such-model"), "does not exist")
     usage = lmsp(server, "run", "x", "-m", "lmsp-test", "--on-restart", "never")
     assert usage.exit_code == 2 and "Error: Invalid value for '--on-restart'" in usage.stderr
@@ -251,7 +295,10 @@ def test_doctor_and_gc_on_a_data_directory(svc: Service, settings: Settings) -> 
     assert report["ok"] and names["database integrity"] == "ok"
     assert names["schema version"] == "ok" and names["owner token file"] == "ok"
     assert names["model lmsp-test"] == "ok" and names["service"] == "warn"
-    assert "all checks passed" in runner.invoke(main, ["doctor"], env=env).stdout
+    summary = runner.invoke(main, ["doctor"], env=env).stdout  # the service is not running
+    warned = sum(c["status"] == "warn" for c in report["checks"])
+    assert "all checks passed" not in summary
+    assert f"no check failed; {warned} warning(s) above" in summary
 
     token_file = settings.owner_token_path
     os.chmod(token_file, 0o644)

@@ -22,12 +22,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from lmsp import __version__, errors, logs
 from lmsp.config import Settings
 from lmsp.datadir import DataDirLock
+from lmsp.store import service as service_store
 
 from . import inputs
 from .broker import Broker
 from .errors import body as error_body
 from .errors import error_response
-from .routes import chat, meta, models, pairing, responses, tasks
+from .routes import activity, chat, console, meta, models, pairing, responses, tasks
 from .routes import clients as client_routes
 from .routes.deps import idempotency_supported
 from .service import Service, open_service
@@ -226,6 +227,24 @@ async def _gc_loop(svc: Service) -> None:
             log.exception("retention sweep failed")
 
 
+def _announce_console(svc: Service) -> None:
+    """The serve banner's one-time login link to the console, for the owner."""
+    owner = service_store.get(svc.db.reader(), "owner_client_id")
+    if owner is None:
+        return
+    host = svc.settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    code, _ = svc.console.new_link(owner)
+    log.info(
+        "console: %s (a one-time link for the owner; `lmsp console` prints another)",
+        console.login_url(f"http://{host}:{svc.settings.port}", code),
+        extra={"event": "console.login_link"},
+    )
+
+
 def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     """Build the ASGI app. Startup takes the data directory's lock (``lock``, when the
     caller took it already), opens the directory and recovers before serving."""
@@ -237,6 +256,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         svc.db.on_commit(svc.broker.notify)
         svc.runner.start(resume=svc.recovered.resumed)
         app.state.lmsp = svc
+        _announce_console(svc)
         gc = asyncio.create_task(_gc_loop(svc))
         try:
             yield
@@ -258,6 +278,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
     app.include_router(meta.router)
+    app.include_router(activity.router)
+    app.include_router(console.router)
     app.include_router(models.router)
     app.include_router(responses.router)
     app.include_router(chat.router)

@@ -7,6 +7,7 @@ tests can walk the routes from it.
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Awaitable, Callable
 
@@ -16,6 +17,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from lmsp import errors, logs
 from lmsp.store import clients
 from lmsp.store.clients import Client
+
+from . import sessions
 
 scheme = HTTPBearer(
     auto_error=False,
@@ -49,6 +52,28 @@ async def _record_use(request: Request, client: Client) -> None:
         svc.touched.pop(client.id, None)
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def console_client(request: Request) -> Client | None:
+    """The client a console session stands for (``None`` without a live session). A
+    request that changes something must carry the session's CSRF token in
+    ``X-CSRF-Token``, which a page of another site can neither read nor send."""
+    secret = request.cookies.get(sessions.COOKIE)
+    if not secret:
+        return None
+    session = request.app.state.lmsp.console.session(secret)
+    if session is None:
+        return None
+    if request.method not in SAFE_METHODS:
+        sent = request.headers.get(sessions.CSRF_HEADER, "")
+        if not hmac.compare_digest(sent.encode(), session.csrf.encode()):
+            raise errors.LmspError(
+                "csrf_failed", "The console's CSRF token is missing or wrong; reload the page."
+            )
+    return clients.load(request.app.state.lmsp.db.reader(), session.client_id)
+
+
 def require(scope: str) -> Callable[..., Awaitable[Client]]:
     """A dependency: the calling client, which must hold ``scope`` (or ``admin``)."""
     if scope not in clients.SCOPES:
@@ -66,11 +91,15 @@ def require(scope: str) -> Callable[..., Awaitable[Client]]:
 
 
 async def authorize(request: Request, scope: str) -> Client:
-    """The calling client, which must hold ``scope`` (or ``admin``): else 401 / 403."""
+    """The calling client, which must hold ``scope`` (or ``admin``): else 401 / 403.
+
+    A bearer token, or else the console's session cookie (with its CSRF token on a
+    request that changes something)."""
     token = bearer(request)
     if token is None:
-        raise errors.unauthorized()
-    client = clients.authenticate(request.app.state.lmsp.db.reader(), token)
+        client = console_client(request)
+    else:
+        client = clients.authenticate(request.app.state.lmsp.db.reader(), token)
     if client is None:
         raise errors.unauthorized()
     logs.client_id.set(client.id)  # the request's log lines name their client

@@ -16,6 +16,7 @@ STATUS: dict[str, int] = {
     # 401 / 403
     "invalid_token": 401,
     "insufficient_scope": 403,
+    "csrf_failed": 403,
     # 404
     "not_found": 404,
     # 405

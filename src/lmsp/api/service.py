@@ -33,6 +33,7 @@ from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.runner import Runner
 
 from .broker import Broker
+from .sessions import ConsoleSessions
 
 log = logging.getLogger("lmsp")
 
@@ -52,6 +53,7 @@ class Service:
     service_id: str
     recovered: recovery.Report
     metrics: Metrics = field(default_factory=Metrics)
+    console: ConsoleSessions = field(default_factory=ConsoleSessions)
     started_at: int = field(default_factory=lambda: int(time.time()))
     broker: Broker | None = None
     # client id → when this process last recorded its use (``last_used_at`` writes)

@@ -26,8 +26,16 @@ def _settings(data_dir: Path | None, **overrides: object) -> config.Settings:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="lmsp")
-def main() -> None:
-    """lmsp — a local model service for AI agents whose work is durable."""
+@click.option("--url", help="Service address for every command (LMSP_URL).")
+@click.option("--token", help="Bearer token for every command (LMSP_TOKEN).")
+@click.pass_context
+def main(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """lmsp — a local model service for AI agents whose work is durable.
+
+    `--url` and `--token` may come before the command (`lmsp --url … tasks ls`) or
+    after it; without them the local service and its owner token are used.
+    """
+    ctx.obj = {"url": url, "token": token}
 
 
 def _lock(settings: config.Settings, command: str) -> datadir.DataDirLock:
@@ -107,6 +115,12 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     log.info(
         "lmsp %s: data in %s", __version__, settings.data_dir, extra={"event": "service.start"}
     )
+    log.info(
+        "owner token (admin): %s — the lmsp command reads it from there; agents pair"
+        " with `lmsp pair approve`",
+        settings.owner_token_path,
+        extra={"event": "service.owner_token"},
+    )
     protocol = guarded_protocol(
         settings.header_timeout,
         settings.body_timeout,
@@ -128,7 +142,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
         raise SystemExit(3)
 
 
-@main.command()
+@main.command(short_help="Delete expired finished work and orphan blobs (server stopped).")
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
 @click.option("--retention", help="Keep finished work this long (e.g. 30s, 12h, 7d).")
 def gc(data_dir: Path | None, retention: str | None) -> None:
@@ -162,8 +176,10 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
 
 
 from .clients import clients  # noqa: E402
+from .console import console  # noqa: E402
 from .doctor import doctor  # noqa: E402
 from .pair import pair  # noqa: E402
+from .ps import ps  # noqa: E402
 from .run import run  # noqa: E402
 from .tasks import tasks  # noqa: E402
 
@@ -172,6 +188,8 @@ main.add_command(tasks)
 main.add_command(pair)
 main.add_command(clients)
 main.add_command(doctor)
+main.add_command(ps)
+main.add_command(console)
 
 from .models import models  # noqa: E402
 

@@ -167,7 +167,7 @@ def diagnose(settings: config.Settings) -> list[Check]:
     return checks
 
 
-@click.command("doctor")
+@click.command("doctor", short_help="Check the data directory and the service.")
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def doctor(data_dir: Path | None, as_json: bool) -> None:
@@ -191,6 +191,12 @@ def doctor(data_dir: Path | None, as_json: bool) -> None:
             ["CHECK", "RESULT", "DETAIL"],
             [(c.name, marks[c.status], c.detail) for c in checks],
         )
-        console().print("all checks passed" if not failed else f"{len(failed)} check(s) failed")
+        warned = [c for c in checks if c.status == "warn"]
+        if failed:
+            console().print(f"{len(failed)} check(s) failed")
+        elif warned:
+            console().print(f"no check failed; {len(warned)} warning(s) above")
+        else:
+            console().print("all checks passed")
     if failed:
         raise SystemExit(1)

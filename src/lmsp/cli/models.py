@@ -31,9 +31,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from lmsp.gguf import NotGGUF, check_structure
 from lmsp.store.blobs import hash_file
 
-from .common import target
+from .common import START_HINT, Target, api_error_line, target
 from .safe import clean, clean_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,25 +48,29 @@ def _options(func: F) -> F:
     return func
 
 
+class _Api(httpx.Client):
+    where: Target
+
+
 @contextmanager
-def _api(url: str | None, token: str | None) -> Iterator[httpx.Client]:
+def _api(url: str | None, token: str | None) -> Iterator[_Api]:
     where = target(url, token)
     headers = {"Authorization": f"Bearer {where.token}"} if where.token else {}
-    with httpx.Client(base_url=where.url, headers=headers, timeout=None) as http:
+    with _Api(base_url=where.url, headers=headers, timeout=None) as http:
+        http.where = where
         try:
             yield http
         except httpx.ConnectError as exc:
-            raise click.ClickException(
-                f"no lmsp service at {where.url} (start one with `lmsp serve`)"
-            ) from exc
+            raise click.ClickException(f"cannot reach lmsp at {where.url} ({START_HINT})") from exc
 
 
-def _answer(reply: httpx.Response) -> Any:
+def _answer(reply: httpx.Response, where: Target | None = None) -> Any:
     body: Any = reply.json() if reply.content else None
     if reply.is_error:
         error = body.get("error", {}) if isinstance(body, dict) else {}
-        code = error.get("code", reply.status_code)
-        raise click.ClickException(f"{clean(code)}: {clean(error.get('message', reply.text))}")
+        code = str(error.get("code", reply.status_code))
+        message = str(error.get("message", reply.text))
+        raise click.ClickException(api_error_line(reply.status_code, code, message, where))
     return body
 
 
@@ -92,7 +97,7 @@ def models() -> None:
 def list_models(url: str | None, token: str | None, as_json: bool) -> None:
     """List models with their digest, size, status and whether they are loaded."""
     with _api(url, token) as http:
-        data = _answer(http.get("/v1/models"))["data"]
+        data = _answer(http.get("/v1/models"), http.where)["data"]
     if as_json:
         _print_json(data)
         return
@@ -133,13 +138,27 @@ def add_model(path: Path, model_id: str, url: str | None, token: str | None, as_
     """Import a local GGUF file (copied into the service's blob store while hashed)."""
     source = path.resolve()
     size = source.stat().st_size
+    # what the service would refuse is refused before a byte is hashed or copied
+    try:
+        with source.open("rb") as fh:
+            check_structure(fh, size)
+    except NotGGUF as exc:
+        raise click.ClickException(
+            f"Not a whole GGUF model file: {clean(exc)} (invalid_model_file)"
+        ) from None
+    with _api(url, token) as http:
+        taken = http.get(f"/v1/models/{model_id}")
+        if taken.status_code == 200:
+            raise click.ClickException(f"A model {clean(model_id)!r} exists. (model_exists)")
+        if taken.status_code in (401, 400):
+            _answer(taken, http.where)
     with _api(url, token) as http, _bar() as progress:
         hashing = progress.add_task("hashing", total=size)
         digest, _ = hash_file(source, lambda n: progress.advance(hashing, n))
         copying = progress.add_task("copying into the blob store", total=None)
         body = {"id": model_id, "path": str(source), "digest": digest}
         try:
-            model = _answer(http.post("/v1/models", json=body))
+            model = _answer(http.post("/v1/models", json=body), http.where)
         finally:
             progress.update(copying, total=size, completed=size)
     if as_json:
@@ -155,7 +174,7 @@ def remove_model(model_id: str, url: str | None, token: str | None, as_json: boo
     """Delete a model (refused while unfinished tasks use it); its blob goes too unless
     another model names the same file."""
     with _api(url, token) as http:
-        result = _answer(http.delete(f"/v1/models/{model_id}"))
+        result = _answer(http.delete(f"/v1/models/{model_id}"), http.where)
     if as_json:
         _print_json(result)
         return
@@ -170,12 +189,12 @@ def verify_models(model_id: str | None, url: str | None, token: str | None, as_j
     results: list[dict[str, Any]] = []
     with _api(url, token) as http:
         if model_id is None:
-            ids = [m["id"] for m in _answer(http.get("/v1/models"))["data"]]
+            ids = [m["id"] for m in _answer(http.get("/v1/models"), http.where)["data"]]
         else:
-            ids = [_answer(http.get(f"/v1/models/{model_id}"))["id"]]
+            ids = [_answer(http.get(f"/v1/models/{model_id}"), http.where)["id"]]
         for ident in ids:
             with console.status(f"verifying {ident}"):
-                results.append(_answer(http.post(f"/v1/models/{ident}/verify")))
+                results.append(_answer(http.post(f"/v1/models/{ident}/verify"), http.where))
     if as_json:
         _print_json(results)
     else:

@@ -80,14 +80,16 @@ def _scopes(scopes: list[str]) -> Text:
     return shown
 
 
-@pair.command("approve")
+@pair.command("approve", short_help="Approve a pending request by its CODE.")
 @click.argument("code")
 @scopes_option(False, "Grant only these of the requested scopes.")
 @remote_options
 def approve(
     code: str, scopes: tuple[str, ...], url: str | None, token: str | None, as_json: bool
 ) -> None:
-    """Approve the request showing CODE (e.g. ABCD-EFGH)."""
+    """Approve the request showing CODE, like ABCD-EFGH (as `lmsp pair ls` lists it).
+
+    Without --scopes the client gets every scope it asked for."""
     with connect(url, token) as api:
         decided = api.approve_pairing(code, split_scopes(scopes) or None)
     if as_json:
@@ -113,7 +115,7 @@ def deny(code: str, url: str | None, token: str | None, as_json: bool) -> None:
         click.echo(f"denied {decided['user_code']} ({clean(decided['client_name'])})")
 
 
-@pair.command("clear")
+@pair.command("clear", short_help="Deny every pending request (or one source's).")
 @click.option("--source", help="Only the requests from this address (as `pair ls` shows).")
 @remote_options
 def clear(source: str | None, url: str | None, token: str | None, as_json: bool) -> None:

@@ -15,9 +15,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from lmsp.client import APIError, Client, ClientError
+from lmsp.client import APIError, Client, ClientError, UnreachableError
 
-from .common import target
+from .common import START_HINT, Target, api_error_line, target
 from .safe import clean, clean_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,31 +37,30 @@ def remote_options(func: F) -> F:
     return func
 
 
-def _message(exc: ClientError) -> str:
-    if isinstance(exc, APIError) and exc.status == 401:
-        return f"{clean(exc.message)} Pass --token or set LMSP_TOKEN."
+def _message(exc: ClientError, where: Target | None) -> str:
     if isinstance(exc, APIError):
-        return f"{clean(exc.message)} ({clean(exc.code)})"
+        return api_error_line(exc.status, exc.code, exc.message, where)
+    if isinstance(exc, UnreachableError):
+        return f"{clean(exc)} ({START_HINT})"
     return clean(exc)
 
 
 @contextlib.contextmanager
-def handled() -> Iterator[None]:
+def handled(where: Target | None = None) -> Iterator[None]:
     """Turn client errors into one clear line and a non-zero exit, never a traceback."""
     try:
         yield
     except ClientError as exc:
-        raise click.ClickException(_message(exc)) from None
+        raise click.ClickException(_message(exc, where)) from None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
 
 
 @contextlib.contextmanager
 def connect(url: str | None, token: str | None) -> Iterator[Client]:
-    with handled():
-        where = target(url, token)
-        with Client(where.url, where.token) as api:
-            yield api
+    where = target(url, token)
+    with handled(where), Client(where.url, where.token) as api:
+        yield api
 
 
 def console() -> Console:

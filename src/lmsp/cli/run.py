@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from lmsp.client import APIError
 from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
 
 from .remote import connect, finish, handled, note, print_json, print_stream, remote_options
@@ -53,7 +54,15 @@ def run(
     fields = {k: v for k, v in options.items() if v is not None}
     with connect(url, token) as api:
         if model is None:
-            models = api.models()
+            try:
+                models = api.models()
+            except APIError as exc:
+                if exc.status != 403:
+                    raise
+                raise click.ClickException(
+                    "finding the default model needs the scope 'models:read', which this"
+                    " token lacks: name the model with -m MODEL"
+                ) from None
             if not models:
                 raise click.ClickException("the service has no model; add one first")
             model = str(models[0]["id"])

@@ -40,6 +40,17 @@ def _client_names(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
     return {c["id"]: c["name"] for c in api.clients()}
 
 
+def _shown_status(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
+    """A completed task whose response stopped at ``max_output_tokens`` shows as
+    ``incomplete``, as its response does (the task object only says ``completed``)."""
+    shown: dict[str, str] = {}
+    for task in page:
+        if task["status"] == "completed":
+            response = api.retrieve(task["response_id"])
+            shown[task["id"]] = str(response["status"])
+    return shown
+
+
 @tasks.command("ls")
 @click.option("--status", type=click.Choice(STATUSES), help="Only tasks in this state.")
 @click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
@@ -62,13 +73,14 @@ def list_tasks(
     with connect(url, token) as api:
         page = api.tasks(status=status, limit=limit, client_id=client_id)
         names = _client_names(api, page["data"])
+        shown = {} if as_json else _shown_status(api, page["data"])
     if as_json:
         print_json(page["data"])
         return
     owner_view = any("client_id" in t for t in page["data"])
     rows = []
     for t in page["data"]:
-        row: list[Any] = [t["id"], t["status"]]
+        row: list[Any] = [t["id"], shown.get(t["id"], t["status"])]
         if owner_view:
             row.append(names.get(t["client_id"], t["client_id"]))
         row += [
@@ -114,7 +126,7 @@ def show(task_id: str, url: str | None, token: str | None, as_json: bool) -> Non
     fields = [
         ("task", task["id"]),
         ("response", task["response_id"]),
-        ("status", task["status"]),
+        ("status", response["status"] if task["status"] == "completed" else task["status"]),
         ("model", response["model"]),
         ("model digest", response.get("model_digest") or "-"),
         ("on restart", task["on_restart"]),

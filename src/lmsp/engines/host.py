@@ -67,6 +67,34 @@ class ModelHost:
     def loaded_ids(self) -> set[str]:
         return {key[0] for key in list(self._loaded)}
 
+    def loaded(self, now: float | None = None) -> list[dict[str, object]]:
+        """Every loaded context: model, slot, digest, memory, whether a task uses it, and
+        for an idle one the seconds until its keep-alive unloads it."""
+        now = time.monotonic() if now is None else now
+        with self._cond:
+            entries = sorted(self._loaded.items())
+            busy = set(self._busy.items())
+        shown: list[dict[str, object]] = []
+        for (model_id, slot), entry in entries:
+            measure = getattr(entry.model, "memory_bytes", None)
+            memory = measure() if callable(measure) else None
+            if memory is None:
+                path = blob_path(self.blobs_dir, entry.digest)
+                memory = path.stat().st_size if path.exists() else 0
+            in_use = (slot, model_id) in busy
+            left = None if in_use else max(0.0, self.keep_alive - (now - entry.last_used))
+            shown.append(
+                {
+                    "model": model_id,
+                    "slot": slot,
+                    "digest": entry.digest,
+                    "memory_bytes": int(memory),
+                    "busy": in_use,
+                    "unloads_in": None if left is None else round(left, 1),
+                }
+            )
+        return shown
+
     # -- integrity ---------------------------------------------------------------------
     def check(self, record: ModelRecord, full: bool | None = None) -> None:
         """Raise ``EngineError('model_corrupt')`` unless the blob matches its record: by

@@ -145,6 +145,18 @@ class LlamaModel(LlamaTokenizer):
                 )
         return self._guidance
 
+    def memory_bytes(self) -> int:
+        """What this context holds: the model's tensors plus its KV cache (K and V,
+        16-bit, for every layer and position of the context), as ``lmsp ps`` shows."""
+        import llama_cpp
+
+        model = self.llm._model.model
+        layers = int(llama_cpp.llama_model_n_layer(model))
+        width = int(llama_cpp.llama_model_n_embd(model))
+        heads = max(1, int(llama_cpp.llama_model_n_head(model)))
+        kv_width = width * int(llama_cpp.llama_model_n_head_kv(model)) // heads
+        return int(llama_cpp.llama_model_size(model)) + 2 * layers * self.n_ctx * kv_width * 2
+
     def _logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         array: np.ndarray[Any, np.dtype[np.float32]] = np.ctypeslib.as_array(
             self.llm._ctx.get_logits(), shape=(self.n_vocab,)

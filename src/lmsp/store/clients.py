@@ -98,6 +98,17 @@ def authenticate(conn: sqlite3.Connection, token: str) -> Client | None:
     return found
 
 
+def load(conn: sqlite3.Connection, client_id: str) -> Client | None:
+    """An unrevoked client by id (the console's session names its client by id)."""
+    row = conn.execute(
+        "SELECT id, name, scopes, last_used_at FROM clients WHERE id = ? AND revoked_at IS NULL",
+        (client_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    return Client(row["id"], row["name"], tuple(json.loads(row["scopes"])), row["last_used_at"])
+
+
 def needs_touch(client: Client, now: int) -> bool:
     return client.last_used_at is None or now - client.last_used_at >= TOUCH_INTERVAL
 

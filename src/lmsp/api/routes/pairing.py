@@ -63,7 +63,12 @@ async def request_pairing(body: PairingRequest, request: Request) -> JSONRespons
         )
 
     row = await svc.db.write(job)
-    return JSONResponse(pairing.render(row), 201)
+    shown = pairing.render(row)
+    # RFC 8628: where the operator approves it, in the console
+    page = f"{str(request.base_url).rstrip('/')}/console/pair"
+    shown["verification_uri"] = page
+    shown["verification_uri_complete"] = f"{page}?user_code={shown['user_code']}"
+    return JSONResponse(shown, 201)
 
 
 @router.get("")

@@ -1,0 +1,332 @@
+// The lmsp console: plain JS, no build step. It calls the ordinary API with the
+// session cookie; every request that changes something carries the CSRF token.
+// Everything shown is set as text (textContent), never as HTML: client names and
+// outputs are written by agents.
+"use strict";
+
+const TERMINAL = ["response.completed", "response.incomplete", "response.failed", "response.cancelled"];
+const UNFINISHED = new Set(["queued", "loading", "running", "cancelling"]);
+const SCOPES = ["models:read", "models:write", "responses:read", "responses:write", "admin"];
+let csrf = "";
+let clientNames = {};
+let following = null; // {id, source}
+const wantedCode = new URLSearchParams(location.search).get("user_code");
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function when(stamp) {
+  return stamp ? new Date(stamp * 1000).toLocaleString() : "-";
+}
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+async function api(method, path, body) {
+  const init = { method, headers: { Accept: "application/json" }, credentials: "same-origin" };
+  if (method !== "GET") {
+    init.headers["X-CSRF-Token"] = csrf;
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body || {});
+  }
+  const answer = await fetch(path, init);
+  const data = await answer.json().catch(() => ({}));
+  if (answer.status === 401) {
+    showSignin();
+    throw new Error("signed out");
+  }
+  if (!answer.ok) {
+    const error = data.error || {};
+    throw new Error(`${error.message || answer.statusText} (${error.code || answer.status})`);
+  }
+  return data;
+}
+
+function showSignin() {
+  $("app").hidden = true;
+  $("signin").hidden = false;
+}
+
+// -- rows kept by id, updated in place (so a click never lands on a replaced row) ----------
+function syncRows(tbody, items, key, build, update) {
+  const seen = new Set();
+  let previous = null;
+  for (const item of items) {
+    const id = key(item);
+    seen.add(id);
+    let row = tbody.querySelector(`tr[data-id="${CSS.escape(id)}"]`);
+    if (!row) {
+      row = build(item);
+      row.dataset.id = id;
+    }
+    update(row, item);
+    const wantedPlace = previous ? previous.nextSibling : tbody.firstChild;
+    if (row !== wantedPlace) tbody.insertBefore(row, wantedPlace);
+    previous = row;
+  }
+  for (const row of [...tbody.children]) if (!seen.has(row.dataset.id)) row.remove();
+}
+
+// -- tasks ---------------------------------------------------------------------------
+function renderTasks(tasks) {
+  syncRows(
+    $("task-rows"),
+    tasks,
+    (t) => t.id,
+    (t) =>
+      el(
+        "tr",
+        {},
+        el("td", {}, el("code", { text: t.id })),
+        el("td", { class: "status" }),
+        el("td"),
+        el("td", {}, el("code", { text: t.response_id })),
+        el("td", { text: when(t.created_at) }),
+        el(
+          "td",
+          {},
+          el("button", { type: "button", class: "follow", text: "Follow", onclick: () => follow(t.id) }),
+          " ",
+          el("button", { type: "button", class: "cancel danger", text: "Cancel", onclick: () => cancel(t.id) }),
+        ),
+      ),
+    (row, t) => {
+      const cells = row.children;
+      cells[1].textContent = t.status;
+      cells[1].className = `status ${t.status}`;
+      cells[2].textContent = clientNames[t.client_id] || t.client_id || "";
+      row.querySelector("button.cancel").hidden = !UNFINISHED.has(t.status);
+    },
+  );
+}
+
+async function cancel(taskId) {
+  try {
+    const task = await api("POST", `/v1/tasks/${encodeURIComponent(taskId)}/cancel`);
+    if (following && following.id === taskId) $("follow-status").textContent = task.status;
+    await refresh();
+  } catch (err) {
+    showError(`Cancel failed: ${err.message}`);
+  }
+}
+
+function follow(taskId) {
+  if (following) following.source.close();
+  $("follow").hidden = false;
+  $("follow-id").textContent = taskId;
+  $("follow-status").textContent = "";
+  $("follow-status").className = "status";
+  const text = $("follow-text");
+  text.textContent = "";
+  const source = new EventSource(`/v1/tasks/${encodeURIComponent(taskId)}/events`);
+  following = { id: taskId, source };
+  source.addEventListener("response.output_text.delta", (event) => {
+    text.append(JSON.parse(event.data).delta || "");
+    text.scrollTop = text.scrollHeight;
+  });
+  const status = (kind) => (event) => {
+    const data = JSON.parse(event.data);
+    const shown = (data.response && data.response.status) || kind;
+    $("follow-status").textContent = shown;
+    $("follow-status").className = `status ${shown}`;
+  };
+  for (const kind of ["response.queued", "response.in_progress"]) {
+    source.addEventListener(kind, status(kind));
+  }
+  for (const kind of TERMINAL) {
+    source.addEventListener(kind, (event) => {
+      status(kind)(event);
+      source.close(); // the log is complete: no reconnect
+    });
+  }
+  $("follow-cancel").onclick = () => cancel(taskId);
+}
+
+// -- pairing ---------------------------------------------------------------------------
+function renderPairing(pending) {
+  const list = $("pairing-list");
+  $("pairing-empty").hidden = pending.length > 0;
+  $("pairing-hint").hidden = !wantedCode;
+  $("wanted-code").textContent = wantedCode || "";
+  const seen = new Set();
+  for (const request of pending) {
+    seen.add(request.id);
+    if (list.querySelector(`li[data-id="${CSS.escape(request.id)}"]`)) continue;
+    const boxes = SCOPES.filter((s) => request.scopes.includes(s)).map((scope) =>
+      el(
+        "label",
+        {},
+        el("input", { type: "checkbox", name: "scope", value: scope, checked: "" }),
+        " ",
+        scope,
+        scope === "admin" ? el("span", { class: "admin-flag", text: " (full control!)" }) : "",
+      ),
+    );
+    const item = el(
+      "li",
+      { class: request.user_code === wantedCode ? "wanted" : "" },
+      el("span", { class: "code", text: request.user_code }),
+      " ",
+      el("strong", { text: request.client_name }),
+      el("span", { class: "hint", text: ` from ${request.source || "?"}, expires ${when(request.expires_at)}` }),
+      el("div", {}, ...boxes),
+      el("button", {
+        type: "button",
+        class: "approve primary",
+        text: "Approve",
+        onclick: () => decide(request.id, true, item),
+      }),
+      " ",
+      el("button", {
+        type: "button",
+        class: "deny danger",
+        text: "Deny",
+        onclick: () => decide(request.id, false, item),
+      }),
+    );
+    item.dataset.id = request.id;
+    item.dataset.code = request.user_code;
+    list.append(item);
+  }
+  for (const item of [...list.children]) if (!seen.has(item.dataset.id)) item.remove();
+}
+
+async function decide(id, approve, item) {
+  try {
+    if (approve) {
+      const scopes = [...item.querySelectorAll("input[name=scope]:checked")].map((b) => b.value);
+      if (!scopes.length) {
+        showError("Pick at least one scope, or deny the request.");
+        return;
+      }
+      await api("POST", `/v1/pairing/${encodeURIComponent(id)}/approve`, { scopes });
+    } else {
+      await api("POST", `/v1/pairing/${encodeURIComponent(id)}/deny`);
+    }
+    item.remove();
+    showError("");
+    await refresh();
+  } catch (err) {
+    showError(`${approve ? "Approve" : "Deny"} failed: ${err.message}`);
+  }
+}
+
+// -- clients and models ----------------------------------------------------------------
+function renderClients(clients, me) {
+  syncRows(
+    $("client-rows"),
+    clients,
+    (c) => c.id,
+    (c) =>
+      el(
+        "tr",
+        {},
+        el("td", { text: c.name }),
+        el("td", {}, el("code", { text: c.id })),
+        el("td", { text: c.scopes.join(" ") }),
+        el("td"),
+        el("td"),
+        el("td", {}, el("button", { type: "button", class: "revoke danger", text: "Revoke", onclick: () => revoke(c.id) })),
+      ),
+    (row, c) => {
+      row.children[3].textContent = when(c.last_used_at);
+      row.children[4].textContent = c.revoked_at ? when(c.revoked_at) : "";
+      row.querySelector("button.revoke").hidden = Boolean(c.revoked_at) || c.id === me;
+    },
+  );
+}
+
+async function revoke(clientId) {
+  try {
+    await api("DELETE", `/v1/clients/${encodeURIComponent(clientId)}`);
+    await refresh();
+  } catch (err) {
+    showError(`Revoke failed: ${err.message}`);
+  }
+}
+
+function renderModels(models) {
+  syncRows(
+    $("model-rows"),
+    models,
+    (m) => m.id,
+    () => el("tr", {}, el("td"), el("td", {}, el("code")), el("td"), el("td"), el("td")),
+    (row, m) => {
+      row.children[0].textContent = m.id;
+      row.children[1].firstChild.textContent = m.digest;
+      row.children[2].textContent = `${(m.size_bytes / 1048576).toFixed(1)} MiB`;
+      row.children[3].textContent = m.status || "ready";
+      row.children[4].textContent = m.loaded ? "yes" : "";
+    },
+  );
+}
+
+// -- the loop ----------------------------------------------------------------------------
+let me = "";
+
+async function refresh() {
+  const [tasks, pairing, clients, models, activity] = await Promise.all([
+    api("GET", "/v1/tasks?limit=50"),
+    api("GET", "/v1/pairing"),
+    api("GET", "/v1/clients"),
+    api("GET", "/v1/models"),
+    api("GET", "/v1/service/activity"),
+  ]);
+  clientNames = Object.fromEntries(clients.data.map((c) => [c.id, c.name]));
+  renderPairing(pairing.data);
+  renderTasks(tasks.data);
+  renderClients(clients.data, me);
+  renderModels(models.data);
+  const running = activity.sequences
+    .map((s) => `${s.task_id} ${s.tokens_per_second ? s.tokens_per_second.toFixed(1) + " tok/s" : ""}`)
+    .join(", ");
+  $("summary").textContent =
+    `${activity.sequences.length} running${running ? ` (${running})` : ""}, ${activity.queue.queued} queued`;
+}
+
+async function start() {
+  const answer = await fetch("/console/session", { credentials: "same-origin" });
+  if (!answer.ok) {
+    showSignin();
+    return;
+  }
+  const session = await answer.json();
+  csrf = session.csrf;
+  me = session.client_id;
+  $("who").textContent = `signed in as ${session.name}`;
+  $("app").hidden = false;
+  $("follow-close").onclick = () => {
+    if (following) following.source.close();
+    following = null;
+    $("follow").hidden = true;
+  };
+  $("logout").onclick = async () => {
+    await api("POST", "/console/logout").catch(() => {});
+    showSignin();
+  };
+  const tick = async () => {
+    try {
+      await refresh();
+    } catch (err) {
+      if (err.message !== "signed out") showError(err.message);
+    }
+    if (!$("app").hidden) setTimeout(tick, 1500);
+  };
+  await tick();
+}
+
+document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,79 @@
+"""``GET /v1/service/activity`` (``admin``): what the service is doing now, for
+``lmsp ps`` and the console: loaded models with their memory, the sequences being
+generated with their speed, the queue, and the clients with unfinished work. Counts,
+ids and names only: no prompt or output text."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+
+from lmsp.protocol.states import UNFINISHED_SQL
+from lmsp.store import tasks as task_store
+from lmsp.store.clients import Client
+
+from ..auth import require
+from .deps import service
+
+router = APIRouter(prefix="/v1/service", tags=["service"])
+
+Admin = Annotated[Client, Depends(require("admin"))]
+
+
+@router.get("/activity")
+async def activity(request: Request, client: Admin) -> dict[str, Any]:
+    svc = service(request)
+    conn = svc.db.reader()
+    now = time.monotonic()
+    sequences = []
+    for seq in svc.metrics.sequences():
+        task = task_store.get(conn, seq.task_id)
+        if task is None:
+            continue
+        rate = seq.rate(now)
+        sequences.append(
+            {
+                "task_id": seq.task_id,
+                "response_id": task["response_id"],
+                "client_id": task["client_id"],
+                "model": seq.model,
+                "status": task["status"],
+                "prompt_tokens": seq.prompt_tokens,
+                "cached_tokens": seq.cached_tokens,
+                "output_tokens": seq.tokens,
+                "tokens_per_second": None if rate is None else round(rate, 2),
+                "started_at": int(seq.started_at),
+            }
+        )
+    queued = conn.execute(
+        "SELECT count(*), min(created_at) FROM tasks WHERE status = 'queued'"
+    ).fetchone()
+    clients = [
+        {
+            "id": row["id"],
+            "name": row["name"],
+            "unfinished": row["unfinished"],
+            "running": row["running"],
+            "queued": row["queued"],
+            "last_used_at": row["last_used_at"],
+        }
+        for row in conn.execute(
+            "SELECT c.id, c.name, c.last_used_at, count(t.id) AS unfinished,"
+            " sum(t.status IN ('loading', 'running', 'cancelling')) AS running,"
+            " sum(t.status = 'queued') AS queued"
+            f" FROM tasks t JOIN clients c ON c.id = t.client_id"
+            f" WHERE t.status IN ({UNFINISHED_SQL}) GROUP BY c.id ORDER BY c.name, c.id"
+        )
+    ]
+    return {
+        "object": "service.activity",
+        "service_id": svc.service_id,
+        "started_at": svc.started_at,
+        "parallel": svc.settings.parallel,
+        "models": svc.host.loaded(now),
+        "sequences": sequences,
+        "queue": {"queued": int(queued[0]), "oldest_created_at": queued[1]},
+        "clients": clients,
+    }

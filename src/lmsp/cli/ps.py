@@ -1,0 +1,125 @@
+"""``lmsp ps``: what the running service does now (like ``ollama ps``), ``--watch`` live."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+from rich.console import Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from .remote import connect, console, handled, print_json, remote_options, when
+from .safe import clean
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    out = Table(title=title, title_justify="left", header_style="bold")
+    for name in columns:
+        out.add_column(name, no_wrap=name in {"MODEL", "TASK", "CLIENT", "DIGEST"})
+    for row in rows:
+        out.add_row(*(escape(clean(v)) for v in row))
+    if not rows:
+        out.add_row(*(["-"] + [""] * (len(columns) - 1)))
+    return out
+
+
+def render(state: dict[str, Any]) -> Group:
+    """The four tables of ``lmsp ps``."""
+    names = {c["id"]: c["name"] for c in state["clients"]}
+    models = [
+        [
+            m["model"],
+            m["slot"],
+            m["digest"][:12],
+            _size(m["memory_bytes"]),
+            "in use" if m["busy"] else f"idle, unloads in {m['unloads_in']:.0f}s",
+        ]
+        for m in state["models"]
+    ]
+    sequences = [
+        [
+            s["task_id"],
+            s["model"],
+            names.get(s["client_id"], s["client_id"]),
+            s["status"],
+            s["prompt_tokens"],
+            s["output_tokens"],
+            "-" if s["tokens_per_second"] is None else f"{s['tokens_per_second']:.1f}",
+            when(s["started_at"]),
+        ]
+        for s in state["sequences"]
+    ]
+    queue = state["queue"]
+    clients = [
+        [c["name"], c["id"], c["running"], c["queued"], when(c["last_used_at"])]
+        for c in state["clients"]
+    ]
+    oldest = when(queue["oldest_created_at"]) if queue["queued"] else "-"
+    return Group(
+        _table("Models loaded", ["MODEL", "SLOT", "DIGEST", "MEMORY", "STATE"], models),
+        _table(
+            f"Sequences ({len(sequences)} of {state['parallel']} slots)",
+            ["TASK", "MODEL", "CLIENT", "STATUS", "PROMPT", "OUTPUT", "TOKENS/S", "STARTED"],
+            sequences,
+        ),
+        f"Queue: {queue['queued']} task(s) waiting, oldest since {oldest}",
+        _table(
+            "Clients with unfinished work",
+            ["CLIENT", "ID", "RUNNING", "QUEUED", "LAST SEEN"],
+            clients,
+        ),
+    )
+
+
+@click.command("ps")
+@click.option("--watch", is_flag=True, help="Refresh live until Ctrl-C.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.2, 60),
+    default=1.0,
+    show_default=True,
+    help="Seconds between refreshes with --watch.",
+)
+@remote_options
+def ps(watch: bool, interval: float, url: str | None, token: str | None, as_json: bool) -> None:
+    """What the service is doing now: loaded models and their memory, the sequences
+    being generated and their speed, the queue, and the clients with unfinished work
+    (needs the owner's token)."""
+    with connect(url, token) as api:
+        if not watch:
+            state = api.activity()
+            if as_json:
+                print_json(state)
+            else:
+                console().print(render(state))
+            return
+        if as_json:
+            raise click.UsageError("--watch shows tables; use --json without --watch")
+        out = console()
+        try:
+            if not out.is_terminal:  # a pipe or a file: one snapshot after another
+                while True:
+                    out.print(f"-- {when(int(time.time()))}")
+                    out.print(render(api.activity()))
+                    time.sleep(interval)
+            with Live(render(api.activity()), console=out, auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    with handled():
+                        live.update(render(api.activity()), refresh=True)
+        except KeyboardInterrupt:
+            return
