@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmsp.engines.base import Constraint, LoadedModel, Sampling
-from lmsp.protocol.assembler import OutputAssembler
-from lmsp.protocol.events import Event
+from lmsp.protocol.assembler import Event, OutputAssembler
 
 #: builds a fresh constraint for one sequence of a loaded model (and again on resume,
 #: where it is then fed the snapshot's tokens)
