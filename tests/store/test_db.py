@@ -95,3 +95,28 @@ def test_many_threads_write_concurrently(db: Database) -> None:
     assert errors == []
     assert db.reader().execute("SELECT count(*) FROM service_config").fetchone()[0] == 160
     assert db.jobs >= 160
+
+
+def test_versions_move_with_client_changes_only(tmp_path: Path) -> None:
+    from lmsp.store import clients
+
+    db = Database(tmp_path / "v.db")
+    try:
+        start = db.versions["clients"]
+        made = db.write_sync(lambda c: clients.add(c, "a", ["admin"]))
+        added = db.versions["clients"]
+        assert added > start
+        db.write_sync(lambda c: clients.touch(c, made[0].id, 10_000))  # last_used_at only
+        db.write_sync(lambda c: c.execute("CREATE TABLE IF NOT EXISTS other (x)"))
+        assert db.versions["clients"] == added
+        inside: list[int] = []
+
+        def revoke(conn: sqlite3.Connection) -> None:
+            clients.revoke(conn, made[0].id)
+            inside.append(db.versions["clients"])
+
+        db.write_sync(revoke)
+        # bumped when the row changed, and again once committed (before the answer)
+        assert added < inside[0] < db.versions["clients"]
+    finally:
+        db.close()

@@ -8,6 +8,7 @@ some SSE parsers split only on ``\\n``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -59,8 +60,7 @@ async def task_events(
     last = after
     while True:
         waiter = broker.current()
-        conn = db.reader()
-        rows = events.after(conn, task_id, last, PAGE)
+        rows, over = await asyncio.to_thread(_page, db, task_id, last)
         for seq, kind, data in rows:
             last = seq
             if kind not in hide:
@@ -69,12 +69,23 @@ async def task_events(
                 return
         if rows:
             continue
-        task = task_store.get(conn, task_id)
-        if task is None or (
-            Status(task["status"]).terminal and task["last_sequence_number"] <= last
-        ):
+        if over:
             return
         await broker.wait(waiter, 10.0)
+
+
+def _page(db: Database, task_id: str, last: int) -> tuple[list[tuple[int, str, str]], bool]:
+    """The next page of events after ``last`` (in a reader thread, off the event loop);
+    with none, whether the log is over (the task is gone, or finished and all read)."""
+    conn = db.reader()
+    rows = events.after(conn, task_id, last, PAGE)
+    if rows:
+        return rows, False
+    task = task_store.get(conn, task_id)
+    over = task is None or (
+        Status(task["status"]).terminal and task["last_sequence_number"] <= last
+    )
+    return rows, over
 
 
 async def framed(

@@ -44,6 +44,12 @@ AfterCommit = Callable[[], None]
 
 MAX_BATCH = 256
 
+# tables whose changes bump :attr:`Database.versions` (and which columns of an UPDATE
+# count): caches of rows (the API's token cache) compare versions instead of re-reading
+WATCHED: dict[str, tuple[str, ...]] = {
+    "clients": ("token_prefix", "token_hash", "scopes", "name", "revoked_at"),
+}
+
 
 def connect(path: Path | str) -> sqlite3.Connection:
     """Open a connection with the pragmas lmsp relies on.
@@ -95,6 +101,44 @@ class Faults:
             self._fail()
 
 
+class Versions:
+    """Change counters of the :data:`WATCHED` tables, readable from any thread.
+
+    A write that changes a watched table bumps its counter twice: when the row changes
+    (inside the transaction) and again after the transaction ended, before any job of it
+    is answered. A reader that takes the version *before* reading a row and keeps the
+    pair can trust the row exactly as long as the version is unchanged: a row read while
+    a change was uncommitted was read under the first bump and is outdated by the second.
+    """
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(WATCHED, 0)
+        self._lock = threading.Lock()
+
+    def __getitem__(self, table: str) -> int:
+        return self._counts[table]
+
+    def bump(self, table: str) -> None:
+        with self._lock:
+            self._counts[table] += 1
+
+
+def _watch(conn: sqlite3.Connection, changed: Callable[[str], None]) -> None:
+    """Temporary triggers on ``conn`` (the writer's) that report changes of watched tables."""
+
+    def report(table: str) -> None:
+        changed(table)
+
+    conn.create_function("lmsp_changed", 1, report)
+    for table, columns in WATCHED.items():
+        for when in ("INSERT", "DELETE", f"UPDATE OF {', '.join(columns)}"):
+            name = f"lmsp_watch_{table}_{when.split()[0].lower()}"
+            conn.execute(
+                f"CREATE TEMP TRIGGER {name} AFTER {when} ON main.{table}"
+                f" BEGIN SELECT lmsp_changed('{table}'); END"
+            )
+
+
 class _StorageFull(Exception):
     """A job hit a full disk: the whole transaction must go."""
 
@@ -131,6 +175,9 @@ class Database:
         self._readers_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._writer_conn = connect(self.path)
+        self.versions = Versions()
+        self._changed: set[str] = set()  # watched tables changed in this transaction
+        _watch(self._writer_conn, self._on_change)
         self._listeners: list[Callable[[], None]] = []
         self._closed = False
         self.commits = 0
@@ -169,6 +216,16 @@ class Database:
     def on_commit(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (in the writer thread) after every commit."""
         self._listeners.append(listener)
+
+    def _on_change(self, table: str) -> None:
+        self._changed.add(table)
+        self.versions.bump(table)
+
+    def _settle_changes(self) -> None:
+        """After a commit or rollback: the second bump (see :class:`Versions`)."""
+        for table in self._changed:
+            self.versions.bump(table)
+        self._changed.clear()
 
     def _run(self) -> None:
         conn = self._writer_conn
@@ -229,11 +286,13 @@ class Database:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:  # pragma: no cover - SQLite rolled back itself
                     log.exception("rollback failed")
+            self._settle_changes()
             answer = insufficient_storage() if full else cause
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(answer)
             return
+        self._settle_changes()
         self.commits += 1
         self.jobs += len(batch)
         if conn.total_changes != changes_before:
