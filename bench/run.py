@@ -10,6 +10,11 @@
     (each answered ``202`` only after its commit) against a naive durable baseline, raw
     SQLite doing one INSERT + COMMIT per row (WAL, synchronous=FULL); plus an in-process
     run of the same app that reads the writer's commit counter.
+(c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
+    source distribution into a cache the first time): the benchmarks of issue 10, see
+    ``bench/compare.py``.
+
+``LMSP_BENCH_QUICK=1`` makes every part small: a smoke run of the harness, not figures.
 
 Nothing here is part of the test suite.
 """
@@ -38,6 +43,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import compare  # noqa: E402
 from tests.helpers import Server  # noqa: E402  (the test suite's subprocess launcher)
 
 MODEL = "smollm2-135m-instruct"
@@ -475,8 +481,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients for (b)")
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of each (b) run")
     parser.add_argument("--dir", default=None, help="where the data directories go")
-    parser.add_argument("--only", choices=["generation", "writes"], default=None)
+    parser.add_argument("--only", choices=["generation", "writes", "compare"], default=None)
     args = parser.parse_args()
+    if compare.quick():  # LMSP_BENCH_QUICK: a smoke run of the harness
+        args.reps, args.tokens, args.seconds = 1, 32, 2.0
 
     began = time.perf_counter()
     with workdir(args.dir) as work:
@@ -488,6 +496,8 @@ def main() -> None:
             bench_generation(work, args.tokens, args.reps)
         if args.only in (None, "writes"):
             bench_writes(work, args.clients, args.seconds)
+        if args.only in (None, "compare"):
+            compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")
 
 

@@ -192,11 +192,15 @@ class Service:
         """Wait until the task is finished (or gone); ``False`` if ``timeout`` passed."""
         assert self.broker is not None
         deadline = None if timeout is None else time.monotonic() + timeout
+        seen: int | None = None
         while True:
             waiter = self.broker.current()
-            task = await self.read(lambda: task_store.get(self.db.reader(), task_id))
-            if task is None or Status(task["status"]).terminal:
-                return True
+            stamp = self.db.versions.task(task_id)  # unchanged task: no read
+            if stamp is None or stamp != seen:
+                task = await self.read(lambda: task_store.get(self.db.reader(), task_id))
+                if task is None or Status(task["status"]).terminal:
+                    return True
+                seen = stamp
             left = 10.0 if deadline is None else min(10.0, deadline - time.monotonic())
             if left <= 0:
                 return False

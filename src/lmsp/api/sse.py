@@ -58,9 +58,17 @@ async def task_events(
     """``(sequence number, type, JSON)`` of ``task_id``'s events after ``after`` until its
     terminal event. Types in ``hide`` are skipped (they keep their numbers in the log)."""
     last = after
+    seen: int | None = None
     while True:
         waiter = broker.current()
+        # every commit wakes every stream: read only when this task changed since the
+        # last read (its stamp, taken before the read), or when its stamp is unknown
+        stamp = db.versions.task(task_id)
+        if stamp is not None and stamp == seen:
+            await broker.wait(waiter, 10.0)
+            continue
         rows, over = await asyncio.to_thread(_page, db, task_id, last)
+        seen = stamp if len(rows) < PAGE else None
         for seq, kind, data in rows:
             last = seq
             if kind not in hide:
