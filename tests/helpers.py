@@ -177,3 +177,30 @@ def message_text(output: list[dict[str, Any]]) -> str:
 def text_events(assembler: OutputAssembler, pieces: list[str]) -> list[dict[str, Any]]:
     """The output events an assembler emits for text pieces, as the runner logs them."""
     return [event for piece in pieces for event in assembler.feed(TextDelta(piece))]
+
+
+def tiny_pdf(text: str) -> bytes:
+    """A one-page PDF showing ``text`` in Helvetica (made with pypdf)."""
+    import io
+
+    from pypdf import PdfWriter
+    from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
+
+    writer = PdfWriter()
+    page = writer.add_blank_page(width=612, height=792)
+    font = DictionaryObject(
+        {
+            NameObject("/Type"): NameObject("/Font"),
+            NameObject("/Subtype"): NameObject("/Type1"),
+            NameObject("/BaseFont"): NameObject("/Helvetica"),
+        }
+    )
+    fonts = DictionaryObject({NameObject("/F1"): writer._add_object(font)})
+    page[NameObject("/Resources")] = DictionaryObject({NameObject("/Font"): fonts})
+    stream = DecodedStreamObject()
+    escaped = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+    stream.set_data(f"BT /F1 12 Tf 72 712 Td ({escaped}) Tj ET".encode("latin-1"))
+    page[NameObject("/Contents")] = writer._add_object(stream)
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()

@@ -258,13 +258,21 @@ class Client(_Base):
 
     # -- tasks -------------------------------------------------------------------------
     def tasks(
-        self, *, status: str | None = None, limit: int = 20, after: str | None = None
+        self,
+        *,
+        status: str | None = None,
+        limit: int = 20,
+        after: str | None = None,
+        client_id: str | None = None,
     ) -> dict[str, Any]:
+        """A page of tasks, newest first (an admin token lists every client's)."""
         params: dict[str, Any] = {"limit": limit}
         if status:
             params["status"] = status
         if after:
             params["after"] = after
+        if client_id:
+            params["client_id"] = client_id
         result: dict[str, Any] = self.request("GET", "/v1/tasks", params=params)
         return result
 
@@ -414,10 +422,14 @@ class AsyncClient(_Base):
     def stream(self, response_id: str, starting_after: int = -1) -> AsyncIterator[dict[str, Any]]:
         return self._follow(f"/v1/responses/{response_id}", starting_after)
 
-    async def tasks(self, *, status: str | None = None, limit: int = 20) -> dict[str, Any]:
+    async def tasks(
+        self, *, status: str | None = None, limit: int = 20, client_id: str | None = None
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
         if status:
             params["status"] = status
+        if client_id:
+            params["client_id"] = client_id
         result: dict[str, Any] = await self.request("GET", "/v1/tasks", params=params)
         return result
 

@@ -51,6 +51,7 @@ class Settings:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     max_connections: int = 1000
+    log_format: str = "text"  # or "json": one JSON object a line
 
     @property
     def db_path(self) -> Path:
@@ -136,6 +137,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["sse_ping"] = parse_duration(v)
     if v := env.get("LMSP_CANCEL_WAIT"):
         changes["cancel_wait"] = parse_duration(v)
+    if v := env.get("LMSP_LOG_FORMAT"):
+        if v not in ("text", "json"):
+            raise ValueError("LMSP_LOG_FORMAT must be text or json")
+        changes["log_format"] = v
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

@@ -134,6 +134,8 @@ def _static(method: str, path: str, **kw: Any) -> Build:
 ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/healthz"): Route(_static("GET", "/healthz"), 200),
     ("GET", "/v1/service"): Route(_static("GET", "/v1/service"), 200),
+    # bound to loopback (as here): no token needed; see tests/test_metrics.py otherwise
+    ("GET", "/metrics"): Route(_static("GET", "/metrics"), 200),
     ("GET", "/v1/models"): Route(_static("GET", "/v1/models"), 200),
     ("GET", "/v1/models/{model_id}"): Route(_static("GET", "/v1/models/lmsp-test"), 200),
     ("POST", "/v1/models"): Route(
@@ -164,6 +166,9 @@ ROUTES: dict[tuple[str, str], Route] = {
     ),
     ("GET", "/v1/responses/{response_id}"): Route(_resp("GET"), 200, owned=True),
     ("DELETE", "/v1/responses/{response_id}"): Route(_resp("DELETE"), 200, owned=True),
+    ("GET", "/v1/responses/{response_id}/input_items"): Route(
+        _resp("GET", "/input_items"), 200, owned=True
+    ),
     ("POST", "/v1/responses/{response_id}/cancel"): Route(
         _resp("POST", "/cancel"), 200, owned=True
     ),
@@ -305,3 +310,76 @@ def test_a_client_lists_only_its_own_tasks(world: World) -> None:
         "/v1/tasks", params={"after": mine["task"]["id"]}, headers=world.auth(bob)
     )
     assert cursor.status_code == 400
+
+
+def test_the_owner_oversees_every_clients_work(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``admin`` sees, lists and cancels another client's task (and the task objects it
+    gets name their client); a client without ``admin`` still gets 404 for it."""
+    alice_id, alice = world.new_client(["responses:read", "responses:write"])
+    _, bob = world.new_client(["responses:read", "responses:write"])
+    finished = world.finished_response(alice)
+    monkeypatch.setenv("LMSP_TEST_ENGINE_DELAY", "0.5")  # a task that is still running
+    world.http.app.state.lmsp.host.close()  # the next load reads the delay
+    made = world.http.post(
+        "/v1/responses",
+        json={"model": "lmsp-test", "input": "runaway", "background": True},
+        headers=world.auth(alice),
+    )
+    assert made.status_code == 202, made.text
+    response_id, task_id = made.json()["id"], made.json()["task"]["id"]
+
+    # bob, not an admin: nothing of alice's
+    for method, path in [
+        ("GET", f"/v1/tasks/{task_id}"),
+        ("GET", f"/v1/responses/{response_id}"),
+        ("POST", f"/v1/tasks/{task_id}/cancel"),
+        ("POST", f"/v1/responses/{response_id}/cancel"),
+    ]:
+        answer = world.http.request(method, path, headers=world.auth(bob))
+        assert answer.status_code == 404, (method, path, answer.text)
+    filtered = world.http.get("/v1/tasks", params={"client_id": alice_id}, headers=world.auth(bob))
+    assert filtered.status_code == 403
+    assert filtered.json()["error"]["code"] == "insufficient_scope"
+    assert world.http.get("/v1/tasks", headers=world.auth(bob)).json()["data"] == []
+    own = world.http.get("/v1/tasks", headers=world.auth(alice)).json()["data"]
+    assert {t["id"] for t in own} == {task_id, finished["task"]["id"]}
+    assert all("client_id" not in t for t in own)  # a client is not told its own id
+
+    # the owner lists every client's tasks, with their client, or one client's
+    owner = world.auth(world.owner)
+    listed = world.http.get("/v1/tasks", headers=owner).json()["data"]
+    mine = {t["id"]: t for t in listed}
+    assert mine[task_id]["client_id"] == alice_id
+    assert mine[finished["task"]["id"]]["client_id"] == alice_id
+    only = world.http.get("/v1/tasks", params={"client_id": alice_id}, headers=owner).json()
+    assert [t["id"] for t in only["data"]] == [task_id, finished["task"]["id"]]
+    paged = world.http.get(
+        "/v1/tasks", params={"client_id": alice_id, "after": task_id}, headers=owner
+    ).json()
+    assert [t["id"] for t in paged["data"]] == [finished["task"]["id"]]
+    seen = world.http.get(f"/v1/tasks/{task_id}", headers=owner)
+    assert seen.status_code == 200 and seen.json()["client_id"] == alice_id
+    assert world.http.get(f"/v1/responses/{response_id}", headers=owner).status_code == 200
+    log = world.http.get(
+        f"/v1/tasks/{task_id}/events", headers={**owner, "Accept": "application/json"}
+    )
+    assert log.status_code == 200 and log.json()["data"][0]["type"] == "response.created"
+
+    # and stops it
+    cancelled = world.http.post(f"/v1/tasks/{task_id}/cancel", headers=owner)
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] in {"cancelling", "cancelled"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = world.http.get(f"/v1/responses/{response_id}", headers=world.auth(alice)).json()
+        if state["status"] == "cancelled":
+            break
+        time.sleep(0.05)
+    assert state["status"] == "cancelled"
+    # a finished response of another client can be deleted by the owner too
+    gone = world.http.delete(f"/v1/responses/{finished['id']}", headers=owner)
+    assert gone.status_code == 200, gone.text
+    missing = world.http.get(f"/v1/responses/{finished['id']}", headers=world.auth(alice))
+    assert missing.status_code == 404

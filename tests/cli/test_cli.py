@@ -204,6 +204,31 @@ def test_clients_add_ls_revoke(server: Server) -> None:
     fails(lmsp(server, "clients", "add", "x", "--scopes", "root"), "scopes")
 
 
+def test_the_owner_lists_every_clients_tasks(server: Server) -> None:
+    with server.client() as http:
+        made = http.post(
+            "/v1/clients",
+            json={"name": "agent-x", "scopes": ["responses:read", "responses:write"]},
+        )
+        agent_id, agent = made.json()["id"], made.json()["token"]
+        created = httpx.post(
+            f"{server.url}/v1/responses",
+            json={"model": "lmsp-test", "input": "agent work", "background": True},
+            headers={"Authorization": f"Bearer {agent}"},
+        ).json()
+    task_id = created["task"]["id"]
+    listed = as_json(lmsp(server, "tasks", "ls", "--json", "--client", agent_id))
+    assert [t["id"] for t in listed] == [task_id] and listed[0]["client_id"] == agent_id
+    table = ok(lmsp(server, "tasks", "ls", "--limit", "100"))
+    assert "CLIENT" in table and "agent-x" in table and task_id in table
+    # the agent sees its own tasks, without a client column, and not another's filter
+    mine = ok(lmsp(server, "tasks", "ls", LMSP_TOKEN=agent))
+    assert task_id in mine and "CLIENT" not in mine
+    fails(lmsp(server, "tasks", "ls", "--client", "cli_other", LMSP_TOKEN=agent), "admin")
+    stopped = ok(lmsp(server, "tasks", "cancel", task_id))  # the owner may stop it
+    assert stopped.startswith(f"{task_id}: ")
+
+
 def test_errors_are_one_line(server: Server) -> None:
     nowhere = f"http://127.0.0.1:{free_port()}"
     fails(lmsp(server, "tasks", "ls", "--url", nowhere), f"cannot reach lmsp at {nowhere}")

@@ -8,6 +8,8 @@ import contextlib
 import json
 import logging
 import re
+import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lmsp import __version__, errors
+from lmsp import __version__, errors, logs
 from lmsp.config import Settings
 from lmsp.datadir import DataDirLock
 
@@ -84,6 +86,59 @@ class BodyGate:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class HttpMetrics:
+    """Give every request an id (``X-Request-Id``: the caller's if it is a plain token
+    of up to 64 characters, else a new one), which every log line written for it
+    carries, and count every answer by route template (never the raw path: ids would
+    make a label per object), method and status, with its latency (a stream's, until it
+    ends). The outermost layer, so a ``413`` of :class:`BodyGate` is counted too; the
+    route is noted by :func:`note_route` once routing found it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = time.perf_counter()
+        status = 500
+        noted: dict[str, str] = {}
+        scope[_ROUTE_KEY] = noted  # shared by the copies of ``scope`` made further in
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
+        token = logs.request_id.set(rid)
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                message = dict(message, headers=headers)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            logs.request_id.reset(token)
+            svc = getattr(scope["app"].state, "lmsp", None)
+            if svc is not None:
+                route = noted.get("route") or ("unmatched" if status == 404 else "other")
+                svc.metrics.http(scope["method"], route, status, time.perf_counter() - began)
+
+
+_ROUTE_KEY = "lmsp.route"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+async def note_route(request: Request) -> None:
+    """An app-wide dependency: tell :class:`HttpMetrics` which route answers."""
+    route = request.scope.get("route")
+    noted = request.scope.get(_ROUTE_KEY)
+    if noted is not None and route is not None:
+        noted["route"] = str(getattr(route, "path", "other"))
 
 
 def _unusable_json(body: bytes) -> errors.LmspError | None:
@@ -197,7 +252,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         version=__version__,
         summary="A local model service for AI agents whose work is durable.",
         lifespan=lifespan,
-        dependencies=[Depends(idempotency_supported)],
+        dependencies=[Depends(note_route), Depends(idempotency_supported)],
     )
     app.add_exception_handler(errors.LmspError, _lmsp_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -211,6 +266,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(pairing.router)
     app.include_router(client_routes.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
+    app.add_middleware(HttpMetrics)
     return app
 
 

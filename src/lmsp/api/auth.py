@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from lmsp import errors
+from lmsp import errors, logs
 from lmsp.store import clients
 from lmsp.store.clients import Client
 
@@ -67,17 +67,23 @@ def require(scope: str) -> Callable[..., Awaitable[Client]]:
     async def dependency(
         request: Request, credentials: HTTPAuthorizationCredentials | None = declared
     ) -> Client:
-        token = bearer(request)
-        if token is None:
-            raise errors.unauthorized()
-        svc: Service = request.app.state.lmsp
-        # from the token cache (no database round trip), else read off the event loop
-        client = await svc.tokens.authenticate(token, svc.read)
-        if client is None:
-            raise errors.unauthorized()
-        if not client.allows(scope):
-            raise errors.forbidden(scope)
-        await _record_use(request, client)
-        return client
+        return await authorize(request, scope)
 
     return dependency
+
+
+async def authorize(request: Request, scope: str) -> Client:
+    """The calling client, which must hold ``scope`` (or ``admin``): else 401 / 403."""
+    token = bearer(request)
+    if token is None:
+        raise errors.unauthorized()
+    svc: Service = request.app.state.lmsp
+    # from the token cache (no database round trip), else read off the event loop
+    client = await svc.tokens.authenticate(token, svc.read)
+    if client is None:
+        raise errors.unauthorized()
+    logs.client_id.set(client.id)  # the request's log lines name their client
+    if not client.allows(scope):
+        raise errors.forbidden(scope)
+    await _record_use(request, client)
+    return client

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from lmsp.errors import LmspError
 from lmsp.protocol.events import INCLUDE_LIFECYCLE
 
+from . import toolcheck
+
 
 class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
@@ -60,20 +62,11 @@ INCLUDABLE = frozenset(
 )
 
 
-# -- input (the input-items helper owns these models) --------------------------------------
-class InputText(Body):
-    type: Literal["input_text", "output_text", "text"]
-    text: str
-
-
-class InputMessage(Body):
-    type: Literal["message"] | None = None
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText]
-
-
-#: one item of ``input`` (chat ``messages`` are translated into these and checked here)
-InputItem = InputMessage
+# -- input -----------------------------------------------------------------------------------
+#: one item of ``input``: a JSON object, checked and normalized by
+#: :func:`lmsp.protocol.items.normalize` (which names the item and part at fault)
+InputItem = dict[str, Any]
+MAX_INPUT_ITEMS = 4096
 
 
 # -- Responses ------------------------------------------------------------------------------
@@ -135,7 +128,7 @@ class CreateResponse(Body):
     model: ModelId
     input: (
         Annotated[str, StringConstraints(min_length=1)]
-        | Annotated[list[InputItem], Field(min_length=1)]
+        | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_INPUT_ITEMS)]
     )
     instructions: str | None = None
     previous_response_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = (
@@ -225,25 +218,16 @@ def _pending(body: CreateResponse | ChatCompletionCreate) -> Iterator[LmspError]
             yield unsupported(name, f"{name} is not supported by this server yet.")
 
 
-def _tools(tools: list[Tool] | None, choice: Any, param: str = "tools") -> Iterator[LmspError]:
-    """Until constrained tool calling lands, tools may be listed but never called."""
-    for index, tool in enumerate(tools or []):
-        if tool.type != "function":
-            yield unsupported(f"{param}.{index}.type", f"Tool type {tool.type!r} is not supported.")
-        elif tool.name is None:
-            yield LmspError(
-                "invalid_value",
-                f"{param}.{index}.name: a function tool needs a name.",
-                param=f"{param}.{index}.name",
-            )
-    if isinstance(choice, ToolChoiceObject) or choice == "required":
-        yield unsupported("tool_choice", "Tool calling is not supported by this server yet.")
-    elif tools and choice != "none":
-        yield unsupported(
-            param,
-            "Tool calling is not supported by this server yet; send tools only with"
-            ' tool_choice "none".',
-        )
+def _tools(body: CreateResponse) -> Iterator[LmspError]:
+    """Function tools, ``tool_choice`` and ``text.format`` (:mod:`.toolcheck`)."""
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+    given = body.tool_choice
+    choice: Any = (
+        given.model_dump(exclude_none=True) if isinstance(given, ToolChoiceObject) else given
+    )
+    fmt = body.text.format if body.text else None
+    shown = None if fmt is None else fmt.model_dump(exclude_none=True, by_alias=True)
+    yield from toolcheck.problems(tools, choice, shown, body.stop)
 
 
 def _first(problems: Iterator[LmspError]) -> None:
@@ -264,10 +248,6 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
         yield LmspError(
             "invalid_value", "A background response must be stored (store: true).", param="store"
         )
-    if body.previous_response_id is not None:
-        yield unsupported(
-            "previous_response_id", "previous_response_id is not supported by this server yet."
-        )
     for value in body.include or []:
         if value not in INCLUDABLE:
             yield LmspError("invalid_value", f"Unknown include value {value!r}.", param="include")
@@ -275,10 +255,7 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
             yield unsupported("include", "Log probabilities are not supported by this server yet.")
         elif value not in (INCLUDE_LIFECYCLE, "reasoning.encrypted_content"):
             yield unsupported("include", f"include {value!r}: lmsp has no such tool output.")
-    yield from _tools(body.tools, body.tool_choice)
-    fmt = body.text.format if body.text else None
-    if fmt is not None and fmt.type != "text":
-        yield unsupported("text.format", f"text.format {fmt.type!r} is not supported yet.")
+    yield from _tools(body)
     if body.text and body.text.verbosity not in (None, "medium"):
         yield unsupported("text.verbosity", "Only the model's own verbosity (medium) is supported.")
     if body.reasoning and body.reasoning.effort not in (None, "none"):
@@ -439,15 +416,19 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
             "max_tokens and max_completion_tokens disagree; send one of them.",
             param="max_tokens",
         )
-    if body.tools:
-        yield unsupported("tools", "Tool calling is not supported by this server yet.")
-    if body.tool_choice not in (None, "none", "auto"):
-        yield unsupported("tool_choice", "Tool calling is not supported by this server yet.")
-    if body.response_format is not None and body.response_format.type != "text":
-        yield unsupported(
-            "response_format",
-            f"response_format {body.response_format.type!r} is not supported yet.",
-        )
+    choice = body.tool_choice
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        yield LmspError("invalid_value", f"Unknown tool_choice {choice!r}.", param="tool_choice")
+    elif choice is not None and not isinstance(choice, (str, dict)):
+        yield LmspError("invalid_value", "tool_choice: a string or an object.", param="tool_choice")
+    fmt = body.response_format.model_dump(exclude_none=True) if body.response_format else None
+    yield from toolcheck.problems(
+        toolcheck.chat_tools([t.model_dump(exclude_none=True) for t in body.tools or []]),
+        toolcheck.chat_choice(choice),
+        toolcheck.chat_format(fmt),
+        body.stop,
+        toolcheck.chat_param,
+    )
     if body.logprobs:
         yield unsupported("logprobs", "Log probabilities are not supported by this server yet.")
     if body.logit_bias:

@@ -13,6 +13,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
+from prometheus_client.core import GaugeMetricFamily, Metric
+
 from lmsp import datadir, errors
 from lmsp.bootstrap import bootstrap
 from lmsp.config import Settings
@@ -20,6 +22,8 @@ from lmsp.engines.base import Engine
 from lmsp.engines.host import ModelHost
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
+from lmsp.metrics import Metrics
+from lmsp.protocol import items
 from lmsp.protocol.states import Status
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
@@ -27,7 +31,7 @@ from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
 from lmsp.tasks import recovery, retention
-from lmsp.tasks.plan import messages_of
+from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.runner import Runner
 
 from .broker import Broker
@@ -55,6 +59,7 @@ class Service:
     runner: Runner
     service_id: str
     recovered: recovery.Report
+    metrics: Metrics = field(default_factory=Metrics)
     started_at: int = field(default_factory=lambda: int(time.time()))
     broker: Broker | None = None
     # client id → when this process last recorded its use (``last_used_at`` writes)
@@ -76,18 +81,18 @@ class Service:
     def close_readers(self) -> None:
         self.readers.shutdown(wait=True)
 
-    # -- lookups (404 for what the client does not own) ------------------------------------
+    # -- lookups (404 for what the client does not own; ``admin`` sees everything) ---------
     def owned_response(self, response_id: str, client: Client) -> tuple[sqlite3.Row, sqlite3.Row]:
         conn = self.db.reader()
         response = task_store.get_response(conn, response_id)
-        if response is None or response["client_id"] != client.id:
+        if response is None or not client.oversees(response["client_id"]):
             raise errors.not_found("response", response_id)
         task = conn.execute("SELECT * FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
         return response, task
 
     def owned_task(self, task_id: str, client: Client) -> sqlite3.Row:
         task = task_store.get(self.db.reader(), task_id)
-        if task is None or task["client_id"] != client.id:
+        if task is None or not client.oversees(task["client_id"]):
             raise errors.not_found("task", task_id)
         return task
 
@@ -111,15 +116,25 @@ class Service:
         the first request's response, or ``409`` while that (non-background) request is
         still running."""
         model = request["model"]
-
-        def measure() -> tuple[int, int] | None:
-            record = models.get(self.db.reader(), model)
-            if record is None:
-                raise model_not_found(model)
-            return self.host.prompt_size(record, messages_of(request))
-
+        record = await self.read(lambda: models.get(self.db.reader(), model))
+        if record is None:
+            raise model_not_found(model)
+        # every input item checked (files read) before anything is written
+        request["input"] = await asyncio.to_thread(
+            items.normalize,
+            request["input"],
+            capabilities=models.capabilities(record),
+            param=input_param,
+        )
+        previous = request.get("previous_response_id")
+        if previous is not None:  # the whole chain, kept with this request (durable)
+            request[items.HISTORY] = await self.read(
+                lambda: response_store.conversation(self.db.reader(), previous, client.id)
+            )
         # a prompt the context cannot hold is refused now, when its length can be known
-        size = await self.read(measure)
+        size = await self.read(
+            self.host.prompt_size, record, messages_of(request), tools_of(request)
+        )
         if size is not None and size[0] >= size[1]:
             raise errors.LmspError(
                 "context_length_exceeded",
@@ -130,6 +145,8 @@ class Service:
         def job(conn: sqlite3.Connection) -> response_store.Created:
             if models.get(conn, model) is None:  # deleted meanwhile
                 raise model_not_found(model)
+            if previous is not None:  # still there (not deleted or swept meanwhile)
+                response_store.conversation(conn, previous, client.id)
             return response_store.create(
                 conn,
                 client_id=client.id,
@@ -142,6 +159,17 @@ class Service:
         created = await self.db.write(job)
         if not created.replayed:
             self.runner.notify()
+            log.info(
+                "response %s queued as task %s",
+                created.response_id,
+                created.task_id,
+                extra={
+                    "event": "response.created",
+                    "response_id": created.response_id,
+                    "task_id": created.task_id,
+                    "model": model,
+                },
+            )
         elif created.status_code != 202:
             task = await self.read(lambda: task_store.get(self.db.reader(), created.task_id))
             if task is not None and not Status(task["status"]).terminal:
@@ -167,6 +195,12 @@ class Service:
         """Cancel; when the runner has to stop generating, wait up to ``wait`` seconds
         for it to have stopped (so the answer normally shows ``cancelled``)."""
         moved = await self.db.write(lambda c: task_store.cancel(c, task_id))
+        if moved is not None:
+            log.info(
+                "task %s: cancel requested",
+                task_id,
+                extra={"event": "task.cancel_requested", "task_id": task_id},
+            )
         self._after_cancel(task_id, moved)
         if moved is not None and moved["status"] == Status.CANCELLING and wait > 0:
             await self.wait_finished(task_id, timeout=wait)
@@ -225,6 +259,8 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
     except BaseException:
         lock.release()
         raise
+    metrics = Metrics()
+    db.metrics = metrics
     try:
         service_id = bootstrap(
             db, settings.data_dir, settings.blobs_dir, settings.enable_test_engine
@@ -240,6 +276,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         len(report.requeued),
         len(report.resumed),
     )
+    metrics.recovered(report.outcomes)
     host = ModelHost(
         settings.blobs_dir,
         engines(),
@@ -247,5 +284,27 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         keep_alive=settings.keep_alive,
         max_loaded=settings.max_loaded_models,
     )
-    runner = Runner(db, host, parallel=settings.parallel, flush_interval=settings.flush_interval)
-    return Service(settings, db, host, runner, service_id, report)
+    host.metrics = metrics
+    runner = Runner(
+        db,
+        host,
+        parallel=settings.parallel,
+        flush_interval=settings.flush_interval,
+        metrics=metrics,
+    )
+    metrics.add_collector(lambda: database_figures(db))
+    return Service(settings, db, host, runner, service_id, report, metrics)
+
+
+def database_figures(db: Database) -> list[Metric]:
+    """The figures that live in the database, read when ``/metrics`` is scraped."""
+    conn = db.reader()
+    by_status = GaugeMetricFamily(
+        "lmsp_tasks", "Tasks stored, by status (finished ones until retention).", labels=["status"]
+    )
+    counts = dict(conn.execute("SELECT status, count(*) FROM tasks GROUP BY status").fetchall())
+    for status in Status:
+        by_status.add_metric([status.value], counts.get(status.value, 0))
+    queue = GaugeMetricFamily("lmsp_queue_depth", "Tasks queued, waiting for a runner slot.")
+    queue.add_metric([], counts.get(Status.QUEUED.value, 0))
+    return [by_status, queue]

@@ -95,16 +95,18 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     """
     import uvicorn
 
+    from lmsp import logs
     from lmsp.api.app import create_app
     from lmsp.api.guard import guarded_protocol
 
     settings = _settings(data_dir, host=host, port=port)
     lock = _lock(settings, "lmsp serve")
     sock = _listen(settings.host, settings.port)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logs.configure(settings.log_format)
+    log = logging.getLogger("lmsp")
+    log.info(
+        "lmsp %s: data in %s", __version__, settings.data_dir, extra={"event": "service.start"}
     )
-    click.echo(f"lmsp {__version__}: data in {settings.data_dir}", err=True)
     protocol = guarded_protocol(
         settings.header_timeout,
         settings.body_timeout,
@@ -117,6 +119,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
             port=settings.port,
             http=protocol,
             log_level="info",
+            log_config=None,  # lmsp's handler formats uvicorn's lines too (text or json)
             timeout_graceful_shutdown=5,
         )
     )

@@ -33,33 +33,55 @@ def _error(task: dict[str, Any]) -> str:
     return f"{error['code']}: {error['message']}" if error else ""
 
 
+def _client_names(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
+    """Client id → name, for an owner's listing (which names every task's client)."""
+    if not any("client_id" in t for t in page):
+        return {}
+    return {c["id"]: c["name"] for c in api.clients()}
+
+
 @tasks.command("ls")
 @click.option("--status", type=click.Choice(STATUSES), help="Only tasks in this state.")
 @click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@click.option(
+    "--client",
+    "client_id",
+    metavar="CLIENT_ID",
+    help="Only this client's tasks (the owner sees every client's; see `lmsp clients ls`).",
+)
 @remote_options
 def list_tasks(
-    status: str | None, limit: int, url: str | None, token: str | None, as_json: bool
+    status: str | None,
+    limit: int,
+    client_id: str | None,
+    url: str | None,
+    token: str | None,
+    as_json: bool,
 ) -> None:
-    """List tasks, newest first."""
+    """List tasks, newest first: your own, or every client's with the owner's token."""
     with connect(url, token) as api:
-        page = api.tasks(status=status, limit=limit)
+        page = api.tasks(status=status, limit=limit, client_id=client_id)
+        names = _client_names(api, page["data"])
     if as_json:
         print_json(page["data"])
         return
-    rows = [
-        (
-            t["id"],
-            t["status"],
+    owner_view = any("client_id" in t for t in page["data"])
+    rows = []
+    for t in page["data"]:
+        row: list[Any] = [t["id"], t["status"]]
+        if owner_view:
+            row.append(names.get(t["client_id"], t["client_id"]))
+        row += [
             t["response_id"],
             t["attempt"],
             t["on_restart"],
             when(t["created_at"]),
             t["queue_position"] or "",
             _error(t),
-        )
-        for t in page["data"]
-    ]
-    columns = ["TASK", "STATUS", "RESPONSE", "ATTEMPT", "ON RESTART", "CREATED", "QUEUE", "ERROR"]
+        ]
+        rows.append(tuple(row))
+    columns = ["TASK", "STATUS", *(["CLIENT"] if owner_view else [])]
+    columns += ["RESPONSE", "ATTEMPT", "ON RESTART", "CREATED", "QUEUE", "ERROR"]
     table(None, columns, rows)
     if page.get("has_more"):
         click.echo("… more with --limit (up to 100)", err=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -77,7 +77,9 @@ class Tokenizer(Protocol):
 
     n_ctx: int
 
-    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]: ...
+    def prompt_tokens(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]: ...
 
     def close(self) -> None: ...
 
@@ -85,11 +87,24 @@ class Tokenizer(Protocol):
 class LoadedModel(Protocol):
     n_ctx: int
 
-    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]: ...
+    def prompt_tokens(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The prompt of ``messages``; ``tools`` (function definitions) through the chat
+        template when it renders them, else in the generic format of
+        :mod:`lmsp.protocol.toolprompt`."""
+        ...
 
     def generate(
-        self, prompt: list[int], resume: list[int], sampling: Sampling
-    ) -> Iterator[Piece]: ...
+        self,
+        prompt: list[int],
+        resume: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None = None,
+    ) -> Iterator[Piece]:
+        """Tokens after ``prompt + resume``; with a ``constraint``, which is first fed
+        ``resume``, only tokens it allows, ending when it is finished."""
+        ...
 
     def close(self) -> None: ...
 

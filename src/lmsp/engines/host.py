@@ -15,8 +15,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lmsp.engines.base import Engine, EngineError, LoadedModel, Tokenizer
+from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size
 from lmsp.store.models import ModelRecord
 
@@ -56,6 +58,7 @@ class ModelHost:
         self._verify_lock = threading.Lock()
         self._tokenizers: dict[str, Tokenizer] = {}
         self._tokenizer_lock = threading.Lock()
+        self.metrics: Metrics | None = None  # the service's: loads and unloads
 
     # -- what is loaded ----------------------------------------------------------------
     def is_loaded(self, model_id: str) -> bool:
@@ -120,6 +123,8 @@ class ModelHost:
                 cached = _Loaded(record.digest, model)
                 self._loaded[(record.id, slot)] = cached
                 log.info("loaded %s (slot %d)", record.id, slot)
+                if self.metrics is not None:
+                    self.metrics.model_loaded(record.id)
             self._busy[slot] = record.id
             cached.last_used = time.monotonic()
             return cached.model
@@ -157,6 +162,8 @@ class ModelHost:
         entry = self._loaded.pop(key, None)
         if entry is not None:
             entry.model.close()
+            if self.metrics is not None:
+                self.metrics.model_unloaded(key[0])
 
     def reap(self, now: float | None = None) -> list[str]:
         """Unload models idle for longer than ``keep_alive``; the ids unloaded."""
@@ -187,7 +194,10 @@ class ModelHost:
 
     # -- prompt length before queueing ---------------------------------------------------
     def prompt_size(
-        self, record: ModelRecord, messages: list[dict[str, str]]
+        self,
+        record: ModelRecord,
+        messages: list[dict[str, str]],
+        tools: list[dict[str, Any]] | None = None,
     ) -> tuple[int, int] | None:
         """``(prompt tokens, context size)`` with the model's own tokenizer, or ``None``
         when that cannot be known now (the blob is damaged, the engine cannot read it):
@@ -203,7 +213,12 @@ class ModelHost:
                     path = blob_path(self.blobs_dir, record.digest)
                     tokenizer = engine.tokenizer(path, self.n_ctx)
                     self._tokenizers[record.digest] = tokenizer
-                return len(tokenizer.prompt_tokens(messages)), tokenizer.n_ctx
+                prompt = (
+                    tokenizer.prompt_tokens(messages, tools)
+                    if tools
+                    else tokenizer.prompt_tokens(messages)
+                )
+                return len(prompt), tokenizer.n_ctx
         except Exception as exc:
             log.info("no prompt size for %s before queueing: %s", record.id, exc)
             return None

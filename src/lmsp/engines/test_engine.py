@@ -13,8 +13,10 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from lmsp.engines.base import EngineError, Piece, Sampling
+from lmsp.engines.base import Constraint, EngineError, Piece, Sampling
+from lmsp.protocol import toolprompt
 
 WORDS = [
     "alpha",
@@ -60,11 +62,22 @@ class TestModel:
     def __init__(self, delay: float) -> None:
         self.delay = delay
 
-    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+    def prompt_tokens(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        messages = toolprompt.with_tools(messages, tools or [])
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
         return list(text.encode())
 
-    def generate(self, prompt: list[int], resume: list[int], sampling: Sampling) -> Iterator[Piece]:
+    def generate(
+        self,
+        prompt: list[int],
+        resume: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None = None,
+    ) -> Iterator[Piece]:
+        if constraint is not None:
+            raise EngineError("engine_error", "The test engine cannot constrain its output.")
         text = bytes(prompt).decode(errors="replace")
         if "[context-overflow]" in text:
             raise EngineError("context_length_exceeded", "The prompt does not fit the context.")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
+from lmsp.errors import LmspError
+from lmsp.protocol import items
 from lmsp.protocol.states import Status, response_status
 
 #: what a request that does not name them gets (and the response echoes)
@@ -174,4 +176,29 @@ def render_task(task: Row, queue_position: int | None) -> dict[str, Any]:
         "last_sequence_number": task["last_sequence_number"],
         "queue_position": queue_position,
         "error": task_error(task),
+    }
+
+
+def input_items_page(
+    request: dict[str, Any], order: str = "desc", after: str | None = None, limit: int = 20
+) -> dict[str, Any]:
+    """``GET /v1/responses/{id}/input_items``: the items the model was given (the
+    conversation's earlier turns, then the request's input), ``order`` ``asc`` (oldest
+    first) or ``desc``, the page after the item ``after``."""
+    listed = [*(request.get(items.HISTORY) or []), *items.input_of(request)]
+    if order == "desc":
+        listed.reverse()
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in listed]
+        if after not in ids:
+            raise LmspError("not_found", f"No input item with id {after!r}.", param="after")
+        start = ids.index(after) + 1
+    page = listed[start : start + limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + limit < len(listed),
     }

@@ -36,6 +36,15 @@ class Client:
     def allows(self, scope: str) -> bool:
         return "admin" in self.scopes or scope in self.scopes
 
+    @property
+    def admin(self) -> bool:
+        """The owner's role: sees, lists and cancels every client's responses and tasks."""
+        return "admin" in self.scopes
+
+    def oversees(self, owner_id: str) -> bool:
+        """Whether this client may see an object owned by ``owner_id``."""
+        return self.admin or owner_id == self.id
+
 
 def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)

@@ -24,6 +24,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from lmsp.store.migrations import migrate
 
 if TYPE_CHECKING:
     from lmsp.datadir import DataDirLock
+    from lmsp.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +56,22 @@ WATCHED: dict[str, tuple[str, ...]] = {
 }
 
 
-def connect(path: Path | str) -> sqlite3.Connection:
+class Connection(sqlite3.Connection):
+    """A connection that counts the events appended in its open transaction (for the
+    ``events written`` metric: counted once committed)."""
+
+    events_pending = 0
+
+
+def connect(path: Path | str) -> Connection:
     """Open a connection with the pragmas lmsp relies on.
 
     Autocommit mode (``isolation_level=None``): transactions are explicit, writes use
     ``BEGIN IMMEDIATE``.
     """
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+    conn = sqlite3.connect(
+        str(path), isolation_level=None, check_same_thread=False, timeout=30, factory=Connection
+    )
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
@@ -199,6 +210,7 @@ class Database:
         create_private_file(self.path)  # 0600; the -wal and -shm files take its mode
         self.health = StorageHealth()
         self.faults: Faults | None = None  # test seam, see the module docstring
+        self.metrics: Metrics | None = None  # the service's, once it runs
         with_conn = connect(self.path)
         try:
             migrate(with_conn)
@@ -287,14 +299,17 @@ class Database:
                 break
         conn.close()
 
-    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Request]) -> None:
+    def _commit_batch(self, conn: Connection, batch: list[_Request]) -> None:
         outcomes: list[tuple[_Request, bool, Any]] = []
         changes_before = conn.total_changes
         faults = self.faults
+        began = time.perf_counter()
+        conn.events_pending = 0
         try:
             conn.execute("BEGIN IMMEDIATE")
             for request in batch:
                 conn.execute("SAVEPOINT job")
+                events_before = conn.events_pending
                 try:
                     if faults is not None:
                         faults.job()
@@ -304,6 +319,7 @@ class Database:
                         raise _StorageFull(exc) from exc
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
+                    conn.events_pending = events_before
                     outcomes.append((request, False, exc))
                 else:
                     conn.execute("RELEASE job")
@@ -325,6 +341,8 @@ class Database:
                 except sqlite3.Error:  # pragma: no cover - SQLite rolled back itself
                     log.exception("rollback failed")
             self._settle_changes()
+            if self.metrics is not None:
+                self.metrics.transaction_failed()
             answer = insufficient_storage() if full else cause
             for request in batch:
                 if not request.future.done():
@@ -333,6 +351,8 @@ class Database:
         self._settle_changes()
         self.commits += 1
         self.jobs += len(batch)
+        if self.metrics is not None:
+            self.metrics.transaction(len(batch), time.perf_counter() - began, conn.events_pending)
         if conn.total_changes != changes_before:
             self.health.succeeded()
         for request, ok, value in outcomes:

@@ -8,6 +8,7 @@ from typing import Any
 
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
+from lmsp.store.db import Connection
 
 _OUTPUT_TYPES = ",".join(f"'{kind}'" for kind in sorted(ev.OUTPUT))
 
@@ -35,6 +36,8 @@ def append(conn: sqlite3.Connection, task_id: str, events: list[dict[str, Any]])
         rows,
     )
     conn.execute("UPDATE tasks SET last_sequence_number = ? WHERE id = ?", (seq, task_id))
+    if isinstance(conn, Connection):  # the writer's: counted for the metrics at commit
+        conn.events_pending += len(rows)
     return seq
 
 

@@ -44,6 +44,11 @@ def _record(row: sqlite3.Row) -> ModelRecord:
     )
 
 
+def capabilities(record: ModelRecord) -> tuple[str, ...]:
+    """What a model can take and do: text completion (no engine here has vision)."""
+    return ("completion",)
+
+
 def all_models(conn: sqlite3.Connection) -> list[ModelRecord]:
     return [_record(r) for r in conn.execute("SELECT * FROM models ORDER BY position, id")]
 

@@ -11,7 +11,8 @@ from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
-from lmsp.protocol.states import FINISHED_SQL
+from lmsp.protocol import items
+from lmsp.protocol.states import FINISHED_SQL, Status
 from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
 
@@ -115,3 +116,37 @@ def delete(conn: sqlite3.Connection, response_id: str, client_id: str) -> str:
         (response_id,),
     )
     return "deleted" if cur.rowcount == 1 else "conflict"
+
+
+def conversation(
+    conn: sqlite3.Connection, previous_id: str, client_id: str
+) -> list[dict[str, Any]]:
+    """The context a response continuing ``previous_id`` starts from: that response's
+    own context (its history and input) and then its output. Only the caller's stored,
+    finished responses can be continued: ``404 not_found`` for anything else (another
+    client's, missing, deleted, swept, ``store: false``), ``409 response_in_progress``
+    while it is unfinished."""
+    row = conn.execute(
+        "SELECT r.request, r.output, r.store, t.status FROM responses r"
+        " JOIN tasks t ON t.response_id = r.id WHERE r.id = ? AND r.client_id = ?",
+        (previous_id, client_id),
+    ).fetchone()
+    if row is None or not row["store"]:
+        raise LmspError(
+            "not_found",
+            f"previous_response_id: no stored response with id {previous_id!r}.",
+            param="previous_response_id",
+        )
+    if not Status(row["status"]).terminal:
+        raise LmspError(
+            "response_in_progress",
+            f"previous_response_id: the response {previous_id!r} is still {row['status']};"
+            " a conversation continues from a finished response.",
+            param="previous_response_id",
+        )
+    request = json.loads(row["request"])
+    return [
+        *(request.get(items.HISTORY) or []),
+        *items.input_of(request),
+        *(json.loads(row["output"]) if row["output"] else []),
+    ]

@@ -15,30 +15,30 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmsp.constraints import grammar
+from lmsp.constraints.matcher import grammar_constraint
 from lmsp.engines.base import Constraint, LoadedModel, Sampling
+from lmsp.protocol import items
 from lmsp.protocol.assembler import Event, OutputAssembler
+from lmsp.protocol.toolcalls import CallAssembler
 
 #: builds a fresh constraint for one sequence of a loaded model (and again on resume,
 #: where it is then fed the snapshot's tokens)
 ConstraintFactory = Callable[[LoadedModel], Constraint]
+Item = dict[str, Any]
+
+
+def context_of(request: dict[str, Any]) -> list[Item]:
+    """The items a stored request gives the model: the conversation it continues
+    (``previous_response_id``, resolved when it was created) and then its own input."""
+    return [*(request.get(items.HISTORY) or []), *items.input_of(request)]
 
 
 def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
-    """The chat messages of a stored request: ``instructions`` first, as the system message."""
-    out: list[dict[str, str]] = []
-    if request.get("instructions"):
-        out.append({"role": "system", "content": str(request["instructions"])})
-    given = request["input"]
-    if isinstance(given, str):
-        out.append({"role": "user", "content": given})
-        return out
-    for message in given:
-        content = message["content"]
-        if not isinstance(content, str):
-            content = "".join(part.get("text", "") for part in content)
-        role = "system" if message["role"] == "developer" else message["role"]
-        out.append({"role": role, "content": content})
-    return out
+    """The chat messages of a stored request: ``instructions`` first, as the system
+    message (a conversation's earlier instructions are not carried over), then every
+    item of its context."""
+    return items.render(context_of(request), request.get("instructions"))
 
 
 def sampling_of(request: dict[str, Any]) -> Sampling:
@@ -59,22 +59,96 @@ class Plan:
     max_output_tokens: int | None = None
     constraint: ConstraintFactory | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: function definitions the prompt shows (``{name, description, parameters}``)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    #: the output may contain ``<tool_call>`` segments (read as function calls)
+    calls: bool = False
 
     def assembler(self) -> OutputAssembler:
         """A fresh assembler for this task's output."""
+        if self.calls:
+            return CallAssembler()
         return OutputAssembler(stop=self.stop)
 
     def replay(self, logged: Iterable[Event], held: str) -> OutputAssembler:
         """The assembler as it was after ``logged`` (a resumed task)."""
+        if self.calls:
+            return CallAssembler.replay(logged, held=held)
         return OutputAssembler.replay(logged, stop=self.stop, held=held)
+
+
+def tools_of(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The function tools the prompt shows: all of them unless ``tool_choice`` is
+    ``"none"`` (then the model is not told of any)."""
+    if request.get("tool_choice") == "none":
+        return []
+    return [tool for tool in request.get("tools") or [] if tool.get("type") == "function"]
+
+
+def text_schema(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema the output text must match (``text.format``), if any."""
+    fmt = (request.get("text") or {}).get("format") or {}
+    if fmt.get("type") == "json_schema":
+        schema: dict[str, Any] = fmt.get("schema") or {}
+        return schema
+    if fmt.get("type") == "json_object":
+        return dict(grammar.ANY_OBJECT)
+    return None
+
+
+def callable_tools(request: dict[str, Any]) -> tuple[list[grammar.Function], bool]:
+    """The functions the model may call under ``tool_choice``, and whether it must."""
+    tools = tools_of(request)
+    choice = request.get("tool_choice") or "auto"
+    required = choice == "required"
+    if isinstance(choice, dict):
+        if choice.get("type") == "function":
+            tools, required = [t for t in tools if t["name"] == choice.get("name")], True
+        elif choice.get("type") == "allowed_tools":
+            names = {t.get("name") for t in choice.get("tools") or []}
+            tools = [t for t in tools if t["name"] in names]
+            required = choice.get("mode") == "required"
+    functions = [
+        grammar.Function(t["name"], t.get("parameters") or {"type": "object", "properties": {}})
+        for t in tools
+    ]
+    return functions, required
+
+
+def call_limit(request: dict[str, Any]) -> int | None:
+    """How many calls one response may make (``parallel_tool_calls``, ``max_tool_calls``)."""
+    limit = request.get("max_tool_calls")
+    if request.get("parallel_tool_calls") is False:
+        return 1
+    return None if limit is None else int(limit)
+
+
+def grammar_of(request: dict[str, Any]) -> tuple[str | None, bool]:
+    """The grammar the output is held to (``None``: free text) and whether it may hold
+    tool calls."""
+    schema = text_schema(request)
+    functions, required = callable_tools(request)
+    if functions:
+        limit = call_limit(request)
+        return (
+            grammar.calls_grammar(functions, required=required, limit=limit, text_schema=schema),
+            True,
+        )
+    if schema is not None:
+        return grammar.json_grammar(schema), False
+    return None, False
 
 
 def plan_for(request: dict[str, Any]) -> Plan:
     """The plan of a stored request."""
     limit = request.get("max_output_tokens")
+    text_grammar, calls = grammar_of(request)
     return Plan(
         messages=messages_of(request),
         sampling=sampling_of(request),
         stop=tuple(request.get("stop") or ()),
         max_output_tokens=None if limit is None else int(limit),
+        constraint=None if text_grammar is None else grammar_constraint(text_grammar),
+        tools=tools_of(request),
+        calls=calls,
     )

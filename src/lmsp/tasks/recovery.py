@@ -32,6 +32,8 @@ class Report:
     requeued: list[str] = field(default_factory=list)
     kept_queued: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
+    # ``(on_restart policy, outcome)`` of every task found unfinished (for the metrics)
+    outcomes: list[tuple[str, str]] = field(default_factory=list)
 
 
 def recover_task(
@@ -49,22 +51,31 @@ def recover_task(
     found = Status(task["status"])
     if found.terminal:
         return
-    target = recovery_target(found, Policy(task["on_restart"]))
+    policy = Policy(task["on_restart"])
+    target = recovery_target(found, policy)
     only_from = frozenset({found})
+    outcome: str | None = None
     if target is Status.FAILED:
         if task_store.fail(conn, task_id, code, message, only_from):
             report.failed.append(task_id)
+            outcome = "failed"
     elif target is Status.CANCELLED:
         if task_store.finish_cancel(conn, task_id):
             report.cancelled.append(task_id)
+            outcome = "cancelled"
     elif target is Status.RUNNING:
         report.resumed.append(task_id)  # the runner continues it from its snapshot
+        outcome = "resumed"
     elif found is Status.QUEUED:
         report.kept_queued.append(task_id)
+        outcome = "kept_queued"
     else:
         reset = task["on_restart"] == Policy.RETRY
         if task_store.requeue(conn, task_id, reset=reset):
             report.requeued.append(task_id)
+            outcome = "requeued"
+    if outcome is not None:
+        report.outcomes.append((policy.value, outcome))
 
 
 def recover(db: Database) -> Report:

@@ -21,6 +21,7 @@ from typing import Any
 
 from lmsp.engines.base import EngineError
 from lmsp.engines.host import ModelHost
+from lmsp.metrics import Metrics
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.states import Status
 from lmsp.store import events, models
@@ -42,8 +43,10 @@ class Runner:
         *,
         parallel: int = 1,
         flush_interval: float = 0.05,
+        metrics: Metrics | None = None,
     ) -> None:
         self.db = db
+        self.metrics = metrics or Metrics()
         self.host = host
         self.parallel = parallel
         self.flush_interval = flush_interval
@@ -139,7 +142,9 @@ class Runner:
         """A write of the task failed for lack of space: its ``on_restart`` policy
         decides, as after a restart (failed, requeued, or resumed from its snapshot)."""
         outcome = self._durably(task_id, lambda c: durable.settle_interrupted(c, task_id))
-        log.warning("task %s broke off, the disk is full: %s", task_id, outcome)
+        log.warning(
+            "task %s broke off, the disk is full: %s", task_id, outcome, extra={"task_id": task_id}
+        )
         if outcome == "resume":
             self._resume.append(task_id)
         if outcome in ("resume", "requeued"):
@@ -156,11 +161,13 @@ class Runner:
             if is_storage_error(exc):
                 self._interrupted(task_id)
                 return
-            log.exception("task %s failed", task_id)
+            log.exception("task %s failed", task_id, extra={"task_id": task_id})
             self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
         finally:
+            self.metrics.end(task_id)
             self.host.release(slot)
             self._cancels.discard(task_id)
+            log_outcome(self.db, task_id)
             self.busy -= 1
 
     def _fail(self, task_id: str, code: str, message: str) -> None:
@@ -206,6 +213,7 @@ class Runner:
             self._cancelled(task_id)  # a cancel won while loading
             return
 
+        self.metrics.begin(task_id, record.id)
         snapshot = json.loads(task["snapshot"]) if resumed and task["snapshot"] else {}
         tokens: list[int] = list(snapshot.get("tokens", []))
         plan = plan_for(request)
@@ -216,12 +224,18 @@ class Runner:
             else plan.assembler()
         )
         sampling = plan.sampling
-        prompt = model.prompt_tokens(plan.messages)
+        prompt = (
+            model.prompt_tokens(plan.messages, plan.tools)
+            if plan.tools
+            else model.prompt_tokens(plan.messages)
+        )
+        constraint = None if plan.constraint is None else plan.constraint(model)
         if len(prompt) >= model.n_ctx:
             raise EngineError(
                 "context_length_exceeded",
                 f"The prompt has {len(prompt)} tokens; the context holds {model.n_ctx}.",
             )
+        self.metrics.prompt(task_id, len(prompt))
         limit = plan.max_output_tokens
         budget = model.n_ctx - len(prompt)
         cap = budget if limit is None else min(limit, budget)
@@ -241,8 +255,14 @@ class Runner:
         if len(tokens) >= cap:
             incomplete = "max_output_tokens"
         else:
-            for piece in model.generate(prompt, tokens, sampling):
+            pieces = (
+                model.generate(prompt, tokens, sampling)
+                if constraint is None
+                else model.generate(prompt, tokens, sampling, constraint)
+            )
+            for piece in pieces:
                 tokens.append(piece.token)
+                self.metrics.token(task_id)
                 if piece.text:
                     pending.extend(assembler.feed(TextDelta(piece.text)))
                 if task_id in self._cancels or self._shutdown.is_set():
@@ -284,6 +304,29 @@ class Runner:
             task_store.settle(c, task_id, closing, output, usage, incomplete)
 
         self._durably(task_id, finish)
+
+
+def log_outcome(db: Database, task_id: str) -> None:
+    """One line when the runner leaves a task: its state and size (no text)."""
+    conn = db.reader()
+    task = task_store.get(conn, task_id)
+    if task is None:
+        return
+    log.info(
+        "task %s left the runner %s (attempt %d, %d events)",
+        task_id,
+        task["status"],
+        task["attempt"],
+        task["last_sequence_number"] + 1,
+        extra={
+            "event": "task.run_ended",
+            "task_id": task_id,
+            "response_id": task["response_id"],
+            "client_id": task["client_id"],
+            "status": task["status"],
+            "error_code": task["error_code"],
+        },
+    )
 
 
 def status_of(db: Database, task_id: str) -> Status | None:

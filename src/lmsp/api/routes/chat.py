@@ -14,18 +14,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import TypeAdapter, ValidationError
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
-from lmsp.protocol import chat, objects
+from lmsp.protocol import chat, items, objects
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
+from .. import toolcheck
 from ..auth import require
 from ..errors import body as error_body
 from ..revocation import until_revoked
-from ..schemas import ChatCompletionCreate, InputItem, check_chat
+from ..schemas import ChatCompletionCreate, check_chat
 from ..sse import event_response, sse, task_events
 from .deps import idempotency_key, service
 
@@ -33,7 +33,6 @@ router = APIRouter(prefix="/v1/chat", tags=["chat"])
 
 Writer = Annotated[Client, Depends(require("responses:write"))]
 REPLAYED = {"Idempotent-Replayed": "true"}
-_ITEM: TypeAdapter[Any] = TypeAdapter(InputItem)
 
 
 def _input_items(body: ChatCompletionCreate) -> list[dict[str, Any]]:
@@ -43,22 +42,19 @@ def _input_items(body: ChatCompletionCreate) -> list[dict[str, Any]]:
         translated = chat.items_from_messages(messages)
     except chat.Untranslatable as exc:
         raise errors.LmspError(exc.code, exc.message, param=exc.param) from exc
-    for item, origin in zip(translated.items, translated.origin, strict=True):
-        try:
-            _ITEM.validate_python(item, strict=True)
-        except ValidationError:
-            kind = item.get("type", "message")
-            raise errors.LmspError(
-                "unsupported_input",
-                f"messages.{origin}: this server cannot take {kind!r} input yet.",
-                param=f"messages.{origin}",
-            ) from None
-    return translated.items
+    return [
+        items.normalize_item(item, f"messages.{origin}")
+        for item, origin in zip(translated.items, translated.origin, strict=True)
+    ]
 
 
 def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any]:
     """The response request a chat completion is stored as."""
     stop = body.stop
+    given_format = (
+        body.response_format.model_dump(exclude_none=True) if body.response_format else None
+    )
+    fmt = toolcheck.chat_format(given_format)
     given: dict[str, Any] = {
         "model": body.model,
         "input": _input_items(body),
@@ -70,6 +66,10 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
         "top_logprobs": body.top_logprobs,
         "stop": [stop] if isinstance(stop, str) else stop,
         "parallel_tool_calls": body.parallel_tool_calls,
+        "tools": toolcheck.chat_tools([t.model_dump(exclude_none=True) for t in body.tools or []])
+        or None,
+        "tool_choice": toolcheck.chat_choice(body.tool_choice),
+        "text": {"format": fmt} if fmt else None,
         "metadata": body.metadata,
         "user": body.user,
         "safety_identifier": body.safety_identifier,

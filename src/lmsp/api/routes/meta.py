@@ -1,14 +1,17 @@
-"""``/healthz`` and ``/v1/service`` (the model routes are in :mod:`.models`)."""
+"""``/healthz``, ``/v1/service`` and ``/metrics`` (the model routes are in :mod:`.models`)."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from lmsp import PROTOCOL, __version__
+from lmsp.metrics import CONTENT_TYPE
 
+from ..auth import authorize
 from .deps import service
 
 router = APIRouter(tags=["service"])
@@ -37,3 +40,31 @@ async def service_info(request: Request) -> dict[str, Any]:
         "version": __version__,
         "started_at": svc.started_at,
     }
+
+
+def loopback(host: str) -> bool:
+    """Whether the service listens on the loopback interface only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"},
+        401: {"description": "Bound beyond loopback and no admin token"},
+    },
+)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics (text format 0.0.4). Readable without a token while the
+    service is bound to a loopback address (the default, ``127.0.0.1``); bound to any
+    other address (``LMSP_HOST=0.0.0.0``), it needs a token with ``admin``."""
+    svc = service(request)
+    if not loopback(svc.settings.host):
+        await authorize(request, "admin")
+    return Response(svc.metrics.exposition(), media_type=CONTENT_TYPE)

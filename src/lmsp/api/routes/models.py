@@ -55,6 +55,7 @@ def render(request: Request, record: ModelRecord) -> dict[str, Any]:
         "format": record.format,
         "loaded": service(request).host.is_loaded(record.id),
         "status": record.status,
+        "capabilities": list(models.capabilities(record)),
         "verified_at": record.verified_at,
         "metadata": record.metadata,
     }

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import secrets
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -143,6 +144,25 @@ async def retrieve_response(
     return JSONResponse(await svc.read(svc.response_object, task["id"]))
 
 
+@router.get("/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    client: Reader,
+    order: Literal["asc", "desc"] = "desc",
+    after: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    include: Annotated[list[str], Query(max_length=16)] = [],  # noqa: B006 (FastAPI copies)
+) -> dict[str, Any]:
+    """The items the model was given (a conversation's earlier turns first), as a page."""
+    svc = service(request)
+    response, _ = svc.owned_response(response_id, client)
+    for value in _include(include):
+        if value != "message.input_image.image_url":  # no images are ever stored
+            raise unsupported("include", f"include {value!r} does not apply to input items.")
+    return objects.input_items_page(json.loads(response["request"]), order, after, limit)
+
+
 @router.post("/{response_id}/cancel")
 async def cancel_response(response_id: str, request: Request, client: Writer) -> Response:
     svc = service(request)
@@ -159,8 +179,9 @@ async def cancel_response(response_id: str, request: Request, client: Writer) ->
 @router.delete("/{response_id}")
 async def delete_response(response_id: str, request: Request, client: Writer) -> Response:
     svc = service(request)
-    svc.owned_response(response_id, client)
-    outcome = await svc.db.write(lambda c: response_store.delete(c, response_id, client.id))
+    response, _ = svc.owned_response(response_id, client)
+    owner = response["client_id"]  # the owner's (an admin may delete any response)
+    outcome = await svc.db.write(lambda c: response_store.delete(c, response_id, owner))
     if outcome == "missing":
         raise errors.not_found("response", response_id)
     if outcome == "conflict":

@@ -1,8 +1,12 @@
-"""``/v1/tasks``: list, get, the event log (SSE or JSON pages), cancel."""
+"""``/v1/tasks``: list, get, the event log (SSE or JSON pages), cancel.
+
+A client sees its own tasks; ``admin`` (the owner) sees and cancels every client's, and
+the task objects it gets name their ``client_id``."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -27,6 +31,14 @@ Reader = Annotated[Client, Depends(require("responses:read"))]
 Writer = Annotated[Client, Depends(require("responses:write"))]
 
 
+def render(conn: sqlite3.Connection, task: sqlite3.Row, client: Client) -> dict[str, Any]:
+    """The task object; an admin (who sees every client's tasks) also gets its owner."""
+    obj = objects.render_task(task, task_store.queue_position(conn, task))
+    if client.admin:
+        obj["client_id"] = task["client_id"]
+    return obj
+
+
 @router.get("")
 async def list_tasks(
     request: Request,
@@ -34,28 +46,36 @@ async def list_tasks(
     status: Status | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
+    client_id: Annotated[
+        str | None,
+        Query(max_length=64, description="Only this client's tasks (admin: any client)."),
+    ] = None,
 ) -> dict[str, Any]:
+    """A client's own tasks, newest first; ``admin`` lists every client's."""
     svc = service(request)
     conn = svc.db.reader()
-    clauses = ["client_id = ?"]
-    args: list[Any] = [client.id]
+    if client_id is not None and not client.oversees(client_id):
+        raise errors.forbidden("admin")
+    clauses: list[str] = []
+    args: list[Any] = []
+    if client_id is not None or not client.admin:
+        clauses.append("client_id = ?")
+        args.append(client_id or client.id)
     if status is not None:
         clauses.append("status = ?")
         args.append(status.value)
     if after is not None:
         cursor = task_store.get(conn, after)
-        if cursor is None or cursor["client_id"] != client.id:
+        if cursor is None or not client.oversees(cursor["client_id"]):
             raise errors.invalid(f"Unknown cursor {after!r}.", param="after")
         clauses.append("seq < ?")
         args.append(cursor["seq"])
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = list(
-        conn.execute(
-            f"SELECT * FROM tasks WHERE {' AND '.join(clauses)} ORDER BY seq DESC LIMIT ?",
-            (*args, limit + 1),
-        )
+        conn.execute(f"SELECT * FROM tasks {where} ORDER BY seq DESC LIMIT ?", (*args, limit + 1))
     )
     page = rows[:limit]
-    data = [objects.render_task(t, task_store.queue_position(conn, t)) for t in page]
+    data = [render(conn, t, client) for t in page]
     return {
         "object": "list",
         "data": data,
@@ -69,7 +89,7 @@ async def list_tasks(
 async def get_task(task_id: str, request: Request, client: Reader) -> dict[str, Any]:
     svc = service(request)
     task = svc.owned_task(task_id, client)
-    return objects.render_task(task, task_store.queue_position(svc.db.reader(), task))
+    return render(svc.db.reader(), task, client)
 
 
 @router.get("/{task_id}/events")
@@ -109,4 +129,4 @@ async def cancel_task(task_id: str, request: Request, client: Writer) -> dict[st
     if key is None or not await svc.db.write(lambda c: idempotency.remember(c, key, task_id)):
         await svc.cancel(task_id, wait=svc.settings.cancel_wait)
     task = svc.owned_task(task_id, client)
-    return objects.render_task(task, task_store.queue_position(svc.db.reader(), task))
+    return render(svc.db.reader(), task, client)

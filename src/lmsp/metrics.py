@@ -1,0 +1,217 @@
+"""What the service counts, for ``GET /metrics`` (Prometheus) and ``lmsp ps``.
+
+One :class:`Metrics` per service, with its own ``CollectorRegistry`` (never the process
+default: tests build many apps in one process). The parts of the service report into it
+through a few calls: the writer (:meth:`Metrics.transaction`), the runner
+(:meth:`begin` / :meth:`prompt` / :meth:`token` / :meth:`end`), the model host
+(:meth:`model_loaded` / :meth:`model_unloaded`), startup recovery (:meth:`recovered`)
+and the HTTP middleware (:meth:`http`). Figures that live in the database (tasks by
+status, the queue) are read from it when scraped, through :meth:`add_collector`.
+
+The live view of the sequences being generated (:meth:`sequences`) is what ``lmsp ps``
+shows: no prompt or output text is kept here, only counts and times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_COMMIT = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_JOBS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_TTFT = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_RATE = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+
+
+@dataclass
+class Sequence:
+    """One task being generated: counts and times only."""
+
+    task_id: str
+    model: str
+    started: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    tokens: int = 0
+    first_token: float | None = None
+
+    def rate(self, now: float | None = None) -> float | None:
+        """Tokens a second since the first token (``None`` before the second one)."""
+        if self.first_token is None or self.tokens < 2:
+            return None
+        spent = (time.monotonic() if now is None else now) - self.first_token
+        return (self.tokens - 1) / spent if spent > 0 else None
+
+
+class _Callback(Collector):
+    def __init__(self, produce: Callable[[], Iterable[Metric]]) -> None:
+        self.produce = produce
+
+    def collect(self) -> Iterable[Metric]:
+        return self.produce()
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.write_transactions = Counter(
+            "lmsp_write_transactions", "Write transactions committed by the writer.", registry=r
+        )
+        self.write_failures = Counter(
+            "lmsp_write_transaction_failures",
+            "Write transactions rolled back (a full disk, an error).",
+            registry=r,
+        )
+        self.jobs_per_transaction = Histogram(
+            "lmsp_write_jobs_per_transaction",
+            "Jobs committed together in one transaction (group commit).",
+            buckets=_JOBS,
+            registry=r,
+        )
+        self.commit_latency = Histogram(
+            "lmsp_write_commit_seconds",
+            "Time from BEGIN to the end of COMMIT of a write transaction.",
+            buckets=_COMMIT,
+            registry=r,
+        )
+        self.events_written = Counter(
+            "lmsp_events_written", "Task events committed to the event log.", registry=r
+        )
+        self.prompt_tokens = Counter(
+            "lmsp_prompt_tokens", "Prompt tokens of the tasks run.", ["model"], registry=r
+        )
+        self.cached_tokens = Counter(
+            "lmsp_cached_prompt_tokens",
+            "Prompt tokens taken from a cache instead of evaluated.",
+            ["model"],
+            registry=r,
+        )
+        self.generated_tokens = Counter(
+            "lmsp_generated_tokens", "Tokens generated.", ["model"], registry=r
+        )
+        self.ttft = Histogram(
+            "lmsp_time_to_first_token_seconds",
+            "From the start of a task's generation (model ready) to its first token.",
+            ["model"],
+            buckets=_TTFT,
+            registry=r,
+        )
+        self.token_rate = Histogram(
+            "lmsp_tokens_per_second",
+            "Generation speed of each finished sequence (after its first token).",
+            ["model"],
+            buckets=_RATE,
+            registry=r,
+        )
+        self.recoveries = Counter(
+            "lmsp_recovered_tasks",
+            "Tasks found unfinished at startup, by on_restart policy and outcome.",
+            ["policy", "outcome"],
+            registry=r,
+        )
+        self.model_loads = Counter(
+            "lmsp_model_loads", "Models loaded (one per runner slot).", ["model"], registry=r
+        )
+        self.model_unloads = Counter(
+            "lmsp_model_unloads", "Models unloaded.", ["model"], registry=r
+        )
+        self.http_requests = Counter(
+            "lmsp_http_requests",
+            "HTTP requests answered, by route template, method and status.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.http_latency = Histogram(
+            "lmsp_http_request_seconds",
+            "Time to answer an HTTP request (for a stream: until it ends).",
+            ["method", "route"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self._live: dict[str, Sequence] = {}
+        self._lock = threading.Lock()
+        running = Gauge("lmsp_running_sequences", "Sequences being generated now.", registry=r)
+        running.set_function(lambda: len(self._live))
+
+    # -- the writer ---------------------------------------------------------------------
+    def transaction(self, jobs: int, seconds: float, events: int) -> None:
+        self.write_transactions.inc()
+        self.jobs_per_transaction.observe(jobs)
+        self.commit_latency.observe(seconds)
+        if events:
+            self.events_written.inc(events)
+
+    def transaction_failed(self) -> None:
+        self.write_failures.inc()
+
+    # -- the runner ---------------------------------------------------------------------
+    def begin(self, task_id: str, model: str) -> None:
+        """A task's generation starts (its model is loaded)."""
+        with self._lock:
+            self._live[task_id] = Sequence(task_id, model)
+
+    def prompt(self, task_id: str, tokens: int, cached: int = 0) -> None:
+        seq = self._live.get(task_id)
+        if seq is None:
+            return
+        seq.prompt_tokens, seq.cached_tokens = tokens, cached
+        self.prompt_tokens.labels(seq.model).inc(tokens)
+        if cached:
+            self.cached_tokens.labels(seq.model).inc(cached)
+
+    def token(self, task_id: str, count: int = 1) -> None:
+        seq = self._live.get(task_id)
+        if seq is None:
+            return
+        if seq.first_token is None:
+            seq.first_token = time.monotonic()
+            self.ttft.labels(seq.model).observe(seq.first_token - seq.started)
+        seq.tokens += count
+        self.generated_tokens.labels(seq.model).inc(count)
+
+    def end(self, task_id: str) -> None:
+        with self._lock:
+            seq = self._live.pop(task_id, None)
+        if seq is not None:
+            rate = seq.rate()
+            if rate is not None:
+                self.token_rate.labels(seq.model).observe(rate)
+
+    def sequences(self) -> list[Sequence]:
+        with self._lock:
+            return sorted(self._live.values(), key=lambda s: s.started)
+
+    # -- models, recovery, HTTP -----------------------------------------------------------
+    def model_loaded(self, model: str) -> None:
+        self.model_loads.labels(model).inc()
+
+    def model_unloaded(self, model: str) -> None:
+        self.model_unloads.labels(model).inc()
+
+    def recovered(self, outcomes: Iterable[tuple[str, str]]) -> None:
+        """``(policy, outcome)`` for every task startup recovery moved or kept."""
+        for policy, outcome in outcomes:
+            self.recoveries.labels(policy, outcome).inc()
+
+    def http(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.http_requests.labels(method, route, str(status)).inc()
+        self.http_latency.labels(method, route).observe(seconds)
+
+    # -- the exposition -------------------------------------------------------------------
+    def add_collector(self, produce: Callable[[], Iterable[Metric]]) -> None:
+        """Figures computed when scraped (read from the database)."""
+        self.registry.register(_Callback(produce))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,450 @@
+"""Input items (pure): a request's ``input`` checked into a normalized list of items, and
+those items rendered as chat messages for the model's chat template.
+
+``input`` is a string (one user message) or a list of items:
+
+- ``message`` (``type`` optional): role ``system``, ``developer``, ``user`` or
+  ``assistant``; ``content`` a string or a list of parts: ``input_text``, ``output_text``,
+  ``refusal``, ``input_file`` (``file_data`` as base64 or a ``data:`` URL, with a
+  ``filename``: plain text, Markdown, JSON, CSV or PDF) and ``input_image`` (refused
+  unless the model has the ``vision`` capability, which no engine here has);
+- ``function_call`` (``call_id``, ``name``, ``arguments``) and ``function_call_output``
+  (``call_id``, ``output``: a string or ``input_text`` parts).
+
+Nothing is dropped: an unknown item type, part type or field is a ``400`` naming it
+(``input.2.content.1``, as the API names every field). Validation runs when a request
+is created, so nothing is written for a bad one; the normalized items (each with an
+``id``) are what the store keeps, what ``GET /v1/responses/{id}/input_items`` lists and
+what later turns of a conversation carry.
+
+Chat templates differ in how they show tool calls, and small ones (SmolLM2's) have no
+tool role at all, so calls are rendered generically, in the Hermes/Qwen style the tools
+work generates: an assistant message holding
+``<tool_call>{"name": …, "arguments": …}</tool_call>`` and a user message holding
+``<tool_response>…</tool_response>`` (:func:`render_tool_call`,
+:func:`render_tool_response`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from lmsp.errors import LmspError
+from lmsp.ids import new_id
+
+Item = dict[str, Any]
+Message = dict[str, str]
+
+#: the largest file an ``input_file`` may carry (decoded), and the most text it may give
+MAX_FILE_BYTES = 1 << 20
+MAX_FILE_TEXT = 200_000
+#: text formats by file extension and by media type
+TEXT_EXTENSIONS = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".json": "json",
+    ".csv": "csv",
+}
+TEXT_MEDIA = {
+    "text/plain": "text",
+    "text/markdown": "markdown",
+    "text/x-markdown": "markdown",
+    "application/json": "json",
+    "text/csv": "csv",
+}
+#: the stored request's key for the items of the conversation it continues (the
+#: context of ``previous_response_id``, resolved when the request is created)
+HISTORY = "lmsp_history"
+ROLES = ("system", "developer", "user", "assistant")
+_DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),(.*)$", re.DOTALL)
+
+#: the fields each item and part type may carry (anything else is refused, never dropped)
+_MESSAGE_KEYS = {"type", "role", "content", "id", "status"}
+_CALL_KEYS = {"type", "call_id", "name", "arguments", "id", "status"}
+_OUTPUT_KEYS = {"type", "call_id", "output", "id", "status"}
+_PART_KEYS = {
+    "input_text": {"type", "text"},
+    "output_text": {"type", "text", "annotations", "logprobs"},
+    "refusal": {"type", "refusal"},
+    "input_file": {"type", "file_data", "filename", "file_id", "file_url"},
+    "input_image": {"type", "image_url", "file_id", "detail"},
+}
+
+
+def _error(param: str, message: str, code: str = "invalid_value") -> LmspError:
+    return LmspError(code, f"{param}: {message}", param=param)
+
+
+def _unsupported(param: str, message: str) -> LmspError:
+    return _error(param, message, "unsupported_input")
+
+
+def _string(value: Any, param: str, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or (not empty and not value):
+        raise _error(param, "must be a non-empty string." if not empty else "must be a string.")
+    return value
+
+
+def _keys(given: dict[str, Any], allowed: set[str], where: str, kind: str) -> None:
+    for key in given:
+        if key not in allowed:
+            raise LmspError(
+                "unsupported_parameter",
+                f"{where}.{key}: a {kind} has no field {key!r} here.",
+                param=f"{where}.{key}",
+            )
+
+
+# -- validation ---------------------------------------------------------------------------
+def normalize(
+    given: Any,
+    *,
+    capabilities: Iterable[str] = ("completion",),
+    make_id: Callable[[str], str] = new_id,
+    param: str = "input",
+) -> list[Item]:
+    """``input`` as a list of normalized items (``400`` naming the first problem)."""
+    if isinstance(given, str):
+        if not given:
+            raise _error(param, "must not be empty.")
+        return [_message("user", [{"type": "input_text", "text": given}], make_id("msg"))]
+    if not isinstance(given, list) or not given:
+        raise _error(param, "must be a string or a non-empty list of items.")
+    caps = frozenset(capabilities)
+    return [_item(item, f"{param}.{index}", caps, make_id) for index, item in enumerate(given)]
+
+
+def normalize_item(
+    item: Any,
+    where: str,
+    *,
+    capabilities: Iterable[str] = ("completion",),
+    make_id: Callable[[str], str] = new_id,
+) -> Item:
+    """One item of ``input`` normalized; ``where`` names it in errors (``input.3``)."""
+    return _item(item, where, frozenset(capabilities), make_id)
+
+
+def _message(role: str, content: list[Item], item_id: str) -> Item:
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": "completed",
+        "role": role,
+        "content": content,
+    }
+
+
+def _item(item: Any, where: str, caps: frozenset[str], make_id: Callable[[str], str]) -> Item:
+    if not isinstance(item, dict):
+        raise _error(where, "an item must be an object.")
+    kind = item.get("type", "message")
+    if kind == "message":
+        return _message_item(item, where, caps, make_id)
+    if kind == "function_call":
+        _keys(item, _CALL_KEYS, where, "function_call item")
+        arguments = _string(item.get("arguments"), f"{where}.arguments")
+        return {
+            "type": "function_call",
+            "id": _id(item, where, "fc", make_id),
+            "call_id": _string(item.get("call_id"), f"{where}.call_id", empty=False),
+            "name": _string(item.get("name"), f"{where}.name", empty=False),
+            "arguments": arguments,
+            "status": "completed",
+        }
+    if kind == "function_call_output":
+        _keys(item, _OUTPUT_KEYS, where, "function_call_output item")
+        return {
+            "type": "function_call_output",
+            "id": _id(item, where, "fco", make_id),
+            "call_id": _string(item.get("call_id"), f"{where}.call_id", empty=False),
+            "output": _tool_output(item.get("output"), f"{where}.output", caps),
+            "status": "completed",
+        }
+    shown = kind if isinstance(kind, str) else repr(kind)
+    raise _unsupported(f"{where}.type", f"items of type {shown!r} are not supported.")
+
+
+def _id(item: Item, where: str, prefix: str, make_id: Callable[[str], str]) -> str:
+    given = item.get("id")
+    if given is None:
+        return make_id(prefix)
+    return _string(given, f"{where}.id", empty=False)
+
+
+def _message_item(
+    item: Item, where: str, caps: frozenset[str], make_id: Callable[[str], str]
+) -> Item:
+    _keys(item, _MESSAGE_KEYS, where, "message")
+    role = item.get("role")
+    if role not in ROLES:
+        raise _error(f"{where}.role", f"role must be one of {', '.join(ROLES)}.")
+    content = item.get("content")
+    if isinstance(content, str):
+        kind = "output_text" if role == "assistant" else "input_text"
+        parts: list[Item] = [_text_part(kind, content)]
+    elif isinstance(content, list) and content:
+        parts = [
+            _part(part, f"{where}.content.{index}", role, caps)
+            for index, part in enumerate(content)
+        ]
+    else:
+        raise _error(f"{where}.content", "must be a string or a non-empty list of parts.")
+    return _message(role, parts, _id(item, where, "msg", make_id))
+
+
+def _text_part(kind: str, text: str) -> Item:
+    if kind == "output_text":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": kind, "text": text}
+
+
+def _part(part: Any, where: str, role: str, caps: frozenset[str]) -> Item:
+    if not isinstance(part, dict):
+        raise _error(where, "a content part must be an object.")
+    kind = part.get("type")
+    if kind == "text":  # stored by lmsp before input items were normalized
+        kind = "output_text" if role == "assistant" else "input_text"
+        part = {**part, "type": kind}
+    if kind not in _PART_KEYS:
+        shown = kind if isinstance(kind, str) else repr(kind)
+        raise _unsupported(f"{where}.type", f"content parts of type {shown!r} are not supported.")
+    _keys(part, _PART_KEYS[kind], where, f"{kind} part")
+    if kind in ("input_text", "output_text"):
+        return _text_part(kind, _string(part.get("text"), f"{where}.text"))
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": _string(part.get("refusal"), f"{where}.refusal")}
+    if kind == "input_image":
+        raise _image(where, caps)
+    if role not in ("user", "system", "developer"):
+        raise _error(where, "files can only be given in user, system or developer messages.")
+    return _file(part, where)
+
+
+def _image(where: str, caps: frozenset[str]) -> LmspError:
+    shown = ", ".join(sorted(caps)) or "none"
+    return _unsupported(
+        where,
+        f"images need a model with vision support; this model has none (capabilities: {shown}).",
+    )
+
+
+def _tool_output(output: Any, where: str, caps: frozenset[str]) -> str | list[Item]:
+    if isinstance(output, str):
+        return output
+    if not isinstance(output, list):
+        raise _error(where, "must be a string or a list of input_text parts.")
+    parts: list[Item] = []
+    for index, part in enumerate(output):
+        inner = f"{where}.{index}"
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            raise _image(inner, caps)
+        if not isinstance(part, dict) or part.get("type") != "input_text":
+            kind = part.get("type") if isinstance(part, dict) else None
+            raise _unsupported(
+                f"{inner}.type", f"tool output parts of type {kind!r} are not supported."
+            )
+        _keys(part, _PART_KEYS["input_text"], inner, "input_text part")
+        parts.append(_text_part("input_text", _string(part.get("text"), f"{inner}.text")))
+    return parts
+
+
+# -- files --------------------------------------------------------------------------------
+def _file(part: Item, where: str) -> Item:
+    for unsupported in ("file_id", "file_url"):
+        if part.get(unsupported) is not None:
+            raise _unsupported(
+                f"{where}.{unsupported}",
+                f"{unsupported} is not supported (lmsp has no file store): send file_data.",
+            )
+    data = part.get("file_data")
+    filename = part.get("filename")
+    if not isinstance(data, str) or not data:
+        raise _error(f"{where}.file_data", "an input_file needs file_data (base64 or a data: URL).")
+    if not isinstance(filename, str) or not filename or len(filename) > 256:
+        raise _error(f"{where}.filename", "an input_file needs a filename (up to 256 characters).")
+    # the text is extracted now, so an unreadable file is refused before anything is stored
+    file_text(data, filename, where)
+    return {"type": "input_file", "filename": filename, "file_data": data}
+
+
+def _decode(data: str, where: str) -> tuple[bytes, str | None]:
+    """The bytes of ``file_data`` and the media type its ``data:`` URL names, if any."""
+    media: str | None = None
+    payload = data
+    matched = _DATA_URL.match(data)
+    if matched is not None:
+        media = matched.group(1).strip().lower() or None
+        if ";base64" not in matched.group(2).lower():
+            raise _error(f"{where}.file_data", "a data: URL must be base64 encoded.")
+        payload = matched.group(3)
+    if len(payload) > (MAX_FILE_BYTES * 4) // 3 + 8:
+        raise _error(f"{where}.file_data", f"the file is larger than {MAX_FILE_BYTES} bytes.")
+    try:
+        raw = base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise _error(f"{where}.file_data", "is not valid base64.") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise _error(f"{where}.file_data", f"the file is larger than {MAX_FILE_BYTES} bytes.")
+    return raw, media
+
+
+def file_format(filename: str, media: str | None) -> str | None:
+    """``text``, ``markdown``, ``json``, ``csv``, ``pdf`` or ``None`` (not supported)."""
+    if media == "application/pdf":
+        return "pdf"
+    if media in TEXT_MEDIA:
+        return TEXT_MEDIA[media]
+    suffix = filename[filename.rfind(".") :].lower() if "." in filename else ""
+    if suffix == ".pdf":
+        return "pdf"
+    return TEXT_EXTENSIONS.get(suffix)
+
+
+def file_text(data: str, filename: str, where: str = "input_file") -> str:
+    """The text an ``input_file`` gives the model (``400`` when there is none)."""
+    raw, media = _decode(data, where)
+    kind = file_format(filename, media)
+    if kind is None:
+        raise _unsupported(
+            where,
+            f"the file {filename!r} is not a supported type: send plain text, Markdown, JSON,"
+            " CSV or PDF (by extension or data: URL media type).",
+        )
+    if kind == "pdf":
+        text = _pdf_text(raw, where)
+    else:
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise _error(f"{where}.file_data", "a text file must be UTF-8.") from None
+        if kind == "json":
+            try:
+                json.loads(text)
+            except ValueError:
+                raise _error(f"{where}.file_data", "the file is not valid JSON.") from None
+    if len(text) > MAX_FILE_TEXT:
+        raise _error(
+            f"{where}.file_data", f"the file gives more than {MAX_FILE_TEXT} characters of text."
+        )
+    return text
+
+
+def _pdf_text(raw: bytes, where: str) -> str:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(raw))
+        if reader.is_encrypted:
+            raise _unsupported(f"{where}.file_data", "encrypted PDFs are not supported.")
+        pages = [page.extract_text() or "" for page in reader.pages]
+    except LmspError:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        raise _error(f"{where}.file_data", f"the PDF cannot be read ({exc}).") from None
+    text = "\n\n".join(page.strip() for page in pages).strip()
+    if not text:
+        raise _unsupported(
+            f"{where}.file_data", "the PDF has no extractable text (a scan needs OCR first)."
+        )
+    return text
+
+
+# -- rendering ----------------------------------------------------------------------------
+def render_tool_call(name: str, arguments: str) -> str:
+    """An assistant's function call as prompt text (and as the tools work parses it)."""
+    try:
+        parsed: Any = json.loads(arguments) if arguments else {}
+    except ValueError:
+        parsed = arguments
+    body = json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def render_tool_response(output: str) -> str:
+    """A function call's output as prompt text."""
+    return f"<tool_response>\n{output}\n</tool_response>"
+
+
+def _file_block(part: Item) -> str:
+    text = file_text(part["file_data"], part["filename"])
+    return f"[file: {part['filename']}]\n{text}\n[end of file: {part['filename']}]"
+
+
+def _content_text(parts: list[Item]) -> str:
+    """The parts of a message as one text: text runs joined as given, files as blocks."""
+    chunks: list[str] = []
+    run = ""
+    for part in parts:
+        kind = part["type"]
+        if kind in ("input_text", "output_text"):
+            run += part["text"]
+        elif kind == "refusal":
+            run += part["refusal"]
+        else:  # input_file
+            if run:
+                chunks.append(run)
+                run = ""
+            chunks.append(_file_block(part))
+    if run:
+        chunks.append(run)
+    return "\n\n".join(chunks)
+
+
+def _output_text(output: str | list[Item]) -> str:
+    return output if isinstance(output, str) else "".join(part["text"] for part in output)
+
+
+def render(items: list[Item], instructions: str | None = None) -> list[Message]:
+    """Chat messages for the model's template: ``instructions`` first as the system
+    message; ``developer`` becomes ``system``; a run of function calls joins the
+    assistant message before it, a run of outputs makes one user message."""
+    out: list[Message] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+
+    def add(role: str, text: str, join: bool) -> None:
+        if join and out and out[-1]["role"] == role:
+            out[-1] = {"role": role, "content": f"{out[-1]['content']}\n{text}"}
+        else:
+            out.append({"role": role, "content": text})
+
+    previous = ""
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            add(role, _content_text(item["content"]), join=False)
+        elif kind == "function_call":
+            # the calls an assistant makes follow its text in one message
+            add("assistant", render_tool_call(item["name"], item["arguments"]), join=True)
+        else:
+            text = render_tool_response(_output_text(item["output"]))
+            add("user", text, join=previous == "function_call_output")
+        previous = kind
+    return out
+
+
+def is_normalized(given: Any) -> bool:
+    """Is ``given`` a list :func:`normalize` made (every item typed and with an id)?"""
+    return isinstance(given, list) and all(
+        isinstance(item, dict) and "type" in item and "id" in item for item in given
+    )
+
+
+def input_of(request: dict[str, Any]) -> list[Item]:
+    """A stored request's own input items (a row stored before input items were
+    normalized is normalized now, with placeholder ids)."""
+    given = request["input"]
+    if is_normalized(given):
+        return list(given)
+    return normalize(given, make_id=lambda prefix: prefix)
