@@ -12,6 +12,11 @@
     run of the same app that reads the writer's commit counter.
 (c, d) constrained decoding (bench/constraints.py): tokens/s held to a JSON Schema ÷
     unconstrained, same prompt and seed; the compile time of a 20-property schema.
+(c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
+    source distribution into a cache the first time): the benchmarks of issue 10, see
+    ``bench/compare.py``.
+
+``LMSP_BENCH_QUICK=1`` makes every part small: a smoke run of the harness, not figures.
 
 Nothing here is part of the test suite.
 """
@@ -40,6 +45,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import compare  # noqa: E402
 from tests.helpers import Server  # noqa: E402  (the test suite's subprocess launcher)
 
 MODEL = "smollm2-135m-instruct"
@@ -477,8 +483,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients for (b)")
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of each (b) run")
     parser.add_argument("--dir", default=None, help="where the data directories go")
-    parser.add_argument("--only", choices=["generation", "writes", "constraints"], default=None)
+    parser.add_argument(
+        "--only", choices=["generation", "writes", "constraints", "compare"], default=None
+    )
     args = parser.parse_args()
+    if compare.quick():  # LMSP_BENCH_QUICK: a smoke run of the harness
+        args.reps, args.tokens, args.seconds = 1, 32, 2.0
 
     began = time.perf_counter()
     with workdir(args.dir) as work:
@@ -494,6 +504,8 @@ def main() -> None:
             from bench.constraints import bench_constraints
 
             bench_constraints(args.tokens, args.reps)
+        if args.only in (None, "compare"):
+            compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")
 
 

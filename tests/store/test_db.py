@@ -95,3 +95,59 @@ def test_many_threads_write_concurrently(db: Database) -> None:
     assert errors == []
     assert db.reader().execute("SELECT count(*) FROM service_config").fetchone()[0] == 160
     assert db.jobs >= 160
+
+
+def test_versions_move_with_client_changes_only(tmp_path: Path) -> None:
+    from lmsp.store import clients
+
+    db = Database(tmp_path / "v.db")
+    try:
+        start = db.versions["clients"]
+        made = db.write_sync(lambda c: clients.add(c, "a", ["admin"]))
+        added = db.versions["clients"]
+        assert added > start
+        db.write_sync(lambda c: clients.touch(c, made[0].id, 10_000))  # last_used_at only
+        db.write_sync(lambda c: c.execute("CREATE TABLE IF NOT EXISTS other (x)"))
+        assert db.versions["clients"] == added
+        inside: list[int] = []
+
+        def revoke(conn: sqlite3.Connection) -> None:
+            clients.revoke(conn, made[0].id)
+            inside.append(db.versions["clients"])
+
+        db.write_sync(revoke)
+        # bumped when the row changed, and again once committed (before the answer)
+        assert added < inside[0] < db.versions["clients"]
+    finally:
+        db.close()
+
+
+def test_task_stamps_move_with_that_task_only(tmp_path: Path) -> None:
+    from lmsp.store import clients, responses
+    from lmsp.store import tasks as task_store
+
+    db = Database(tmp_path / "t.db")
+    try:
+        owner = db.write_sync(lambda c: clients.add(c, "a", ["admin"]))[0]
+
+        def create(c: sqlite3.Connection) -> responses.Created:
+            request = {"model": "m", "input": "x", "background": True}
+            return responses.create(
+                c, client_id=owner.id, request=request, on_restart="fail", max_queue=10, key=None
+            )
+
+        first, second = db.write_sync(create), db.write_sync(create)
+        a, b = db.versions.task(first.task_id), db.versions.task(second.task_id)
+        assert a is not None and b is not None and a != b
+        assert db.versions.task("task_unknown") is None  # unknown: readers must read
+        db.write_sync(lambda c: task_store.cancel(c, second.task_id))
+        assert db.versions.task(first.task_id) == a
+        changed = db.versions.task(second.task_id)
+        assert changed is not None and changed > b
+        db.write_sync(
+            lambda c: c.execute("DELETE FROM responses WHERE id = ?", (first.response_id,))
+        )
+        gone = db.versions.task(first.task_id)
+        assert gone is not None and gone > a  # a cascaded delete counts too
+    finally:
+        db.close()

@@ -263,6 +263,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         finally:
             gc.cancel()
             await asyncio.to_thread(svc.runner.stop)
+            svc.close_readers()
             svc.host.close()
             svc.db.close()
 

@@ -1,5 +1,8 @@
 """Bearer-token authentication and scope checks.
 
+Tokens are checked against :class:`lmsp.api.tokens.TokenCache` (no database round trip
+once a token is known; a revoke or a changed client takes effect at the next request).
+
 :func:`require` declares its scope through FastAPI's ``Security``, so every route's
 scope is written into the OpenAPI document (``security: [{"bearer": [scope]}]``) and
 tests can walk the routes from it.
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -19,6 +23,9 @@ from lmsp.store import clients
 from lmsp.store.clients import Client
 
 from . import sessions
+
+if TYPE_CHECKING:
+    from .service import Service
 
 scheme = HTTPBearer(
     auto_error=False,
@@ -99,7 +106,9 @@ async def authorize(request: Request, scope: str) -> Client:
     if token is None:
         client = console_client(request)
     else:
-        client = clients.authenticate(request.app.state.lmsp.db.reader(), token)
+        svc: Service = request.app.state.lmsp
+        # from the token cache (no database round trip), else read off the event loop
+        client = await svc.tokens.authenticate(token, svc.read)
     if client is None:
         raise errors.unauthorized()
     logs.client_id.set(client.id)  # the request's log lines name their client

@@ -3,8 +3,10 @@
 A token is checked when a request starts; an event stream lasts as long as its task.
 :func:`until_revoked` wraps a stream's events and watches the client's row: the revoke's
 commit wakes it (the broker fires after every commit), and it checks at least every
-``check_every`` seconds. Once the client is revoked the stream sends one ``error`` event
-(``token_revoked``, no ``id:``, so it never moves a ``Last-Event-ID``) and ends.
+``check_every`` seconds; it reads the client's row only when the ``clients`` table's
+version (:class:`lmsp.store.db.Versions`) moved since its last read. Once the client is
+revoked the stream sends one ``error`` event (``token_revoked``, no ``id:``, so it never
+moves a ``Last-Event-ID``) and ends.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .broker import Broker
 from .sse import sse
 
 CHECK_EVERY = 0.5
+CLIENTS = "clients"
 MESSAGE = "This client's token was revoked; the stream ends."
 
 
@@ -40,10 +43,16 @@ def revoked_event() -> ServerSentEvent:
 
 
 async def _watch(db: Database, broker: Broker, client_id: str, every: float) -> None:
+    checked: int | None = None
     while True:
         waiter = broker.current()
-        if revoked(db, client_id):
-            return
+        # the row is read again only when a client row changed since the last read (the
+        # version is bumped before a revoke is answered); the read runs off the loop
+        version = db.versions[CLIENTS]
+        if version != checked:
+            if await asyncio.to_thread(revoked, db, client_id):
+                return
+            checked = version
         await broker.wait(waiter, every)
 
 

@@ -4,12 +4,14 @@ operations the routes share."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -34,8 +36,14 @@ from lmsp.tasks.runner import Runner
 
 from .broker import Broker
 from .sessions import ConsoleSessions
+from .tokens import TokenCache
 
 log = logging.getLogger("lmsp")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+# threads that run the API's database reads, so the event loop never waits on SQLite
+READERS = 4
 
 
 def model_not_found(model: str) -> errors.LmspError:
@@ -59,6 +67,21 @@ class Service:
     # client id → when this process last recorded its use (``last_used_at`` writes)
     touched: dict[str, int] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    tokens: TokenCache = field(init=False)
+    readers: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = TokenCache(self.db)
+        self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="lmsp-read")
+
+    async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` in a reader thread (its ``db.reader()`` is that
+        thread's connection): the event loop goes on serving meanwhile."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.readers, functools.partial(fn, *args, **kwargs))
+
+    def close_readers(self) -> None:
+        self.readers.shutdown(wait=True)
 
     # -- lookups (404 for what the client does not own; ``admin`` sees everything) ---------
     def owned_response(self, response_id: str, client: Client) -> tuple[sqlite3.Row, sqlite3.Row]:
@@ -95,7 +118,7 @@ class Service:
         the first request's response, or ``409`` while that (non-background) request is
         still running."""
         model = request["model"]
-        record = models.get(self.db.reader(), model)
+        record = await self.read(lambda: models.get(self.db.reader(), model))
         if record is None:
             raise model_not_found(model)
         # the sampling numbers it runs with: its own, else the model's defaults, else lmsp's
@@ -109,11 +132,11 @@ class Service:
         )
         previous = request.get("previous_response_id")
         if previous is not None:  # the whole chain, kept with this request (durable)
-            request[items.HISTORY] = response_store.conversation(
-                self.db.reader(), previous, client.id
+            request[items.HISTORY] = await self.read(
+                lambda: response_store.conversation(self.db.reader(), previous, client.id)
             )
         # a prompt the context cannot hold is refused now, when its length can be known
-        size = await asyncio.to_thread(
+        size = await self.read(
             self.host.prompt_size, record, messages_of(request), tools_of(request)
         )
         if size is not None and size[0] >= size[1]:
@@ -152,7 +175,7 @@ class Service:
                 },
             )
         elif created.status_code != 202:
-            task = task_store.get(self.db.reader(), created.task_id)
+            task = await self.read(lambda: task_store.get(self.db.reader(), created.task_id))
             if task is not None and not Status(task["status"]).terminal:
                 raise errors.LmspError(
                     "idempotency_request_in_progress",
@@ -207,11 +230,15 @@ class Service:
         """Wait until the task is finished (or gone); ``False`` if ``timeout`` passed."""
         assert self.broker is not None
         deadline = None if timeout is None else time.monotonic() + timeout
+        seen: int | None = None
         while True:
             waiter = self.broker.current()
-            task = task_store.get(self.db.reader(), task_id)
-            if task is None or Status(task["status"]).terminal:
-                return True
+            stamp = self.db.versions.task(task_id)  # unchanged task: no read
+            if stamp is None or stamp != seen:
+                task = await self.read(lambda: task_store.get(self.db.reader(), task_id))
+                if task is None or Status(task["status"]).terminal:
+                    return True
+                seen = stamp
             left = 10.0 if deadline is None else min(10.0, deadline - time.monotonic())
             if left <= 0:
                 return False

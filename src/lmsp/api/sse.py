@@ -8,6 +8,7 @@ some SSE parsers split only on ``\\n``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -57,10 +58,17 @@ async def task_events(
     """``(sequence number, type, JSON)`` of ``task_id``'s events after ``after`` until its
     terminal event. Types in ``hide`` are skipped (they keep their numbers in the log)."""
     last = after
+    seen: int | None = None
     while True:
         waiter = broker.current()
-        conn = db.reader()
-        rows = events.after(conn, task_id, last, PAGE)
+        # every commit wakes every stream: read only when this task changed since the
+        # last read (its stamp, taken before the read), or when its stamp is unknown
+        stamp = db.versions.task(task_id)
+        if stamp is not None and stamp == seen:
+            await broker.wait(waiter, 10.0)
+            continue
+        rows, over = await asyncio.to_thread(_page, db, task_id, last)
+        seen = stamp if len(rows) < PAGE else None
         for seq, kind, data in rows:
             last = seq
             if kind not in hide:
@@ -69,12 +77,23 @@ async def task_events(
                 return
         if rows:
             continue
-        task = task_store.get(conn, task_id)
-        if task is None or (
-            Status(task["status"]).terminal and task["last_sequence_number"] <= last
-        ):
+        if over:
             return
         await broker.wait(waiter, 10.0)
+
+
+def _page(db: Database, task_id: str, last: int) -> tuple[list[tuple[int, str, str]], bool]:
+    """The next page of events after ``last`` (in a reader thread, off the event loop);
+    with none, whether the log is over (the task is gone, or finished and all read)."""
+    conn = db.reader()
+    rows = events.after(conn, task_id, last, PAGE)
+    if rows:
+        return rows, False
+    task = task_store.get(conn, task_id)
+    over = task is None or (
+        Status(task["status"]).terminal and task["last_sequence_number"] <= last
+    )
+    return rows, over
 
 
 async def framed(

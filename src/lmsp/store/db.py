@@ -25,6 +25,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,14 @@ Job = Callable[[sqlite3.Connection], Any]
 AfterCommit = Callable[[], None]
 
 MAX_BATCH = 256
+# how many tasks :meth:`Versions.task` remembers (the least recently changed go first)
+TASK_STAMPS = 10_000
+
+# tables whose changes bump :attr:`Database.versions` (and which columns of an UPDATE
+# count): caches of rows (the API's token cache) compare versions instead of re-reading
+WATCHED: dict[str, tuple[str, ...]] = {
+    "clients": ("token_prefix", "token_hash", "scopes", "name", "revoked_at"),
+}
 
 
 class Connection(sqlite3.Connection):
@@ -106,6 +115,75 @@ class Faults:
             self._fail()
 
 
+class Versions:
+    """Change counters of the :data:`WATCHED` tables, readable from any thread.
+
+    A write that changes a watched table bumps its counter twice: when the row changes
+    (inside the transaction) and again after the transaction ended, before any job of it
+    is answered. A reader that takes the version *before* reading a row and keeps the
+    pair can trust the row exactly as long as the version is unchanged: a row read while
+    a change was uncommitted was read under the first bump and is outdated by the second.
+    """
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(WATCHED, 0)
+        self._lock = threading.Lock()
+        # task id → stamp of the last committed change to its row or its events; stamps
+        # come from one counter, so an evicted and re-added task never repeats a stamp
+        self._tasks: OrderedDict[str, int] = OrderedDict()
+        self._stamp = 0
+
+    def __getitem__(self, table: str) -> int:
+        return self._counts[table]
+
+    def bump(self, table: str) -> None:
+        with self._lock:
+            self._counts[table] += 1
+
+    def task(self, task_id: str) -> int | None:
+        """The stamp of the task's last committed change, ``None`` when unknown (not
+        changed since this process opened the database, or evicted): a reader that saw
+        the task under a stamp need not read it again while the stamp is the same."""
+        return self._tasks.get(task_id)
+
+    def stamp_tasks(self, task_ids: set[str]) -> None:
+        with self._lock:
+            for task_id in task_ids:
+                self._stamp += 1
+                self._tasks[task_id] = self._stamp
+                self._tasks.move_to_end(task_id)
+            while len(self._tasks) > TASK_STAMPS:
+                self._tasks.popitem(last=False)
+
+
+def _watch(
+    conn: sqlite3.Connection, changed: Callable[[str], None], task: Callable[[str], None]
+) -> None:
+    """Temporary triggers on ``conn`` (the writer's) that report changes of watched tables
+    and of tasks (their row or their event log)."""
+
+    def report(table: str) -> None:
+        changed(table)
+
+    conn.create_function("lmsp_changed", 1, report)
+    conn.create_function("lmsp_task_changed", 1, task)
+    for name, when, row in (
+        ("lmsp_watch_task_events", "INSERT ON main.task_events", "NEW.task_id"),
+        ("lmsp_watch_tasks_update", "UPDATE ON main.tasks", "NEW.id"),
+        ("lmsp_watch_tasks_delete", "DELETE ON main.tasks", "OLD.id"),
+    ):
+        conn.execute(
+            f"CREATE TEMP TRIGGER {name} AFTER {when} BEGIN SELECT lmsp_task_changed({row}); END"
+        )
+    for table, columns in WATCHED.items():
+        for when in ("INSERT", "DELETE", f"UPDATE OF {', '.join(columns)}"):
+            name = f"lmsp_watch_{table}_{when.split()[0].lower()}"
+            conn.execute(
+                f"CREATE TEMP TRIGGER {name} AFTER {when} ON main.{table}"
+                f" BEGIN SELECT lmsp_changed('{table}'); END"
+            )
+
+
 class _StorageFull(Exception):
     """A job hit a full disk: the whole transaction must go."""
 
@@ -143,6 +221,10 @@ class Database:
         self._readers_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._writer_conn = connect(self.path)
+        self.versions = Versions()
+        self._changed: set[str] = set()  # watched tables changed in this transaction
+        self._tasks_changed: set[str] = set()  # tasks changed in this transaction
+        _watch(self._writer_conn, self._on_change, self._tasks_changed.add)
         self._listeners: list[Callable[[], None]] = []
         self._closed = False
         self.commits = 0
@@ -181,6 +263,19 @@ class Database:
     def on_commit(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (in the writer thread) after every commit."""
         self._listeners.append(listener)
+
+    def _on_change(self, table: str) -> None:
+        self._changed.add(table)
+        self.versions.bump(table)
+
+    def _settle_changes(self) -> None:
+        """After a commit or rollback: the second bump (see :class:`Versions`)."""
+        for table in self._changed:
+            self.versions.bump(table)
+        self._changed.clear()
+        if self._tasks_changed:  # stamped after a rollback too: a harmless extra read
+            self.versions.stamp_tasks(self._tasks_changed)
+            self._tasks_changed.clear()
 
     def _run(self) -> None:
         conn = self._writer_conn
@@ -245,6 +340,7 @@ class Database:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:  # pragma: no cover - SQLite rolled back itself
                     log.exception("rollback failed")
+            self._settle_changes()
             if self.metrics is not None:
                 self.metrics.transaction_failed()
             answer = insufficient_storage() if full else cause
@@ -252,6 +348,7 @@ class Database:
                 if not request.future.done():
                     request.future.set_exception(answer)
             return
+        self._settle_changes()
         self.commits += 1
         self.jobs += len(batch)
         if self.metrics is not None:

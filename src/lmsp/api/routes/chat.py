@@ -103,7 +103,7 @@ async def create_chat_completion(
     if body.stream:
         return _stream(request, created.task_id, body, forget, headers, client)
     await svc.wait_finished(created.task_id)
-    obj = svc.response_object(created.task_id)
+    obj = await svc.read(svc.response_object, created.task_id)
     if forget is not None:
         await svc.db.write(lambda c: response_store.delete(c, *forget))
     if obj["status"] in ("failed", "cancelled"):

@@ -101,10 +101,10 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
     if body.background:
         headers["Location"] = f"/v1/responses/{created.response_id}"
         # the object as committed: a worker may claim the task before a re-read
-        obj = created.response or svc.response_object(created.task_id)
+        obj = created.response or await svc.read(svc.response_object, created.task_id)
         return JSONResponse(obj, 202, headers=headers)
     await svc.wait_finished(created.task_id)
-    obj = svc.response_object(created.task_id)
+    obj = await svc.read(svc.response_object, created.task_id)
     if forget is not None:
         await svc.db.write(lambda c: response_store.delete(c, *forget))
     return JSONResponse(obj, 200, headers=headers)
@@ -131,7 +131,7 @@ async def retrieve_response(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
     svc = service(request)
-    _, task = svc.owned_response(response_id, client)
+    _, task = await svc.read(svc.owned_response, response_id, client)
     _include(include)
     if include_obfuscation:
         raise unsupported("include_obfuscation", "Streams are not obfuscated here.")
@@ -140,7 +140,7 @@ async def retrieve_response(
         return _stream(
             request, task["id"], after, include=include, cancel_on_disconnect=False, client=client
         )
-    return JSONResponse(svc.response_object(task["id"]))
+    return JSONResponse(await svc.read(svc.response_object, task["id"]))
 
 
 @router.get("/{response_id}/input_items")

@@ -1,0 +1,241 @@
+"""llama.cpp's own ``llama-server``, built from the llama-cpp-python source distribution.
+
+    .venv/bin/python bench/llama_server.py [--version X.Y.Z]   (build only, print the path)
+
+The benchmark compares lmsp with the server a user would otherwise pick. To compare like
+with like it builds the llama.cpp that the installed llama-cpp-python vendors (the sdist
+carries ``vendor/llama.cpp`` with ``tools/server``), once, into a cache directory
+(``LMSP_BENCH_CACHE``, default ``~/.cache/lmsp-bench``), and starts it on the same GGUF
+file with the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("LMSP_BENCH_CACHE") or str(Path.home() / ".cache" / "lmsp-bench")
+    return Path(base)
+
+
+def installed_version() -> str:
+    from importlib.metadata import version
+
+    return version("llama-cpp-python")
+
+
+def binary_path(version: str) -> Path:
+    return cache_dir() / f"llama-cpp-python-{version}" / "build" / "bin" / "llama-server"
+
+
+def _log(message: str) -> None:
+    print(f"[llama-server] {message}", file=sys.stderr, flush=True)
+
+
+def source_tree(version: str) -> Path:
+    """The unpacked sdist of llama-cpp-python ``version`` (downloaded when missing)."""
+    root = cache_dir() / f"llama-cpp-python-{version}"
+    if (root / "vendor" / "llama.cpp" / "tools" / "server").is_dir():
+        return root
+    downloads = cache_dir() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    archive = downloads / f"llama_cpp_python-{version}.tar.gz"
+    if not archive.exists():
+        _log(f"downloading the llama-cpp-python {version} source distribution")
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                "-d",
+                str(downloads),
+                f"llama-cpp-python=={version}",
+            ],
+            check=True,
+        )
+        found = sorted(downloads.glob(f"llama_cpp_python-{version}.tar.gz")) + sorted(
+            downloads.glob(f"llama-cpp-python-{version}.tar.gz")
+        )
+        if not found:
+            raise RuntimeError(f"pip download left no sdist of {version} in {downloads}")
+        archive = found[0]
+    _log(f"unpacking {archive.name}")
+    staging = cache_dir() / f".unpack-{version}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(staging, filter="data")
+    (top,) = list(staging.iterdir())
+    if root.exists():
+        shutil.rmtree(root)
+    top.rename(root)
+    shutil.rmtree(staging, ignore_errors=True)
+    if not (root / "vendor" / "llama.cpp" / "tools" / "server").is_dir():
+        raise RuntimeError(f"{root} has no vendor/llama.cpp/tools/server")
+    return root
+
+
+def ensure_built(version: str | None = None, jobs: int = 2) -> Path:
+    """The path of a built ``llama-server`` for ``version`` (the installed one by default),
+    building it first when it is not in the cache (several minutes on two cores)."""
+    version = version or installed_version()
+    binary = binary_path(version)
+    if binary.exists():
+        return binary
+    root = source_tree(version)
+    source = root / "vendor" / "llama.cpp"
+    build = root / "build"
+    started = time.perf_counter()
+    _log(f"configuring llama.cpp from llama-cpp-python {version} in {build}")
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(source),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_BUILD_TOOLS=ON",
+            "-DLLAMA_BUILD_SERVER=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DBUILD_SHARED_LIBS=OFF",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    _log(f"building llama-server with -j{jobs} (several minutes)")
+    subprocess.run(
+        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    if not binary.exists():
+        raise RuntimeError(f"the build finished without {binary}")
+    _log(f"built in {time.perf_counter() - started:.0f} s: {binary}")
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LlamaServer:
+    """A running ``llama-server`` on the given GGUF, on a free local port."""
+
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        *,
+        threads: int,
+        parallel: int,
+        n_ctx: int,
+        log: Path,
+        cache_prompt: bool = True,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # llama-server splits n_ctx between its slots: give each slot the context lmsp has
+        self.args = [
+            str(binary),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-np",
+            str(parallel),
+            "-c",
+            str(n_ctx * parallel),
+            "--no-webui",
+        ]
+        if not cache_prompt:
+            self.args.append("--no-cache-prompt")
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120) -> LlamaServer:
+        import httpx
+
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"llama-server exited {self.proc.returncode}:\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("llama-server did not become healthy")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def rss(self) -> int:
+        """Resident memory of the server process, bytes."""
+        assert self.proc is not None
+        return rss_of(self.proc.pid)
+
+
+def rss_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@contextlib.contextmanager
+def running(binary: Path, model: Path, **kwargs: object) -> Iterator[LlamaServer]:
+    server = LlamaServer(binary, model, **kwargs).start()  # type: ignore[arg-type]
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="build llama-server for the benchmarks")
+    parser.add_argument("--version", default=None, help="llama-cpp-python version")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    print(ensure_built(args.version, args.jobs))
+
+
+if __name__ == "__main__":
+    main()
