@@ -107,7 +107,7 @@ def test_kill_9_many_times_then_the_uninterrupted_text(
                 time.sleep(0.05)
         assert final["status"] == reference["status"]
         assert text_of(final) == expected
-        for name in sampling:  # the numbers it ran with, echoed
+        for name in sampling.keys() - {"seed"}:  # the numbers it ran with, echoed
             assert final[name] == reference[name] == sampling[name]
         if sampling.get("top_logprobs"):  # the same log probabilities, crashes or not
             got, want = logprobs_of(final), logprobs_of(reference)
