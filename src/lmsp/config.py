@@ -52,6 +52,8 @@ class Settings:
     body_timeout: float = 30.0
     max_connections: int = 1000
     log_format: str = "text"  # or "json": one JSON object a line
+    kv_cache_bytes: int = 2 << 30  # the durable prefix cache's size; 0 turns it off
+    kv_cache_ttl: float = 7 * 86400.0  # a saved prefix unused this long is deleted
 
     @property
     def db_path(self) -> Path:
@@ -64,6 +66,11 @@ class Settings:
     @property
     def blobs_dir(self) -> Path:
         return self.data_dir / "blobs"
+
+    @property
+    def kv_dir(self) -> Path:
+        """The durable prefix cache (:mod:`lmsp.engines.kvfiles`)."""
+        return self.data_dir / "kv"
 
     def with_overrides(self, **changes: object) -> Settings:
         clean = {k: v for k, v in changes.items() if v is not None}
@@ -141,6 +148,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         if v not in ("text", "json"):
             raise ValueError("LMSP_LOG_FORMAT must be text or json")
         changes["log_format"] = v
+    if v := env.get("LMSP_KV_CACHE_BYTES"):
+        changes["kv_cache_bytes"] = int(v)
+        if int(v) < 0:
+            raise ValueError("LMSP_KV_CACHE_BYTES must be 0 (off) or more")
+    if v := env.get("LMSP_KV_CACHE_TTL"):
+        changes["kv_cache_ttl"] = ttl = parse_duration(v)
+        if ttl <= 0:
+            raise ValueError("LMSP_KV_CACHE_TTL must be more than 0s")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

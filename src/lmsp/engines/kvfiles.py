@@ -1,0 +1,522 @@
+"""The durable prefix cache: KV state of token prefixes, kept as files in the data directory.
+
+Why: an agent resends its system prompt, tools and history every turn. The engine keeps
+the KV cells of recent prefixes in memory, but a restart loses them, and evaluating a long
+prefix again costs seconds. This module keeps the engine's serialised sequence state
+(``llama_state_seq_get_data`` bytes) on disk, keyed by model digest and token prefix, so
+that after a restart the first request sharing a saved prefix restores it instead.
+
+It knows nothing of llama.cpp: it stores and serves opaque bytes. It is an optimisation,
+so it never fails its caller: a full disk is a warning and a miss, and a file that is not
+exactly what was saved (torn, truncated, flipped bits, another model's, another prefix's)
+is never served — every header field and the payload's SHA-256 are checked before the
+bytes leave this module, and a file that fails is deleted.
+
+Layout: ``root/<digest>/<sha256 of the tokens as int32 little-endian>.kv``, where
+``<digest>`` is the model digest with ``:`` made ``-`` (as for blobs). A file, all
+integers little-endian::
+
+    magic          8 bytes   b"LMSPKV\\r\\n"
+    version        u32       1
+    digest         u16 length + UTF-8   the model digest, checked on every read
+    tag            u16 length + UTF-8   the engine's state format (see below)
+    n_tokens       u32
+    tokens         n_tokens x i32
+    payload_len    u64
+    payload_sha256 32 bytes
+    payload        payload_len bytes
+
+``tag`` is whatever the engine needs to equal for the bytes to be restorable (e.g. the
+llama.cpp build and KV cache type); an entry saved under another tag is removed when met.
+
+Files are written to a temporary name, fsynced and renamed into place, so a crash leaves
+a whole entry or a stray temporary file (``sweep`` removes it), never a torn entry under
+a key. Recency is the file's mtime, touched on every save and hit: ``sweep`` deletes
+entries older than ``ttl`` and then the least recently used until the total fits
+``max_bytes``.
+
+One instance serves one process (the engine saves and looks up, the retention pass
+sweeps) under one lock. Another instance on the same root stays correct: each index
+re-reads its directory when the directory's mtime changes, and every read is verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import secrets
+import shutil
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+log = logging.getLogger("lmsp")
+
+MAGIC = b"LMSPKV\r\n"
+VERSION = 1
+SUFFIX = ".kv"
+TEMP_PREFIX = ".tmp-"
+# a temporary file this old is stray (its writer died), not one being written elsewhere
+TEMP_GRACE = 600.0
+
+_FIXED = struct.Struct("<8sIH")  # magic, version, digest length
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_TAIL = struct.Struct("<Q32s")  # payload length, payload SHA-256
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+_PLAIN_DIGEST = re.compile(r"^([a-z0-9]+):([0-9a-f]+)$")
+
+
+class Corrupt(Exception):
+    """A cache file that is not exactly what ``save`` wrote."""
+
+
+@dataclass
+class Header:
+    digest: str
+    tag: str
+    n_tokens: int
+    size: int  # bytes before the tokens
+
+
+@dataclass
+class _Index:
+    """Saved entries of one model digest: stored length → keys, and back."""
+
+    stamp: int  # the directory's mtime (ns) when last read
+    by_len: dict[int, set[str]] = field(default_factory=dict)
+    n_of: dict[str, int] = field(default_factory=dict)
+
+    def add(self, key: str, n: int) -> None:
+        self.n_of[key] = n
+        self.by_len.setdefault(n, set()).add(key)
+
+    def drop(self, key: str) -> None:
+        n = self.n_of.pop(key, None)
+        if n is None:
+            return
+        keys = self.by_len.get(n)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.by_len[n]
+
+
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """The tokens as int32 little-endian: what keys hash and headers hold."""
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def prefix_key(tokens: Sequence[int]) -> str:
+    """The file key of a token prefix: SHA-256 of its int32 LE bytes, in hex."""
+    return hashlib.sha256(token_bytes(tokens)).hexdigest()
+
+
+def dir_name(model_digest: str) -> str:
+    """A directory name for a digest: ``sha256:ab…`` → ``sha256-ab…``; anything else
+    (never a path) → a hash of it (the header still holds, and is checked against, the
+    digest itself)."""
+    if match := _PLAIN_DIGEST.match(model_digest):
+        return f"{match.group(1)}-{match.group(2)}"
+    return "x-" + hashlib.sha256(model_digest.encode()).hexdigest()
+
+
+def encode_header(model_digest: str, tag: str, raw_tokens: bytes, payload: bytes) -> bytes:
+    digest = model_digest.encode()
+    tag_b = tag.encode()
+    return b"".join(
+        (
+            _FIXED.pack(MAGIC, VERSION, len(digest)),
+            digest,
+            _U16.pack(len(tag_b)),
+            tag_b,
+            _U32.pack(len(raw_tokens) // 4),
+            raw_tokens,
+            _TAIL.pack(len(payload), hashlib.sha256(payload).digest()),
+        )
+    )
+
+
+def _exactly(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise Corrupt("truncated")
+    return data
+
+
+def read_header(f: BinaryIO) -> Header:
+    """The fields up to the tokens (``f`` is left at the first token)."""
+    magic, version, digest_len = _FIXED.unpack(_exactly(f, _FIXED.size))
+    if magic != MAGIC:
+        raise Corrupt("bad magic")
+    if version != VERSION:
+        raise Corrupt(f"format version {version}")
+    try:
+        digest = _exactly(f, digest_len).decode()
+        (tag_len,) = _U16.unpack(_exactly(f, _U16.size))
+        tag = _exactly(f, tag_len).decode()
+    except UnicodeDecodeError as exc:
+        raise Corrupt("garbled header") from exc
+    (n_tokens,) = _U32.unpack(_exactly(f, _U32.size))
+    size = _FIXED.size + digest_len + _U16.size + tag_len + _U32.size
+    return Header(digest, tag, n_tokens, size)
+
+
+class PrefixFiles:
+    """Content-addressed KV state of token prefixes, per model digest (see the module
+    docstring). Thread-safe; every public method is safe to call at any time and none
+    raises on an I/O error."""
+
+    def __init__(self, root: Path, *, max_bytes: int, ttl: float) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.ttl = ttl
+        # saved, hits, misses, corrupt, stale, evicted, errors: for metrics and tests
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.RLock()
+        self._indexes: dict[str, _Index] = {}
+        self._writing: set[str] = set()  # temporary file names this instance is writing
+        self._total: int | None = None  # bytes of entries, once counted
+
+    # -- saving ------------------------------------------------------------------------
+    def save(self, model_digest: str, tokens: Sequence[int], data: bytes, *, tag: str = "") -> None:
+        """Keep ``data`` as the state after ``tokens`` for this model. An entry already
+        saved under the key is kept (its mtime touched), unless its tag differs."""
+        if not tokens:
+            return
+        raw = token_bytes(tokens)
+        key = hashlib.sha256(raw).hexdigest()
+        header = encode_header(model_digest, tag, raw, data)
+        size = len(header) + len(data)
+        if size > self.max_bytes:
+            return  # the cache is off, or one entry would not fit it
+        name = dir_name(model_digest)
+        folder = self.root / name
+        path = folder / f"{key}{SUFFIX}"
+        tmp = folder / f"{TEMP_PREFIX}{secrets.token_hex(8)}{SUFFIX}"
+        try:
+            with self._lock:
+                if self._keep_existing(path, model_digest, tag, len(tokens)):
+                    return
+                # the temporary file is made under the lock, so no sweep removes the
+                # directory between its creation and ours
+                self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                folder.mkdir(mode=0o700, exist_ok=True)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                self._writing.add(tmp.name)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(header)
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                with self._lock:
+                    old = _size_or_zero(path)
+                    os.replace(tmp, path)
+                    _fsync_dir(folder)
+                    index = self._indexes.get(name)
+                    if index is not None:
+                        index.add(key, len(tokens))
+                        index.stamp = _mtime_ns(folder)
+                    if self._total is not None:
+                        self._total += size - old
+                    self.counts["saved"] += 1
+            finally:
+                with self._lock:
+                    self._writing.discard(tmp.name)
+        except OSError as exc:
+            with self._lock:
+                self.counts["errors"] += 1
+            log.warning(
+                "prefix cache: could not save %d tokens of %s: %s",
+                len(tokens),
+                model_digest,
+                exc,
+                extra={"event": "kv.save_failed"},
+            )
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            return
+        if self._over_budget():
+            self.sweep()
+
+    def _keep_existing(self, path: Path, model_digest: str, tag: str, n: int) -> bool:
+        """True if ``path`` already holds this entry (its mtime is then touched)."""
+        try:
+            with path.open("rb") as f:
+                head = read_header(f)
+        except FileNotFoundError:
+            return False
+        except (OSError, Corrupt, struct.error):
+            return False  # replaced by the save; a bad payload is found when read
+        if (head.digest, head.tag, head.n_tokens) != (model_digest, tag, n):
+            return False
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return True
+
+    def _over_budget(self) -> bool:
+        with self._lock:
+            if self._total is None:
+                self._total = self._usage()
+            return self._total > self.max_bytes
+
+    # -- looking up --------------------------------------------------------------------
+    def best(
+        self, model_digest: str, tokens: Sequence[int], *, min_tokens: int = 1, tag: str = ""
+    ) -> tuple[int, bytes] | None:
+        """The longest saved prefix of ``tokens`` (``n <= len(tokens)``, ``n >=
+        min_tokens``) for this model and tag, as ``(n, payload)``, checked byte for byte;
+        ``None`` if there is none. A file that fails a check is deleted and the next
+        longest tried."""
+        if len(tokens) < max(min_tokens, 1):
+            return None
+        raw = memoryview(token_bytes(tokens))
+        name = dir_name(model_digest)
+        with self._lock:
+            index = self._index(name, model_digest)
+            lengths = sorted(n for n in index.by_len if max(min_tokens, 1) <= n <= len(tokens))
+            keys: list[tuple[int, str]] = []
+            running = hashlib.sha256()
+            done = 0
+            for n in lengths:  # one pass over the tokens, a digest at each stored length
+                running.update(raw[done * 4 : n * 4])
+                done = n
+                keys.append((n, running.copy().hexdigest()))
+            for n, key in reversed(keys):
+                if key not in index.by_len.get(n, ()):
+                    continue
+                payload = self._load(name, key, model_digest, tag, raw[: n * 4])
+                if payload is not None:
+                    self.counts["hits"] += 1
+                    return n, payload
+            self.counts["misses"] += 1
+        return None
+
+    def _load(
+        self, name: str, key: str, model_digest: str, tag: str, raw_prefix: memoryview
+    ) -> bytes | None:
+        """The payload of one entry if every check passes, else ``None`` (the file then
+        deleted, unless it vanished or could not be read)."""
+        path = self.root / name / f"{key}{SUFFIX}"
+        try:
+            with path.open("rb") as f:
+                head = read_header(f)
+                if head.digest != model_digest:
+                    raise Corrupt("another model's digest")
+                if head.n_tokens * 4 != len(raw_prefix):
+                    raise Corrupt("another token count")
+                if raw_prefix != _exactly(f, len(raw_prefix)):
+                    raise Corrupt("other tokens")
+                length, checksum = _TAIL.unpack(_exactly(f, _TAIL.size))
+                if os.fstat(f.fileno()).st_size != f.tell() + length:
+                    raise Corrupt("payload length")
+                if head.tag != tag:
+                    self.counts["stale"] += 1
+                    log.info(
+                        "prefix cache: dropping an entry saved by another engine state format",
+                        extra={"event": "kv.stale"},
+                    )
+                    self._remove(name, key)
+                    return None
+                payload = _exactly(f, length)
+                if hashlib.sha256(payload).digest() != checksum:
+                    raise Corrupt("payload checksum")
+        except FileNotFoundError:
+            self._forget_key(name, key)
+            return None
+        except (Corrupt, struct.error) as exc:
+            self.counts["corrupt"] += 1
+            log.warning(
+                "prefix cache: %s is corrupt (%s); deleted",
+                path.name,
+                exc,
+                extra={"event": "kv.corrupt"},
+            )
+            self._remove(name, key)
+            return None
+        except OSError as exc:
+            self.counts["errors"] += 1
+            log.warning(
+                "prefix cache: cannot read %s: %s", path.name, exc, extra={"event": "kv.error"}
+            )
+            self._forget_key(name, key)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return payload
+
+    def _index(self, name: str, model_digest: str) -> _Index:
+        """The digest's index, (re)built from headers when its directory changed."""
+        folder = self.root / name
+        stamp = _mtime_ns(folder)
+        index = self._indexes.get(name)
+        if index is not None and index.stamp == stamp:
+            return index
+        index = _Index(stamp)
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            entries = []
+        for entry in entries:
+            key = entry.name.removesuffix(SUFFIX)
+            if not entry.name.endswith(SUFFIX) or not _KEY.match(key):
+                continue
+            try:
+                with open(entry.path, "rb") as f:
+                    head = read_header(f)
+                if head.digest != model_digest:
+                    raise Corrupt("another model's digest")
+            except (Corrupt, struct.error) as exc:
+                self.counts["corrupt"] += 1
+                log.warning(
+                    "prefix cache: %s is corrupt (%s); deleted",
+                    entry.name,
+                    exc,
+                    extra={"event": "kv.corrupt"},
+                )
+                self._unlink(Path(entry.path))
+                continue
+            except OSError:
+                continue
+            index.add(key, head.n_tokens)
+        # the stamp from before the scan: a change made meanwhile is read next time
+        self._indexes[name] = index
+        return index
+
+    # -- removing ----------------------------------------------------------------------
+    def _forget_key(self, name: str, key: str) -> None:
+        index = self._indexes.get(name)
+        if index is not None:
+            index.drop(key)
+
+    def _remove(self, name: str, key: str) -> int:
+        """Delete one entry and its index line; the bytes freed."""
+        self._forget_key(name, key)
+        freed = self._unlink(self.root / name / f"{key}{SUFFIX}")
+        index = self._indexes.get(name)
+        if index is not None:
+            index.stamp = _mtime_ns(self.root / name)
+        return freed
+
+    def _unlink(self, path: Path) -> int:
+        size = _size_or_zero(path)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            log.warning("prefix cache: cannot delete %s: %s", path.name, exc)
+            return 0
+        if self._total is not None and not path.name.startswith(TEMP_PREFIX):
+            self._total = max(0, self._total - size)
+        return size
+
+    def forget(self, model_digest: str) -> int:
+        """Delete every entry of a model (it was deleted); the bytes freed."""
+        name = dir_name(model_digest)
+        with self._lock:
+            folder = self.root / name
+            freed = sum(_size_or_zero(p) for p in folder.glob("*")) if folder.is_dir() else 0
+            shutil.rmtree(folder, ignore_errors=True)
+            self._indexes.pop(name, None)
+            self._total = None
+            return freed
+
+    def sweep(self, now: float | None = None) -> int:
+        """Delete entries unused for ``ttl``, stray temporary files, then the least
+        recently used entries until the total fits ``max_bytes``; the bytes freed."""
+        stamp = time.time() if now is None else now
+        freed = 0
+        with self._lock:
+            live: list[tuple[float, int, str, str]] = []  # mtime, size, dir name, key
+            for folder in _subdirs(self.root):
+                try:
+                    entries = list(os.scandir(folder))
+                except OSError:
+                    continue
+                for entry in entries:
+                    try:
+                        st = entry.stat()
+                    except OSError:
+                        continue
+                    if entry.name.startswith(TEMP_PREFIX):
+                        if entry.name not in self._writing and st.st_mtime < stamp - TEMP_GRACE:
+                            freed += self._unlink(Path(entry.path))
+                        continue
+                    key = entry.name.removesuffix(SUFFIX)
+                    if not entry.name.endswith(SUFFIX) or not _KEY.match(key):
+                        continue
+                    if st.st_mtime < stamp - self.ttl:
+                        freed += self._remove(folder.name, key)
+                        self.counts["expired"] += 1
+                    else:
+                        live.append((st.st_mtime, st.st_size, folder.name, key))
+            total = sum(size for _, size, _, _ in live)
+            live.sort()
+            for _, size, name, key in live:
+                if total <= self.max_bytes:
+                    break
+                freed += self._remove(name, key)
+                total -= size
+                self.counts["evicted"] += 1
+            for folder in _subdirs(self.root):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if empty
+            self._total = total
+        return freed
+
+    def _usage(self) -> int:
+        total = 0
+        for folder in _subdirs(self.root):
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(folder):
+                    if entry.name.endswith(SUFFIX) and not entry.name.startswith(TEMP_PREFIX):
+                        with contextlib.suppress(OSError):
+                            total += entry.stat().st_size
+        return total
+
+    def usage(self) -> int:
+        """Bytes of saved entries (a directory scan)."""
+        with self._lock:
+            self._total = self._usage()
+            return self._total
+
+
+def _subdirs(root: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
