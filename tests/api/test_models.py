@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from lmsp.api.app import create_app
 from lmsp.bootstrap import DEFAULT_MODEL_ID, bundled_model_path, file_digest
 from lmsp.config import Settings
+from lmsp.engines import kvfiles
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.store import blobs
 from tests.api.test_responses import wait_status
@@ -58,6 +59,20 @@ def test_import_the_bundled_model_under_a_new_id(client: TestClient, settings: S
     assert client.get("/v1/models/smol-copy").status_code == 404
     assert blob(settings, digest).exists()
     assert ask(client, DEFAULT_MODEL_ID)["status"] == "incomplete"
+
+
+def test_saved_prefixes_go_with_the_last_record_of_their_model(
+    client: TestClient, settings: Settings
+) -> None:
+    digest, _ = file_digest(bundled_model_path())
+    add(client, "smol-copy", bundled_model_path())
+    kv = client.app.state.lmsp.kv  # type: ignore[attr-defined]
+    kv.save(digest, [1, 2, 3], b"state")
+    assert client.delete("/v1/models/smol-copy").json()["deleted"] is True
+    assert kv.best(digest, [1, 2, 3]) == (3, b"state")  # the default model still uses it
+    assert client.delete(f"/v1/models/{DEFAULT_MODEL_ID}").json()["deleted"] is True
+    assert kv.best(digest, [1, 2, 3]) is None
+    assert not (settings.kv_dir / kvfiles.dir_name(digest)).exists()
 
 
 def test_import_errors(client: TestClient, tmp_path: Path) -> None:
@@ -163,6 +178,8 @@ def test_delete_while_in_use_is_409(client: TestClient, settings: Settings, tmp_
 
     client.post(f"/v1/responses/{created.json()['id']}/cancel")
     wait_status(client, created.json()["id"], "cancelled")
+    kv = client.app.state.lmsp.kv  # type: ignore[attr-defined]
+    kv.save(model["digest"], [1, 2, 3], b"state")
     assert client.delete("/v1/models/smol-del").json() == {
         "id": "smol-del",
         "object": "model",
@@ -170,6 +187,8 @@ def test_delete_while_in_use_is_409(client: TestClient, settings: Settings, tmp_
     }
     assert client.get("/v1/models/smol-del").status_code == 404
     assert not blob(settings, model["digest"]).exists()  # unreferenced: removed
+    assert kv.best(model["digest"], [1, 2, 3]) is None  # its saved prefixes too
+    assert not (settings.kv_dir / kvfiles.dir_name(model["digest"])).exists()
     gone = client.post("/v1/responses", json={"model": "smol-del", "input": "hi"})
     assert gone.status_code == 400 and gone.json()["error"]["code"] == "model_not_found"
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from lmsp.api.app import create_app
 from lmsp.api.service import Service, open_service
 from lmsp.cli import main
 from lmsp.config import Settings
+from lmsp.engines.kvfiles import SUFFIX, PrefixFiles, dir_name, prefix_key
 from lmsp.store import idempotency
 from lmsp.store import tasks as task_store
 from lmsp.tasks.retention import sweep
@@ -128,3 +130,35 @@ def test_the_server_sweeps_periodically(settings: Settings) -> None:
             time.sleep(0.05)
         assert counts(svc) == (0, 0, 0)
         assert client.get(f"/v1/responses/{created.json()['id']}").status_code == 404
+
+
+def test_the_sweep_bounds_the_prefix_cache(svc: Service) -> None:
+    """Saved prefixes of models no record names go, and so do those unused for the
+    cache's ttl; a fresh one of a model that exists stays."""
+    assert svc.kv is not None
+    digest = svc.db.reader().execute("SELECT digest FROM models LIMIT 1").fetchone()[0]
+    gone_model = "sha256:" + "0" * 64
+    svc.kv.save(digest, [1, 2, 3], b"fresh")
+    svc.kv.save(digest, [4, 5, 6], b"old")
+    svc.kv.save(gone_model, [1, 2, 3], b"orphan")
+    now = time.time()
+    old = svc.settings.kv_dir / dir_name(digest) / f"{prefix_key([4, 5, 6])}{SUFFIX}"
+    os.utime(old, (now - svc.settings.kv_cache_ttl - 60,) * 2)
+
+    swept = sweep(svc.db, retention=DAY, kv=svc.kv)
+
+    assert swept.kv_bytes > 0
+    assert svc.kv.best(digest, [1, 2, 3, 4]) == (3, b"fresh")
+    assert svc.kv.best(digest, [4, 5, 6]) is None
+    assert svc.kv.best(gone_model, [1, 2, 3]) is None
+    assert not (svc.settings.kv_dir / dir_name(gone_model)).exists()
+
+
+def test_gc_command_sweeps_the_prefix_cache(settings: Settings) -> None:
+    open_service(settings).db.close()
+    kv = PrefixFiles(settings.kv_dir, max_bytes=1 << 20, ttl=DAY)
+    kv.save("sha256:" + "0" * 64, [1, 2, 3], b"of a model no record names")
+    result = CliRunner().invoke(main, ["gc", "--data-dir", str(settings.data_dir)])
+    assert result.exit_code == 0, result.output
+    assert "bytes of saved prompt prefixes" in result.output
+    assert kv.usage() == 0

@@ -223,6 +223,8 @@ async def _gc_loop(svc: Service) -> None:
                     swept.idempotency_keys,
                     swept.pairing_requests,
                 )
+            if swept.kv_bytes:
+                log.info("retention: %d bytes of saved prefixes", swept.kv_bytes)
         except Exception:
             log.exception("retention sweep failed")
 

@@ -20,6 +20,7 @@ from lmsp.bootstrap import bootstrap
 from lmsp.config import Settings
 from lmsp.engines.base import Engine
 from lmsp.engines.host import ModelHost
+from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
 from lmsp.metrics import Metrics
@@ -61,6 +62,7 @@ class Service:
     service_id: str
     recovered: recovery.Report
     metrics: Metrics = field(default_factory=Metrics)
+    kv: PrefixFiles | None = None  # the durable prefix cache; swept with retention
     console: ConsoleSessions = field(default_factory=ConsoleSessions)
     started_at: int = field(default_factory=lambda: int(time.time()))
     broker: Broker | None = None
@@ -245,7 +247,9 @@ class Service:
             await self.broker.wait(waiter, left)
 
     async def collect_garbage(self) -> retention.Swept:
-        return await asyncio.to_thread(retention.sweep, self.db, self.settings.retention)
+        return await asyncio.to_thread(
+            retention.sweep, self.db, self.settings.retention, kv=self.kv
+        )
 
 
 def engines() -> dict[str, Engine]:
@@ -297,7 +301,8 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         metrics=metrics,
     )
     metrics.add_collector(lambda: database_figures(db))
-    return Service(settings, db, host, runner, service_id, report, metrics)
+    kv = PrefixFiles(settings.kv_dir, max_bytes=settings.kv_cache_bytes, ttl=settings.kv_cache_ttl)
+    return Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
 
 
 def database_figures(db: Database) -> list[Metric]:

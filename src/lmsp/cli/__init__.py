@@ -146,9 +146,11 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
 @click.option("--retention", help="Keep finished work this long (e.g. 30s, 12h, 7d).")
 def gc(data_dir: Path | None, retention: str | None) -> None:
-    """Delete finished tasks, events and responses past the retention period, and model
-    blobs no record names. Refused while a server holds the data directory (it sweeps by
-    itself every LMSP_GC_INTERVAL)."""
+    """Delete finished tasks, events and responses past the retention period, model
+    blobs no record names, and saved prompt prefixes past their age or size. Refused
+    while a server holds the data directory (it sweeps by itself every
+    LMSP_GC_INTERVAL)."""
+    from lmsp.engines.kvfiles import PrefixFiles
     from lmsp.store.blobs import remove_orphans
     from lmsp.store.db import Database
     from lmsp.tasks.retention import sweep
@@ -164,7 +166,10 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
         raise click.ClickException(f"no lmsp database in {settings.data_dir}")
     db = Database(settings.db_path, lock=_lock(settings, "lmsp gc"))
     try:
-        swept = sweep(db, settings.retention)
+        kv = PrefixFiles(
+            settings.kv_dir, max_bytes=settings.kv_cache_bytes, ttl=settings.kv_cache_ttl
+        )
+        swept = sweep(db, settings.retention, kv=kv)
         orphans = remove_orphans(db, settings.blobs_dir)
     finally:
         db.close()
@@ -173,6 +178,8 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
     )
     if orphans:
         click.echo(f"removed {len(orphans)} model blob(s) no record named")
+    if swept.kv_bytes:
+        click.echo(f"freed {swept.kv_bytes} bytes of saved prompt prefixes")
 
 
 from .clients import clients  # noqa: E402

@@ -433,6 +433,21 @@ class PrefixFiles:
             self._total = None
             return freed
 
+    def keep_only(self, model_digests: set[str]) -> int:
+        """Delete the entries of every model not in ``model_digests`` (the digests model
+        records name: a model deleted without :meth:`forget`, e.g. by a crash between
+        the two); the bytes freed."""
+        keep = {dir_name(d) for d in model_digests}
+        freed = 0
+        with self._lock:
+            for folder in _subdirs(self.root):
+                if folder.name not in keep:
+                    freed += sum(_size_or_zero(p) for p in folder.glob("*"))
+                    shutil.rmtree(folder, ignore_errors=True)
+                    self._indexes.pop(folder.name, None)
+                    self._total = None
+        return freed
+
     def sweep(self, now: float | None = None) -> int:
         """Delete entries unused for ``ttl``, stray temporary files, then the least
         recently used entries until the total fits ``max_bytes``; the bytes freed."""

@@ -1,7 +1,9 @@
 """Retention (chapter 11.2): delete finished tasks, their events and stored responses
 older than the retention period, expired idempotency keys and expired pairing
 requests, in small batches. Every delete condition names the
-finished states, so no unfinished task can ever match.
+finished states, so no unfinished task can ever match. The same pass bounds the durable
+prefix cache (:mod:`lmsp.engines.kvfiles`): entries of models no record names, entries
+unused for its ttl, then the least recently used past its size.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.protocol.states import FINISHED_SQL
 from lmsp.store import pairing
 from lmsp.store.db import Database
@@ -22,6 +25,7 @@ class Swept:
     responses: int = 0
     idempotency_keys: int = 0
     pairing_requests: int = 0
+    kv_bytes: int = 0  # freed in the prefix cache
 
 
 def delete_finished_batch(conn: sqlite3.Connection, cutoff: float, batch: int = BATCH) -> int:
@@ -50,7 +54,9 @@ def delete_expired_pairings_batch(conn: sqlite3.Connection, now: float, batch: i
     return pairing.delete_expired_batch(conn, now, batch)
 
 
-def sweep(db: Database, retention: float, now: float | None = None) -> Swept:
+def sweep(
+    db: Database, retention: float, now: float | None = None, kv: PrefixFiles | None = None
+) -> Swept:
     """One cleanup pass; each batch is its own short transaction."""
     stamp = time.time() if now is None else now
     cutoff = stamp - retention
@@ -61,4 +67,7 @@ def sweep(db: Database, retention: float, now: float | None = None) -> Swept:
         swept.idempotency_keys += n
     while n := db.write_sync(lambda c: delete_expired_pairings_batch(c, stamp)):
         swept.pairing_requests += n
+    if kv is not None:
+        named = {str(r[0]) for r in db.reader().execute("SELECT DISTINCT digest FROM models")}
+        swept.kv_bytes = kv.keep_only(named) + kv.sweep(stamp)
     return swept

@@ -156,4 +156,9 @@ async def delete_model(model_id: str, request: Request, client: ModelWriter) -> 
     svc = service(request)
     record = await asyncio.to_thread(blobs.delete_model, svc.db, svc.settings.blobs_dir, model_id)
     svc.host.evict(record)
+    kv = svc.kv
+    if kv is not None and not await svc.read(
+        lambda: models.referenced(svc.db.reader(), record.digest)
+    ):
+        await asyncio.to_thread(kv.forget, record.digest)  # its saved prefixes go too
     return {"id": model_id, "object": "model", "deleted": True}
