@@ -156,8 +156,8 @@ def check_log_invariants(conn: sqlite3.Connection) -> None:
 
 
 def check_snapshot(conn: sqlite3.Connection, task: sqlite3.Row) -> None:
-    """A task's token chunks run gap-free from 0 and add up to the count its snapshot
-    records; a finished task has neither."""
+    """A task's token chunks run gap-free from 0 and, with the tail its snapshot JSON
+    holds, add up to the count it records; a finished task has neither."""
     stored = 0
     for start, size in conn.execute(
         "SELECT start, length(tokens) FROM task_tokens WHERE task_id = ? ORDER BY start",
@@ -168,7 +168,8 @@ def check_snapshot(conn: sqlite3.Connection, task: sqlite3.Row) -> None:
     snap = json.loads(task["snapshot"]) if task["snapshot"] else None
     if task["status"] in EVENT_FOR_STATUS:
         assert snap is None and stored == 0, (task["id"], task["status"])
-    assert stored == (snap.get("token_count", 0) if snap else 0), (task["id"], stored)
+    chunked = snap["token_count"] - len(snap["tail"]) if snap and "token_count" in snap else 0
+    assert stored == chunked, (task["id"], stored, chunked)
 
 
 def seeded_data_dir(data_dir: Path, blob_cache: Path) -> Path:

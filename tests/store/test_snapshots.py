@@ -6,6 +6,7 @@ the task) takes its chunks with it."""
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from lmsp.protocol.assembler import OutputAssembler
+from lmsp.protocol.states import Status
 from lmsp.store import clients, snapshots
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
@@ -23,6 +25,8 @@ from lmsp.tasks.retention import delete_finished_batch
 from tests.helpers import check_log_invariants, text_events
 
 T = TypeVar("T")
+#: more tokens than the JSON's tail holds: a flush of these writes a chunk
+LONG = list(range(1000, 1300))
 
 
 @pytest.fixture
@@ -78,6 +82,13 @@ def chunk_rows(conn: sqlite3.Connection, task_id: str | None = None) -> int:
     )
 
 
+def chunk_starts(conn: sqlite3.Connection, task_id: str) -> list[int]:
+    rows = conn.execute(
+        "SELECT start FROM task_tokens WHERE task_id = ? ORDER BY start", (task_id,)
+    )
+    return [int(r[0]) for r in rows]
+
+
 def snapshot_json(conn: sqlite3.Connection, task_id: str) -> str | None:
     task = task_store.get(conn, task_id)
     assert task is not None
@@ -88,53 +99,65 @@ def snapshot_json(conn: sqlite3.Connection, task_id: str) -> str | None:
 def test_the_chunks_round_trip_exactly(conn: sqlite3.Connection) -> None:
     task_id = running_task(conn)
     assert task_store.snapshot(conn, task_id) is None  # nothing flushed yet
-    # ids across the int32 range, flushes of uneven sizes, one flush with nothing new
-    tokens = [0, 1, 2**31 - 1, 49151, 5, 6, 7, 8, 9, 10, 11, 123456]
-    for hi in (1, 4, 4, 9, 12):
+    # ids across the int32 range; flushes of uneven sizes, one with nothing new, one
+    # larger than a chunk, so the tokens end up in chunks and in the tail
+    rng = random.Random(1)
+    tokens = [0, 1, 2**31 - 1, 49151] + [rng.randrange(49152) for _ in range(546)]
+    for hi in (1, 4, 4, 9, 100, 300, 301, 450, 550):
         assert flush(conn, task_id, tokens[:hi], held=f"h{hi}")
-    snap = task_store.snapshot(conn, task_id)
+        loaded = task_store.snapshot(conn, task_id)
+        assert loaded is not None and loaded["tokens"] == tokens[:hi]
     task = task_store.get(conn, task_id)
     assert task is not None
-    assert snap == {
+    assert task_store.snapshot(conn, task_id) == {
         "tokens": tokens,
         "seed": 7,
-        "held": "h12",
+        "held": "h550",
         "sequence_number": task["last_sequence_number"],
     }
-    assert chunk_rows(conn, task_id) == 4  # the flush with no new token wrote no chunk
+    # sealed at 300 (all 300 so far) and 450 (150 more); 100 wait in the tail
+    assert chunk_starts(conn, task_id) == [0, 300]
+    assert len(json.loads(snapshot_json(conn, task_id) or "{}")["tail"]) == 100
     assert snapshots.unpack(snapshots.pack(tokens)) == tokens
 
 
-def test_a_flush_writes_only_its_new_tokens(conn: sqlite3.Connection) -> None:
+def test_each_token_is_written_to_a_chunk_once(conn: sqlite3.Connection) -> None:
+    """N flushes of k tokens: the chunks (append-only, never rewritten) hold exactly the
+    sealed tokens, 4 bytes each, and the JSON rewritten by every flush stays bounded
+    however long the output grows: the bytes written grow linearly, not squared."""
     task_id = running_task(conn)
-    k, sizes = 8, []
+    k, seal = 8, snapshots.SEAL
+    sizes: list[int] = []
     tokens: list[int] = []
-    for n in range(1, 101):
-        tokens.extend(range(len(tokens), len(tokens) + k))
+    for n in range(1, 501):  # 4,000 tokens
+        tokens.extend(range(40000 + len(tokens), 40000 + len(tokens) + k))  # five digits
         assert flush(conn, task_id, tokens)
-        assert snapshots.stored_bytes(conn, task_id) == snapshots.TOKEN_BYTES * n * k
+        sealed = n * k // seal * seal
+        assert snapshots.stored_bytes(conn, task_id) == snapshots.TOKEN_BYTES * sealed
+        assert chunk_starts(conn, task_id) == list(range(0, sealed, seal))
         sizes.append(len(snapshot_json(conn, task_id) or ""))
-    # the JSON holds the small fields only: its size does not grow with the output
-    # (the count and sequence number gain digits: 9 → 800 tokens, 200 → 1,001 events)
-    assert max(sizes) - min(sizes) <= 4
-    assert max(sizes) < 120
-    assert chunk_rows(conn, task_id) == 100
+    # the JSON's largest size is reached within the first chunk's worth of flushes and
+    # never exceeded after (only the count and sequence number gain a digit or two)
+    first = max(sizes[: seal // k])
+    assert max(sizes) <= first + 4
+    assert max(sizes) < 6 * seal + 120  # five digits and a comma per tail token
     loaded = task_store.snapshot(conn, task_id)
     assert loaded is not None and loaded["tokens"] == tokens
 
 
 def test_tokens_only_grow_while_running(conn: sqlite3.Connection) -> None:
     task_id = running_task(conn)
-    assert flush(conn, task_id, [1, 2, 3])
+    assert flush(conn, task_id, LONG)
     with pytest.raises(ValueError):
-        flush(conn, task_id, [1, 2])
+        flush(conn, task_id, LONG[:-1])
     loaded = task_store.snapshot(conn, task_id)  # the failed flush rolled back whole
-    assert loaded is not None and loaded["tokens"] == [1, 2, 3]
+    assert loaded is not None and loaded["tokens"] == LONG
 
 
 def test_a_retried_task_starts_with_no_tokens(conn: sqlite3.Connection) -> None:
     task_id = running_task(conn, on_restart="retry")
-    assert flush(conn, task_id, [4, 5, 6])
+    assert flush(conn, task_id, LONG)
+    assert chunk_rows(conn, task_id) == 1
     moved = tx(conn, lambda c: task_store.requeue(c, task_id, reset=True))
     assert moved is not None and moved["snapshot"] is None
     assert chunk_rows(conn, task_id) == 0
@@ -151,7 +174,7 @@ def test_a_fresh_start_drops_a_snapshot_kept_by_a_requeue(conn: sqlite3.Connecti
     """A requeue without reset keeps the snapshot, but the run that follows starts from
     the first token: ``start`` clears it, so its first flush is not refused."""
     task_id = running_task(conn)
-    assert flush(conn, task_id, [4, 5, 6])
+    assert flush(conn, task_id, LONG)
     assert tx(conn, lambda c: task_store.requeue(c, task_id, reset=False)) is not None
     assert tx(conn, lambda c: task_store.claim_next(c)) is not None
     started = tx(conn, lambda c: task_store.start(c, task_id, None))
@@ -162,17 +185,17 @@ def test_a_fresh_start_drops_a_snapshot_kept_by_a_requeue(conn: sqlite3.Connecti
 
 def test_a_finished_task_keeps_no_snapshot(conn: sqlite3.Connection) -> None:
     done = running_task(conn)
-    assert flush(conn, done, [1, 2])
+    assert flush(conn, done, LONG)
 
     def finish(c: sqlite3.Connection) -> Any:
         # the runner's last word: its final batch and snapshot, then the completion
-        task_store.append_output(c, done, [], {"tokens": [1, 2, 3], "seed": 7})
-        usage = {"input_tokens": 1, "output_tokens": 3, "total_tokens": 4}
+        task_store.append_output(c, done, [], {"tokens": [*LONG, 1], "seed": 7})
+        usage = {"input_tokens": 1, "output_tokens": 301, "total_tokens": 302}
         return task_store.settle(c, done, [], [], usage)
 
-    assert tx(conn, finish) == task_store.Status.COMPLETED
+    assert tx(conn, finish) == Status.COMPLETED
     failed = running_task(conn)
-    assert flush(conn, failed, [1])
+    assert flush(conn, failed, LONG)
     assert tx(conn, lambda c: task_store.fail(c, failed, "engine_error", "boom")) is not None
     for task_id in (done, failed):
         assert snapshot_json(conn, task_id) is None
@@ -182,9 +205,10 @@ def test_a_finished_task_keeps_no_snapshot(conn: sqlite3.Connection) -> None:
 
 def test_deleting_a_task_deletes_its_chunks(conn: sqlite3.Connection) -> None:
     kept = running_task(conn)
-    assert flush(conn, kept, [1, 2])
+    assert flush(conn, kept, LONG)
     gone = running_task(conn)
-    assert flush(conn, gone, [3, 4])
+    assert flush(conn, gone, LONG)
+    assert chunk_rows(conn) == 2
     # a finished task has no chunks left already; a task deleted with its response
     # (what retention and DELETE do) takes any it has by the cascade
     tx(
@@ -207,7 +231,7 @@ def test_a_snapshot_from_before_the_chunks_reads_and_carries_over(
     """A task running when the service was upgraded has its tokens in the JSON: it
     resumes from them, and its next flush moves them into a chunk."""
     task_id = running_task(conn)
-    legacy = {"tokens": [7, 8, 9], "seed": 3, "held": "", "sequence_number": 2}
+    legacy = {"tokens": LONG[:200], "seed": 3, "held": "", "sequence_number": 2}
     tx(
         conn,
         lambda c: c.execute(
@@ -215,16 +239,16 @@ def test_a_snapshot_from_before_the_chunks_reads_and_carries_over(
         ),
     )
     assert task_store.snapshot(conn, task_id) == legacy
-    assert flush(conn, task_id, [7, 8, 9, 10])
+    assert flush(conn, task_id, LONG[:201])
     loaded = task_store.snapshot(conn, task_id)
-    assert loaded is not None and loaded["tokens"] == [7, 8, 9, 10]
+    assert loaded is not None and loaded["tokens"] == LONG[:201]
     assert "tokens" not in json.loads(snapshot_json(conn, task_id) or "{}")
-    assert snapshots.stored_bytes(conn, task_id) == 4 * snapshots.TOKEN_BYTES
+    assert snapshots.stored_bytes(conn, task_id) == 201 * snapshots.TOKEN_BYTES
 
 
 def test_chunks_that_disagree_with_the_count_are_refused(conn: sqlite3.Connection) -> None:
     task_id = running_task(conn)
-    assert flush(conn, task_id, [1, 2, 3])
+    assert flush(conn, task_id, LONG)
     tx(conn, lambda c: c.execute("DELETE FROM task_tokens WHERE task_id = ?", (task_id,)))
     with pytest.raises(snapshots.SnapshotError):
         task_store.snapshot(conn, task_id)

@@ -2,20 +2,24 @@
 
 The runner flushes every few tens of milliseconds, each time with the whole token list
 so far. Rewriting that list on every flush made the bytes written grow with the square
-of the output's length, so the token ids live apart from the rest: ``task_tokens``
-holds them in append-only chunks (int32 little-endian; ``start`` is the index of a
-chunk's first token), and a flush appends only the tokens not yet stored. The small
-fields (``seed``, ``held``, ``sequence_number``) and ``token_count``, how many tokens the
-chunks hold, stay in ``tasks.snapshot`` as JSON of constant size. Both are written in
-the caller's transaction, the one that logs the events they cover, so the chunks and
-the count always agree.
+of the output's length. Now the JSON in ``tasks.snapshot`` holds the small fields
+(``seed``, ``held``, ``sequence_number``), ``token_count`` and only the ``tail``: the
+last tokens, fewer than :data:`SEAL`. Once the tail reaches ``SEAL`` tokens it moves,
+once, into an append-only chunk of ``task_tokens`` (int32 little-endian; ``start`` is
+the index of its first token). So a flush rewrites at most a bounded JSON, inside the
+``tasks`` row page that logging its events writes anyway, and every token id is written
+to a chunk exactly once: a task's snapshot bytes grow linearly with its output. (A chunk
+per flush would cost a page of its own per commit, more than the old scheme for short
+outputs; the tail keeps short outputs to the one page.) The JSON and the chunks are
+written in the caller's transaction, the one that logs the events they cover, so they
+always agree.
 
 Tokens only grow while a task runs; a fresh start, a requeue that discards the output
 and a terminal state clear the snapshot and its chunks together (deleting a task
 deletes its chunks by ``ON DELETE CASCADE``).
 
-A snapshot written before the chunks existed holds its tokens in the JSON itself
-(no ``token_count``): it reads as such, and its next write moves them into a chunk.
+A snapshot written before the chunks existed holds all its tokens in the JSON (no
+``token_count``): it reads as such, and its next write carries them over.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 
 #: how many bytes one token id takes in a chunk
 TOKEN_BYTES = 4
+#: tokens the JSON holds before they move into a chunk (a JSON of at most ~1 KB)
+SEAL = 128
 
 
 class SnapshotError(RuntimeError):
@@ -43,12 +49,15 @@ def unpack(blob: bytes) -> list[int]:
     return list(struct.unpack(f"<{len(blob) // TOKEN_BYTES}i", blob))
 
 
-def stored_count(snapshot_json: str | None) -> int:
-    """How many tokens the chunks hold, by the snapshot JSON that covers them (a legacy
-    snapshot's tokens are in its JSON, none in chunks)."""
+def _counts(snapshot_json: str | None) -> tuple[int, int]:
+    """(tokens the snapshot covers, tokens of them in chunks)."""
     if not snapshot_json:
-        return 0
-    return int(json.loads(snapshot_json).get("token_count", 0))
+        return 0, 0
+    snap = json.loads(snapshot_json)
+    if "token_count" not in snap:  # legacy: every token in the JSON, none in chunks
+        return len(snap.get("tokens", [])), 0
+    total = int(snap["token_count"])
+    return total, total - len(snap.get("tail", []))
 
 
 def write(
@@ -60,24 +69,29 @@ def write(
     stamp: int,
 ) -> bool:
     """Record ``snapshot`` (its ``tokens`` the whole list so far) for a ``running`` task
-    whose snapshot JSON was ``previous_json``: append the tokens not yet stored, rewrite
-    the small JSON. Returns ``False``, writing nothing, if the task is not running."""
+    whose snapshot JSON was ``previous_json``: rewrite the small JSON with the tail, and
+    seal the tail into a chunk once it is ``SEAL`` long. Returns ``False``, writing
+    nothing, if the task is not running."""
     tokens: list[int] = list(snapshot.get("tokens", []))
-    stored = stored_count(previous_json)
-    if len(tokens) < stored:
-        raise ValueError(f"a snapshot of {len(tokens)} tokens after one of {stored}")
+    covered, chunked = _counts(previous_json)
+    if len(tokens) < covered:
+        raise ValueError(f"a snapshot of {len(tokens)} tokens after one of {covered}")
+    tail = tokens[chunked:]
+    seal = len(tail) >= SEAL
     small = {k: v for k, v in snapshot.items() if k != "tokens"}
-    small.update(token_count=len(tokens), sequence_number=sequence_number)
+    small.update(
+        token_count=len(tokens), tail=[] if seal else tail, sequence_number=sequence_number
+    )
     cur = conn.execute(
         "UPDATE tasks SET snapshot = ?, updated_at = ? WHERE id = ? AND status = 'running'",
         (json.dumps(small, separators=(",", ":")), stamp, task_id),
     )
     if cur.rowcount != 1:
         return False
-    if len(tokens) > stored:
+    if seal:
         conn.execute(
             "INSERT INTO task_tokens (task_id, start, tokens) VALUES (?, ?, ?)",
-            (task_id, stored, pack(tokens[stored:])),
+            (task_id, chunked, pack(tail)),
         )
     return True
 
@@ -96,6 +110,7 @@ def read(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
     if "token_count" not in snap:
         return snap  # legacy: the tokens are in the JSON
     count = int(snap.pop("token_count"))
+    tail: list[int] = snap.pop("tail", [])
     tokens: list[int] = []
     for _, start, blob in rows:
         if blob is None:
@@ -103,6 +118,7 @@ def read(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
         if start != len(tokens):
             raise SnapshotError(f"task {task_id}: a chunk at {start} after {len(tokens)} tokens")
         tokens.extend(unpack(blob))
+    tokens.extend(tail)
     if len(tokens) != count:
         raise SnapshotError(f"task {task_id}: {len(tokens)} tokens stored, {count} recorded")
     snap["tokens"] = tokens
