@@ -165,9 +165,10 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
     (
         # a running task's token ids, appended in chunks (int32 little-endian, ``start``
-        # the index of the first), so a flush writes only its new tokens; the snapshot
-        # JSON keeps the small fields and the count stored. A snapshot written before
-        # this still holds its tokens in the JSON and is read (and carried over) as such.
+        # the index of the first), so a flush no longer rewrites them all; the snapshot
+        # JSON keeps the small fields, the count and a short tail (store/snapshots.py).
+        # A snapshot written before this holds its tokens in the JSON and is read (and
+        # carried over) as such.
         "m007_snapshot_tokens",
         """
         CREATE TABLE task_tokens (
