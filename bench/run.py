@@ -12,6 +12,8 @@
     run of the same app that reads the writer's commit counter.
 (c, d) constrained decoding (bench/constraints.py): tokens/s held to a JSON Schema ÷
     unconstrained, same prompt and seed; the compile time of a 20-property schema.
+(e) snapshot writes (bench/snapshots.py): the bytes one 2,000-token task's snapshots
+    cost, flushed every 8 tokens, the old whole-list JSON against today's chunks.
 (c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issue 10, see
     ``bench/compare.py``.
@@ -484,7 +486,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of each (b) run")
     parser.add_argument("--dir", default=None, help="where the data directories go")
     parser.add_argument(
-        "--only", choices=["generation", "writes", "constraints", "compare"], default=None
+        "--only",
+        choices=["generation", "writes", "constraints", "compare", "snapshots"],
+        default=None,
     )
     args = parser.parse_args()
     if compare.quick():  # LMSP_BENCH_QUICK: a smoke run of the harness
@@ -504,6 +508,10 @@ def main() -> None:
             from bench.constraints import bench_constraints
 
             bench_constraints(args.tokens, args.reps)
+        if args.only in (None, "snapshots"):
+            from bench.snapshots import bench_snapshots
+
+            bench_snapshots()
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

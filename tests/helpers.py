@@ -151,7 +151,25 @@ def check_log_invariants(conn: sqlite3.Connection) -> None:
             assert events[-1]["type"] in EVENT_FOR_STATUS[task["status"]]
         else:
             assert terminal == [], (task["id"], task["status"])
+        check_snapshot(conn, task)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def check_snapshot(conn: sqlite3.Connection, task: sqlite3.Row) -> None:
+    """A task's token chunks run gap-free from 0 and, with the tail its snapshot JSON
+    holds, add up to the count it records; a finished task has neither."""
+    stored = 0
+    for start, size in conn.execute(
+        "SELECT start, length(tokens) FROM task_tokens WHERE task_id = ? ORDER BY start",
+        (task["id"],),
+    ):
+        assert start == stored, (task["id"], start, stored)
+        stored += size // 4
+    snap = json.loads(task["snapshot"]) if task["snapshot"] else None
+    if task["status"] in EVENT_FOR_STATUS:
+        assert snap is None and stored == 0, (task["id"], task["status"])
+    chunked = snap["token_count"] - len(snap["tail"]) if snap and "token_count" in snap else 0
+    assert stored == chunked, (task["id"], stored, chunked)
 
 
 def seeded_data_dir(data_dir: Path, blob_cache: Path) -> Path:

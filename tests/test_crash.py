@@ -194,7 +194,7 @@ def running_with_tokens(data_dir: Path, policy: str, at_least: int) -> str | Non
     finally:
         conn.close()
     for task_id, snapshot in rows:
-        done = len(json.loads(snapshot)["tokens"]) if snapshot else 0
+        done = int(json.loads(snapshot)["token_count"]) if snapshot else 0  # tokens stored
         if at_least <= done <= TOKENS - 8:
             return str(task_id)
     return None

@@ -27,7 +27,7 @@ from lmsp.engines import test_engine
 from lmsp.engines.base import Piece, Sampling
 from lmsp.engines.test_engine import TEST_MODEL_ID
 from lmsp.protocol.assembler import OutputAssembler
-from lmsp.store import models
+from lmsp.store import models, snapshots
 from lmsp.store import responses as response_store
 from lmsp.store import service as service_store
 from lmsp.store import tasks as task_store
@@ -275,6 +275,38 @@ def test_recovery_table_cell(settings: Settings, found: str, policy: str) -> Non
         wait_terminal(settings.data_dir, [prep.task_id])
         final = svc.response_object(prep.task_id)
     check_final(settings.data_dir, prep, final)
+
+
+@pytest.mark.parametrize("policy", ["resume", "retry"])
+def test_a_running_task_with_its_tokens_in_chunks(
+    settings: Settings, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a tail of 2 tokens, the 7 tokens a stopped task had produced sit in chunks
+    (sealed at 3 and at 7): resume continues from them exactly (and goes on sealing),
+    retry discards them with the snapshot."""
+    monkeypatch.setattr(snapshots, "SEAL", 2)
+    new_data_dir(settings)
+    prep = prepare(settings, "running", policy, seed=77)
+
+    def starts() -> list[int]:
+        conn = open_db(settings.data_dir)
+        try:
+            rows = conn.execute(
+                "SELECT start FROM task_tokens WHERE task_id = ? ORDER BY start", (prep.task_id,)
+            )
+            return [int(r[0]) for r in rows]
+        finally:
+            conn.close()
+
+    assert starts() == [0, 3]
+    with started(settings) as svc:
+        check_recovered(svc, prep)
+        assert starts() == ([0, 3] if policy == "resume" else [])
+        svc.runner.start(resume=svc.recovered.resumed)
+        wait_terminal(settings.data_dir, [prep.task_id])
+        final = svc.response_object(prep.task_id)
+    check_final(settings.data_dir, prep, final)
+    assert starts() == []  # a finished task keeps no snapshot
 
 
 def test_all_cells_through_the_http_app(settings: Settings) -> None:

@@ -163,6 +163,22 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE models ADD COLUMN defaults TEXT NOT NULL DEFAULT '{}';
         """,
     ),
+    (
+        # a running task's token ids, appended in chunks (int32 little-endian, ``start``
+        # the index of the first), so a flush no longer rewrites them all; the snapshot
+        # JSON keeps the small fields, the count and a short tail (store/snapshots.py).
+        # A snapshot written before this holds its tokens in the JSON and is read (and
+        # carried over) as such.
+        "m007_snapshot_tokens",
+        """
+        CREATE TABLE task_tokens (
+            task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+            start INTEGER NOT NULL,
+            tokens BLOB NOT NULL,
+            PRIMARY KEY (task_id, start)
+        ) STRICT, WITHOUT ROWID;
+        """,
+    ),
 ]
 
 

@@ -14,7 +14,7 @@ from lmsp.protocol import events as ev
 from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
-from lmsp.store import events
+from lmsp.store import events, snapshots
 
 
 def get(conn: sqlite3.Connection, task_id: str) -> sqlite3.Row | None:
@@ -101,9 +101,10 @@ def move(
     if not allowed:
         raise ValueError(f"no transition leads to {target}")
     stamp = _now()
-    fields = {"status": target.value, "updated_at": stamp}
-    if target in TERMINAL:
+    fields: dict[str, Any] = {"status": target.value, "updated_at": stamp}
+    if target in TERMINAL:  # nothing resumes a finished task: its snapshot goes
         fields["finished_at"] = stamp
+        fields["snapshot"] = None
     fields.update(sets or {})
     assignments = ", ".join(f"{name} = ?" for name in fields)
     states = sql_list(allowed)
@@ -113,6 +114,8 @@ def move(
     ).fetchone()
     if row is None:
         return None
+    if "snapshot" in fields and fields["snapshot"] is None:
+        snapshots.clear(conn, task_id)  # the chunks go with the snapshot that counts them
     batch = list(before or [])
     if target in TERMINAL:
         if batch:  # the closing output events belong to the sealed output
@@ -155,7 +158,8 @@ def start(conn: sqlite3.Connection, task_id: str, model_digest: str | None) -> s
     if task is None or task["status"] != Status.LOADING:
         return None
     _record_digest(conn, task_id, model_digest)
-    return move(conn, task_id, Status.RUNNING)
+    # a fresh run generates from the first token: no earlier snapshot may linger
+    return move(conn, task_id, Status.RUNNING, sets={"snapshot": None})
 
 
 def mark_resumed(conn: sqlite3.Connection, task_id: str, model_digest: str | None) -> bool:
@@ -180,19 +184,22 @@ def append_output(
     """Log a batch of output events and the snapshot covering them, if still ``running``.
 
     The snapshot is written in the same transaction as the events it covers, so a
-    resume starts exactly after the last persisted event. Returns ``False`` (writing
-    nothing) when the task is no longer running, e.g. a cancel won.
+    resume starts exactly after the last persisted event. ``snapshot["tokens"]`` is the
+    whole list so far; only the tokens not yet stored are written (``snapshots``).
+    Returns ``False`` (writing nothing) when the task is no longer running, e.g. a
+    cancel won.
     """
     task = get(conn, task_id)
     if task is None or task["status"] != Status.RUNNING:
         return False
     seq = events.append(conn, task_id, batch) if batch else task["last_sequence_number"]
-    snap = dict(snapshot, sequence_number=seq)
-    cur = conn.execute(
-        "UPDATE tasks SET snapshot = ?, updated_at = ? WHERE id = ? AND status = 'running'",
-        (_dumps(snap), _now(), task_id),
-    )
-    return cur.rowcount == 1
+    return snapshots.write(conn, task_id, task["snapshot"], snapshot, seq, _now())
+
+
+def snapshot(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
+    """What a resume continues from: ``tokens`` (all so far), ``seed``, ``held`` and the
+    ``sequence_number`` of the last event they cover; ``None`` when there is none."""
+    return snapshots.read(conn, task_id)
 
 
 def complete(

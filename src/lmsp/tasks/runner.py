@@ -214,7 +214,7 @@ class Runner:
             return
 
         self.metrics.begin(task_id, record.id)
-        snapshot = json.loads(task["snapshot"]) if resumed and task["snapshot"] else {}
+        snapshot = (task_store.snapshot(conn, task_id) if resumed else None) or {}
         tokens: list[int] = list(snapshot.get("tokens", []))
         plan = plan_for(request)
         # the output so far is what the log holds: the snapshot covers exactly that
