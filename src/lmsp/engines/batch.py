@@ -65,6 +65,7 @@ class Batcher:
         self._pending: list[Request] = []
         self._leading = False
         self._exclusive = 0
+        self._alone = threading.Lock()  # one exclusive section at a time
         self.active = 0  # sequences that will submit again soon
         self.steps = 0
         self.tokens = 0
@@ -135,17 +136,19 @@ class Batcher:
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
-        """No step runs meanwhile (copying or restoring a sequence's cache)."""
-        with self._cond:
-            self._exclusive += 1
-            while self._leading:
-                self._cond.wait()
-        try:
-            yield
-        finally:
+        """Neither a step nor another exclusive section runs meanwhile (trimming,
+        copying, saving or restoring a sequence's cache)."""
+        with self._alone:
             with self._cond:
-                self._exclusive -= 1
-                self._cond.notify_all()
+                self._exclusive += 1
+                while self._leading:
+                    self._cond.wait()
+            try:
+                yield
+            finally:
+                with self._cond:
+                    self._exclusive -= 1
+                    self._cond.notify_all()
 
 
 @dataclass
@@ -207,6 +210,11 @@ class SequencePool:
             slot.used = time.monotonic()
             slot.tokens = []  # in flux until its task says what it holds (hold)
             return Choice(slot, best, source, source_cached)
+
+    def holds(self, slot: Slot, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` ``slot`` holds now (a copy source may have moved on)."""
+        with self._lock:
+            return common_prefix(slot.tokens, tokens)
 
     def hold(self, slot: Slot, tokens: list[int]) -> None:
         """``tokens`` is the list of what the busy ``slot`` holds, kept up to date by

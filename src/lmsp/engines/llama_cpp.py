@@ -238,9 +238,10 @@ class LlamaModel(LlamaTokenizer):
             with self.batcher.sequence():
                 cached = choice.cached
                 if choice.source is not None:  # a running sequence has more of it: copy
-                    with self.batcher.exclusive():
-                        self.context.copy(choice.source.seq, slot.seq, choice.source_cached)
-                    cached = choice.source_cached
+                    with self.batcher.exclusive():  # if it still holds it
+                        if self.pool.holds(choice.source, context) >= choice.source_cached:
+                            self.context.copy(choice.source.seq, slot.seq, choice.source_cached)
+                            cached = choice.source_cached
                 keep, from_disk = self._start(slot, cached, context)
                 held = context[:keep]
                 self.pool.hold(slot, held)  # grows as the sequence is evaluated
@@ -318,7 +319,7 @@ class LlamaModel(LlamaTokenizer):
             yield Piece(token, text, self._logprobs(logits, token, raw, sampling))
             position += 1
             generated.append(token)
-            if len(held) + 1 >= self.n_ctx:
+            if len(held) + 1 > self.n_ctx:  # no room for the token just drawn
                 return
             result = self.batcher.decode(seq, [token], len(held), True)
             assert result is not None
