@@ -33,7 +33,7 @@ class Settings:
     port: int = 8430
     retention: float = 7 * 86400.0
     default_on_restart: str = "fail"
-    parallel: int = 1
+    parallel: int = 4  # sequences decoded together: the best of 1, 2, 4, 8 (docs/performance.md)
     max_body_bytes: int = 1 << 20
     max_queue: int = 1024
     idempotency_ttl: float = 86400.0

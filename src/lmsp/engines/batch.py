@@ -2,18 +2,17 @@
 
 Each running task steps its own sequence from its runner thread (its sampler, its
 constraint, its flushes), but the expensive part — running the model over the next
-tokens — is shared: :class:`Batcher` gathers the decode requests of every sequence
-that is ready and runs them as one batch. The first thread to find no step under way
-leads it: it waits a moment for the other active sequences to hand in their tokens,
-runs the step with the lock released, and hands each request its logits. A thread that
-arrives while a step runs joins the next one. A new task's prompt joins the same steps
+tokens — is shared: :class:`Batcher`'s step thread gathers the decode requests of every
+sequence that is ready (waiting a moment for the other active sequences to hand in
+their tokens), runs them as one batch, and hands each request its logits; a request
+that arrives while a step runs joins the next one. A new task's prompt joins the same steps
 in chunks (:data:`CHUNK` tokens a step), so it never stalls the sequences generating.
 
 :class:`SequencePool` says which sequence of the context a new task takes: the free one
 whose cached tokens share the longest prefix with the new prompt (prompt-prefix reuse),
 else the least recently used. A finished task's tokens stay in its sequence until
 another task needs the room, so the next turn of an agent loop evaluates only what is
-new. Both classes are pure: the engine supplies the decode function.
+new. Neither class knows llama.cpp: the engine supplies the decode function.
 """
 
 from __future__ import annotations
@@ -55,25 +54,31 @@ DecodeFn = Callable[[list[Request]], None]
 
 
 class Batcher:
-    """Runs the decode requests of several threads as one batch per step."""
+    """Runs the decode requests of several threads as one batch per step, always from
+    the same thread: llama.cpp's CPU backend keeps a team of worker threads per calling
+    thread, and steps led by changing threads left several teams spinning against each
+    other on two cores (a 3x slowdown, measured)."""
 
     def __init__(self, decode: DecodeFn, *, max_tokens: int = 512, gather: float = 0.002):
         self._decode = decode
         self.max_tokens = max_tokens
-        self.gather = gather  # how long a leader waits for the other active sequences
+        self.gather = gather  # how long a step waits for the other active sequences
         self._cond = threading.Condition()
         self._pending: list[Request] = []
-        self._leading = False
+        self._stepping = False
         self._exclusive = 0
         self._alone = threading.Lock()  # one exclusive section at a time
+        self._closed = False
         self.active = 0  # sequences that will submit again soon
         self.steps = 0
         self.tokens = 0
+        self._thread = threading.Thread(target=self._run, name="lmsp-step", daemon=True)
+        self._thread.start()
 
     # -- sequences ---------------------------------------------------------------------
     @contextmanager
     def sequence(self) -> Iterator[None]:
-        """While a sequence generates, leaders wait for its requests."""
+        """While a sequence generates, a step waits a moment for its requests."""
         with self._cond:
             self.active += 1
         try:
@@ -89,50 +94,55 @@ class Batcher:
         assert 0 < len(tokens) <= CHUNK
         request = Request(seq, tokens, pos, logits)
         with self._cond:
+            if self._closed:
+                raise RuntimeError("the model is closed")
             self._pending.append(request)
             self._cond.notify_all()
             while not request.done:
-                if self._leading or self._exclusive:
-                    self._cond.wait()
-                    continue
-                self._lead(request)
+                self._cond.wait()
         if request.error is not None:
             raise request.error
         return request.result
 
-    def _lead(self, own: Request) -> None:
-        """Run one step (called with the lock held; released while decoding)."""
-        self._leading = True
-        deadline = time.monotonic() + self.gather
-        while len(self._pending) < self.active:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._cond.wait(left)
-        step: list[Request] = []
-        rest: list[Request] = []
-        size = 0
-        for request in sorted(self._pending, key=lambda r: r is not own):
-            if size + len(request.tokens) <= self.max_tokens or not step:
-                step.append(request)
-                size += len(request.tokens)
-            else:
-                rest.append(request)
-        self._pending = rest
-        self._cond.release()
-        try:
-            self._decode(step)
-        except BaseException as exc:  # every request of the step fails with it
-            for request in step:
-                request.error = exc
-        finally:
-            self._cond.acquire()
-            self.steps += 1
-            self.tokens += size
-            for request in step:
-                request.done = True
-            self._leading = False
-            self._cond.notify_all()
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (not self._pending or self._exclusive):
+                    self._cond.wait()
+                if self._closed:
+                    for request in self._pending:
+                        request.error, request.done = RuntimeError("the model is closed"), True
+                    self._cond.notify_all()
+                    return
+                deadline = time.monotonic() + self.gather
+                while len(self._pending) < self.active and not self._exclusive:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if self._exclusive:
+                    continue
+                step: list[Request] = []
+                size = 0
+                for request in self._pending:
+                    if step and size + len(request.tokens) > self.max_tokens:
+                        break
+                    step.append(request)
+                    size += len(request.tokens)
+                del self._pending[: len(step)]
+                self._stepping = True
+            try:
+                self._decode(step)
+            except BaseException as exc:  # every request of the step fails with it
+                for request in step:
+                    request.error = exc
+            with self._cond:
+                self.steps += 1
+                self.tokens += size
+                for request in step:
+                    request.done = True
+                self._stepping = False
+                self._cond.notify_all()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -141,7 +151,7 @@ class Batcher:
         with self._alone:
             with self._cond:
                 self._exclusive += 1
-                while self._leading:
+                while self._stepping:
                     self._cond.wait()
             try:
                 yield
@@ -149,6 +159,13 @@ class Batcher:
                 with self._cond:
                     self._exclusive -= 1
                     self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the step thread (requests still waiting fail)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(30)
 
 
 @dataclass

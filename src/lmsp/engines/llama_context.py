@@ -112,7 +112,7 @@ class LlamaContext:
         size = int(self._lib.llama_state_seq_get_size(self.ctx, seq))
         buffer = (ctypes.c_uint8 * size)()
         written = int(self._lib.llama_state_seq_get_data(self.ctx, buffer, size, seq))
-        return bytes(buffer[:written])
+        return ctypes.string_at(buffer, written)  # one copy (slicing makes a list of ints)
 
     def restore(self, seq: int, data: bytes) -> bool:
         """Load saved bytes into ``seq``; ``False`` (``seq`` left empty) if refused."""

@@ -158,7 +158,7 @@ class LlamaModel(LlamaTokenizer):
     #: tokens evaluated before a prompt is worth saving; tokens between saves of a
     #: long generation (a resume then re-evaluates at most this many)
     save_after = 256
-    save_every = 512
+    save_every = 128
 
     def __init__(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> None:
         super().__init__(path, n_ctx, vocab_only=True)
@@ -347,6 +347,7 @@ class LlamaModel(LlamaTokenizer):
         }
 
     def close(self) -> None:
+        self.batcher.close()
         self._saver.shutdown(wait=True)
         self.context.close()
         super().close()
