@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lmsp.engines.base import EngineError, Piece, Sampling
+from lmsp.engines.base import EngineError, LoadOptions, Piece, Sampling
 from lmsp.engines.host import ModelHost
 from lmsp.store.blobs import store_blob
 from lmsp.store.models import ModelRecord
@@ -37,11 +37,13 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.loads: list[str] = []
+        self.options: list[LoadOptions | None] = []
 
-    def load(self, path: Path, n_ctx: int) -> FakeModel:
+    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> FakeModel:
         if path.read_bytes().startswith(b"broken"):
             raise RuntimeError("cannot parse")
         self.loads.append(path.read_bytes().decode())
+        self.options.append(options)
         return FakeModel(path.read_bytes().decode())
 
     def tokenizer(self, path: Path, n_ctx: int) -> FakeModel:
@@ -71,6 +73,20 @@ def test_load_keep_and_reuse(blobs: Path) -> None:
     h.release(0)
     assert h.get(a, 0) is model and engine.loads == ["a"]
     assert h.is_loaded("a") and h.loaded_ids() == {"a"}
+
+
+def test_every_slot_shares_one_context_of_a_model(blobs: Path) -> None:
+    engine = FakeEngine()
+    h = ModelHost(blobs, {"fake": engine}, 64, sequences=4)  # type: ignore[dict-item]
+    a = record(blobs, "a")
+    first, second = h.get(a, 0), h.get(a, 1)  # two tasks at once
+    assert first is second and engine.loads == ["a"]
+    options = engine.options[0]
+    assert options is not None and options.sequences == 4 and options.digest == a.digest
+    h.release(0)
+    assert h.reap(now=1e12) == []  # slot 1 still generates with it
+    h.release(1)
+    assert h.reap(now=1e12) == ["a"] and first.closed
 
 
 def test_keep_alive_unloads_idle_models_only(blobs: Path) -> None:

@@ -285,12 +285,15 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         len(report.resumed),
     )
     metrics.recovered(report.outcomes)
+    kv = PrefixFiles(settings.kv_dir, max_bytes=settings.kv_cache_bytes, ttl=settings.kv_cache_ttl)
     host = ModelHost(
         settings.blobs_dir,
         engines(),
         settings.n_ctx,
         keep_alive=settings.keep_alive,
         max_loaded=settings.max_loaded_models,
+        sequences=settings.parallel,
+        prefix_files=kv,
     )
     host.metrics = metrics
     runner = Runner(
@@ -301,7 +304,6 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         metrics=metrics,
     )
     metrics.add_collector(lambda: database_figures(db))
-    kv = PrefixFiles(settings.kv_dir, max_bytes=settings.kv_cache_bytes, ttl=settings.kv_cache_ttl)
     return Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
 
 

@@ -74,6 +74,28 @@ class Piece:
     logprobs: dict[str, Any] | None = None
 
 
+class Generation(Iterator[Piece]):
+    """The pieces of one generation, and how many of its prompt's tokens came from a
+    cache instead of being evaluated (known once the first piece is asked for).
+    ``close`` gives its sequence back; the runner closes every generation it starts."""
+
+    def __init__(self, pieces: Iterator[Piece] | None = None) -> None:
+        self.cached_tokens = 0
+        self._pieces: Iterator[Piece] = iter(()) if pieces is None else pieces
+
+    def run(self, pieces: Iterator[Piece]) -> Generation:
+        self._pieces = pieces
+        return self
+
+    def __next__(self) -> Piece:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
+
+
 class Tokenizer(Protocol):
     """Formats and tokenizes prompts without the weights: how ``POST /v1/responses``
     knows a prompt's length (and rejects one the context cannot hold) before queueing."""
@@ -104,7 +126,7 @@ class LoadedModel(Protocol):
         resume: list[int],
         sampling: Sampling,
         constraint: Constraint | None = None,
-    ) -> Iterator[Piece]:
+    ) -> Generation:
         """Tokens after ``prompt + resume``; with a ``constraint``, which is first fed
         ``resume``, only tokens it allows, ending when it is finished."""
         ...
@@ -112,10 +134,20 @@ class LoadedModel(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    sequences: int = 1  # decoded together in one context (``LMSP_PARALLEL``)
+    digest: str = ""  # the blob's, which keys its saved prefixes
+    prefix_files: Any = None  # a :class:`lmsp.engines.kvfiles.PrefixFiles`, or None
+
+
 class Engine(Protocol):
     name: str
 
-    def load(self, path: Path, n_ctx: int) -> LoadedModel: ...
+    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> LoadedModel:
+        """``n_ctx``: one sequence's context; ``options``: how many sequences run
+        together and where saved prefixes live."""
+        ...
 
     def tokenizer(self, path: Path, n_ctx: int) -> Tokenizer: ...
 

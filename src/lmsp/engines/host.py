@@ -4,8 +4,8 @@ loaded.
 Before a blob is handed to an engine it is checked against its record: the size every
 time, the full SHA-256 the first time this process uses it. Loaded models stay for
 ``keep_alive`` seconds after their last use and are unloaded sooner when another model
-needs the memory: at most ``max_loaded`` distinct models are loaded at once (each
-runner slot has its own context of a model, since a context serves one task at a time).
+needs the memory: at most ``max_loaded`` distinct models are loaded at once. A loaded
+model is one context whose ``sequences`` sequences the runner's slots step together.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmsp.engines.base import Engine, EngineError, LoadedModel, Tokenizer
+from lmsp.engines.base import Engine, EngineError, LoadedModel, LoadOptions, Tokenizer
 from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size
 from lmsp.store.models import ModelRecord
@@ -45,13 +45,17 @@ class ModelHost:
         *,
         keep_alive: float = 300.0,
         max_loaded: int = 1,
+        sequences: int = 1,
+        prefix_files: Any = None,
     ) -> None:
         self.blobs_dir = blobs_dir
         self.engines = engines
         self.n_ctx = n_ctx
         self.keep_alive = keep_alive
         self.max_loaded = max(1, max_loaded)
-        self._loaded: dict[tuple[str, int], _Loaded] = {}
+        self.sequences = max(1, sequences)
+        self.prefix_files = prefix_files  # a PrefixFiles: saved prompt prefixes
+        self._loaded: dict[tuple[str, int], _Loaded] = {}  # (model id, 0): one context
         self._busy: dict[int, str] = {}  # slot → model id it is using
         self._cond = threading.Condition()
         self._verified: set[str] = set()  # digests fully hashed by this process
@@ -81,7 +85,7 @@ class ModelHost:
             if memory is None:
                 path = blob_path(self.blobs_dir, entry.digest)
                 memory = path.stat().st_size if path.exists() else 0
-            in_use = (slot, model_id) in busy
+            in_use = model_id in {m for _, m in busy}
             left = None if in_use else max(0.0, self.keep_alive - (now - entry.last_used))
             shown.append(
                 {
@@ -126,22 +130,26 @@ class ModelHost:
 
     # -- loading -----------------------------------------------------------------------
     def get(self, record: ModelRecord, slot: int = 0) -> LoadedModel:
-        """The model loaded for one runner slot, marked in use by it until
+        """The model, loaded once for every runner slot, marked in use by ``slot`` until
         :meth:`release`. Raises ``EngineError`` (``model_corrupt``, ``model_load_failed``)."""
         engine = self.engines.get(record.engine)
         if engine is None:
             raise EngineError("model_load_failed", f"No engine {record.engine!r} here.")
         self.check(record)
+        key = (record.id, 0)
         with self._cond:
-            cached = self._loaded.get((record.id, slot))
+            cached = self._loaded.get(key)
             if cached is not None and cached.digest != record.digest:
-                self._unload((record.id, slot))  # the id now names another blob
+                while any(m == record.id for m in self._busy.values()):
+                    self._cond.wait(1.0)  # the id now names another blob: unload when idle
+                self._unload(key)
                 cached = None
             if cached is None:
                 self._make_room(record.id, slot)
                 path = blob_path(self.blobs_dir, record.digest)
+                options = LoadOptions(self.sequences, record.digest, self.prefix_files)
                 try:
-                    model = engine.load(path, self.n_ctx)
+                    model = engine.load(path, self.n_ctx, options)
                 except EngineError:
                     raise
                 except Exception as exc:
@@ -149,8 +157,8 @@ class ModelHost:
                         "model_load_failed", f"Loading {record.id!r} failed: {exc}"
                     ) from exc
                 cached = _Loaded(record.digest, model)
-                self._loaded[(record.id, slot)] = cached
-                log.info("loaded %s (slot %d)", record.id, slot)
+                self._loaded[key] = cached
+                log.info("loaded %s (%d sequences)", record.id, self.sequences)
                 if self.metrics is not None:
                     self.metrics.model_loaded(record.id)
             self._busy[slot] = record.id
@@ -161,7 +169,7 @@ class ModelHost:
         """The slot's task is over: its model starts its keep-alive."""
         with self._cond:
             model_id = self._busy.pop(slot, None)
-            entry = self._loaded.get((model_id, slot)) if model_id is not None else None
+            entry = self._loaded.get((model_id, 0)) if model_id is not None else None
             if entry is not None:
                 entry.last_used = time.monotonic()
             self._cond.notify_all()
@@ -198,9 +206,9 @@ class ModelHost:
         now = time.monotonic() if now is None else now
         gone: list[str] = []
         with self._cond:
-            busy = set(self._busy.items())
+            busy = set(self._busy.values())
             for key, entry in list(self._loaded.items()):
-                if (key[1], key[0]) in busy or now - entry.last_used < self.keep_alive:
+                if key[0] in busy or now - entry.last_used < self.keep_alive:
                     continue
                 self._unload(key)
                 gone.append(key[0])
@@ -211,9 +219,9 @@ class ModelHost:
     def evict(self, record: ModelRecord) -> None:
         """Unload every idle context of a model (deleted, or found corrupt)."""
         with self._cond:
-            busy = set(self._busy.items())
+            busy = set(self._busy.values())
             for key in [k for k in self._loaded if k[0] == record.id]:
-                if (key[1], key[0]) not in busy:
+                if key[0] not in busy:
                     self._unload(key)
         with self._tokenizer_lock:
             tokenizer = self._tokenizers.pop(record.digest, None)

@@ -8,6 +8,7 @@ of its snapshot and draws exactly what an uninterrupted run would.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import warnings
@@ -20,12 +21,17 @@ import numpy as np
 from lmsp.engines.base import (
     Constraint,
     EngineError,
+    Generation,
+    LoadOptions,
     Piece,
     Sampling,
     Utf8Stream,
     sample,
     top_logprobs,
 )
+from lmsp.engines.batch import CHUNK, Batcher, Logits, SequencePool, Slot
+from lmsp.engines.kvfiles import PrefixFiles
+from lmsp.engines.llama_context import LlamaContext
 from lmsp.protocol import toolprompt
 
 FALLBACK_TEMPLATE = (
@@ -35,6 +41,7 @@ FALLBACK_TEMPLATE = (
 )
 
 
+log = logging.getLogger(__name__)
 _native_log = logging.getLogger("lmsp.llama_cpp")
 _callback: Any = None  # kept referenced: llama.cpp holds a pointer to it
 
@@ -60,6 +67,17 @@ def _route_native_logs() -> None:
 
     _callback = forward
     llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+
+
+def _tag() -> str:
+    """What saved KV bytes depend on besides the model: llama.cpp's state format (its
+    version) and the cache layout lmsp creates."""
+    from importlib.metadata import version
+
+    return f"llama-cpp-python {version('llama-cpp-python')}; f16 kv; flash attention"
+
+
+TAG = _tag()
 
 
 def _threads() -> int:
@@ -125,43 +143,50 @@ class LlamaTokenizer:
 
 
 class LlamaModel(LlamaTokenizer):
-    def __init__(self, path: Path, n_ctx: int) -> None:
-        super().__init__(path, n_ctx, vocab_only=False)
-        self.n_ctx = int(self.llm.n_ctx())
-        self.n_vocab = int(self.llm.n_vocab())
+    """A loaded model: one llama.cpp context whose sequences several tasks step
+    together (:mod:`lmsp.engines.batch`). Each task samples its own tokens in its own
+    thread; the model's forward passes are shared.
+
+    A task's prompt starts from the longest prefix already in a sequence (a finished
+    task's, or a running one's, copied), else from the longest saved on disk
+    (:class:`lmsp.engines.kvfiles.PrefixFiles`), and evaluates only the rest, in chunks
+    of :data:`CHUNK` tokens. Long prompts, and long generations every ``save_every``
+    tokens, are saved to disk for the next turn or the resume after a restart.
+    """
+
+    #: tokens evaluated before a prompt is worth saving; tokens between saves of a
+    #: long generation (a resume then re-evaluates at most this many)
+    save_after = 256
+    save_every = 512
+
+    def __init__(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> None:
+        super().__init__(path, n_ctx, vocab_only=True)
+        options = options or LoadOptions()
+        self.context = LlamaContext(path, n_ctx, options.sequences, _threads())
+        self.n_ctx = self.context.n_ctx
+        self.n_vocab = self.context.n_vocab
+        self.batcher = Batcher(self.context.decode, max_tokens=self.context.max_tokens)
+        self.pool = SequencePool(self.context.sequences)
+        self.digest = options.digest
+        self.prefix_files: PrefixFiles | None = options.prefix_files if options.digest else None
+        self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lmsp-kv")
         self._guidance: Any = None
 
     def guidance_tokenizer(self) -> Any:
         """The llguidance tokenizer of this model's vocabulary (built once, ~1 s)."""
         if self._guidance is None:
-            import llama_cpp
             from llguidance.llamacpp import lltokenizer_from_vocab
 
-            vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
             with warnings.catch_warnings():  # it reads each token's attributes by an old name
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self._guidance = lltokenizer_from_vocab(
-                    vocab, n_vocab=self.n_vocab, eos_token=sorted(self.stop_ids)
+                    self.context.vocab, n_vocab=self.n_vocab, eos_token=sorted(self.stop_ids)
                 )
         return self._guidance
 
     def memory_bytes(self) -> int:
-        """What this context holds: the model's tensors plus its KV cache (K and V,
-        16-bit, for every layer and position of the context), as ``lmsp ps`` shows."""
-        import llama_cpp
-
-        model = self.llm._model.model
-        layers = int(llama_cpp.llama_model_n_layer(model))
-        width = int(llama_cpp.llama_model_n_embd(model))
-        heads = max(1, int(llama_cpp.llama_model_n_head(model)))
-        kv_width = width * int(llama_cpp.llama_model_n_head_kv(model)) // heads
-        return int(llama_cpp.llama_model_size(model)) + 2 * layers * self.n_ctx * kv_width * 2
-
-    def _logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
-        array: np.ndarray[Any, np.dtype[np.float32]] = np.ctypeslib.as_array(
-            self.llm._ctx.get_logits(), shape=(self.n_vocab,)
-        )
-        return array
+        """The model's tensors plus the KV cache of every sequence, as ``lmsp ps`` shows."""
+        return self.context.memory_bytes()
 
     def generate(
         self,
@@ -169,26 +194,108 @@ class LlamaModel(LlamaTokenizer):
         resume: list[int],
         sampling: Sampling,
         constraint: Constraint | None = None,
+    ) -> Generation:
+        if len(prompt) + len(resume) >= self.n_ctx:
+            raise EngineError("context_length_exceeded", "The conversation fills the context.")
+        generation = Generation()
+        return generation.run(self._pieces(generation, prompt, resume, sampling, constraint))
+
+    def _start(self, slot: Slot, choice_cached: int, context: list[int]) -> int:
+        """Make ``slot`` hold the longest available prefix of ``context``, at most all
+        but its last token (whose logits are needed); how many tokens it holds."""
+        cached = choice_cached
+        files = self.prefix_files
+        saved = None
+        if files is not None and len(context) - cached > 2 * CHUNK:
+            saved = files.best(self.digest, context, min_tokens=cached + 2 * CHUNK, tag=TAG)
+        with self.batcher.exclusive():
+            if saved is not None:
+                if self.context.restore(slot.seq, saved[1]):
+                    cached = saved[0]
+                else:
+                    log.warning("a saved prefix of %d tokens was refused", saved[0])
+                    cached = 0
+            keep = min(cached, len(context) - 1)
+            self.context.trim(slot.seq, keep)
+        return keep
+
+    def _pieces(
+        self,
+        generation: Generation,
+        prompt: list[int],
+        resume: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None,
     ) -> Iterator[Piece]:
         context = prompt + resume
-        if len(context) >= self.n_ctx:
-            raise EngineError("context_length_exceeded", "The conversation fills the context.")
-        llm = self.llm
-        llm.reset()
-        llm.eval(prompt)
-        for token in resume:  # one at a time, as first generated: the same arithmetic
-            llm.eval([token])
-            if constraint is not None:
+        choice = self.pool.take(context)
+        slot = choice.slot
+        held: list[int] = []  # what the sequence's cache holds, position by position
+        try:
+            with self.batcher.sequence():
+                if choice.source is not None:  # a running sequence has more of it: copy
+                    with self.batcher.exclusive():
+                        self.context.copy(choice.source.seq, slot.seq, choice.source_cached)
+                    keep = self._start(slot, choice.source_cached, context)
+                else:
+                    keep = self._start(slot, choice.cached, context)
+                held = context[:keep]
+                generation.cached_tokens = min(keep, len(prompt))
+                logits = self._evaluate(slot.seq, context, held)
+                if self.prefix_files is not None and len(context) - keep >= self.save_after:
+                    self._save(slot.seq, held)
+                yield from self._sample(slot.seq, logits, held, resume, sampling, constraint)
+        except Exception:
+            held = []  # the cache may hold a half-evaluated step: trust none of it
+            raise
+        finally:
+            if not held:
+                with self.batcher.exclusive():
+                    self.context.trim(slot.seq, 0)
+            self.pool.give_back(slot, held)
+
+    def _evaluate(self, seq: int, context: list[int], held: list[int]) -> Logits:
+        """Evaluate ``context`` after what ``held`` has, chunk by chunk; the logits of
+        its last token."""
+        logits: Logits | None = None
+        while len(held) < len(context):
+            part = context[len(held) : len(held) + CHUNK]
+            last = len(held) + len(part) == len(context)
+            logits = self.batcher.decode(seq, part, len(held), last)
+            held.extend(part)
+        assert logits is not None
+        return logits
+
+    def _save(self, seq: int, held: list[int]) -> None:
+        """Save the sequence's cache for ``held`` to disk, written off this thread."""
+        files = self.prefix_files
+        if files is None:
+            return
+        with self.batcher.exclusive():
+            data = self.context.save(seq)
+        self._saver.submit(files.save, self.digest, list(held), data, tag=TAG)
+
+    def _sample(
+        self,
+        seq: int,
+        logits: Logits,
+        held: list[int],
+        resume: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None,
+    ) -> Iterator[Piece]:
+        if constraint is not None:
+            for token in resume:
                 constraint.advance(token)
         decoder = Utf8Stream()
         if resume:  # hold back the bytes of a character the snapshot had not completed
-            decoder.feed(bytes(llm.detokenize(resume)))
+            decoder.feed(bytes(self.llm.detokenize(resume)))
         position = len(resume)
         generated = list(resume)  # what the penalties count
-        while llm.n_tokens < self.n_ctx:
+        saved_at = len(held)
+        while len(held) < self.n_ctx:
             if constraint is not None and constraint.finished():
                 return
-            logits = self._logits()
             mask = None if constraint is None else constraint.allowed()
             if mask is not None:
                 logits = np.where(mask, logits, np.float32(-np.inf))
@@ -197,15 +304,23 @@ class LlamaModel(LlamaTokenizer):
                 return
             if constraint is not None:
                 constraint.advance(token)
-            raw = bytes(llm.detokenize([token]))
+            raw = bytes(self.llm.detokenize([token]))
             text = decoder.feed(raw)
             yield Piece(token, text, self._logprobs(logits, token, raw, sampling))
             position += 1
             generated.append(token)
-            llm.eval([token])
+            if len(held) + 1 >= self.n_ctx:
+                return
+            result = self.batcher.decode(seq, [token], len(held), True)
+            assert result is not None
+            logits = result
+            held.append(token)
+            if self.prefix_files is not None and len(held) - saved_at >= self.save_every:
+                self._save(seq, held)
+                saved_at = len(held)
 
     def _logprobs(
-        self, logits: np.ndarray[Any, Any], token: int, raw: bytes, sampling: Sampling
+        self, logits: Logits, token: int, raw: bytes, sampling: Sampling
     ) -> dict[str, Any] | None:
         if not sampling.logprobs:
             return None
@@ -221,13 +336,18 @@ class LlamaModel(LlamaTokenizer):
             "top_logprobs": [entry(tok, logprob) for tok, logprob in best],
         }
 
+    def close(self) -> None:
+        self._saver.shutdown(wait=True)
+        self.context.close()
+        super().close()
+
 
 class LlamaEngine:
     name = "llama_cpp"
 
-    def load(self, path: Path, n_ctx: int) -> LlamaModel:
+    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> LlamaModel:
         try:
-            return LlamaModel(path, n_ctx)
+            return LlamaModel(path, n_ctx, options)
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(
                 "model_load_failed", f"llama.cpp could not load the model: {exc}"

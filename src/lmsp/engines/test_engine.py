@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lmsp.engines.base import Constraint, EngineError, Piece, Sampling
+from lmsp.engines.base import Constraint, EngineError, Generation, LoadOptions, Piece, Sampling
 from lmsp.protocol import toolprompt
 
 WORDS = [
@@ -76,6 +76,15 @@ class TestModel:
         resume: list[int],
         sampling: Sampling,
         constraint: Constraint | None = None,
+    ) -> Generation:
+        return Generation(self._pieces(prompt, resume, sampling, constraint))
+
+    def _pieces(
+        self,
+        prompt: list[int],
+        resume: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None,
     ) -> Iterator[Piece]:
         if constraint is not None:
             raise EngineError("engine_error", "The test engine cannot constrain its output.")
@@ -117,7 +126,7 @@ def _logprobs(token: int, sampling: Sampling) -> dict[str, Any] | None:
 class TestEngine:
     name = "test"
 
-    def load(self, path: Path, n_ctx: int) -> TestModel:
+    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestModel:
         if path.read_bytes() != TEST_MODEL_BYTES:
             raise EngineError("model_load_failed", "Not a test-engine model file.")
         return TestModel(float(os.environ.get("LMSP_TEST_ENGINE_DELAY", "0.002")))

@@ -92,7 +92,7 @@ def render_usage(stored: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {
         "input_tokens": stored["input_tokens"],
-        # no prompt cache: nothing read from or written to one (OpenAI adds the latter)
+        # the prompt tokens read from a cached prefix (in memory or saved on disk)
         "input_tokens_details": {
             "cached_tokens": stored.get("cached_tokens", 0),
             "cache_write_tokens": 0,

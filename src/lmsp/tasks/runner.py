@@ -11,6 +11,7 @@ commits. Each batch carries the snapshot that covers it.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import sqlite3
@@ -235,7 +236,6 @@ class Runner:
                 "context_length_exceeded",
                 f"The prompt has {len(prompt)} tokens; the context holds {model.n_ctx}.",
             )
-        self.metrics.prompt(task_id, len(prompt))
         limit = plan.max_output_tokens
         budget = model.n_ctx - len(prompt)
         cap = budget if limit is None else min(limit, budget)
@@ -252,37 +252,46 @@ class Runner:
             pending.clear()
             return self.db.submit(lambda c: task_store.append_output(c, task_id, batch, snap))
 
+        cached = 0
+        resumed_at = len(tokens)
         if len(tokens) >= cap:
             incomplete = "max_output_tokens"
+            self.metrics.prompt(task_id, len(prompt))
         else:
-            pieces = (
+            generation = (
                 model.generate(prompt, tokens, sampling)
                 if constraint is None
                 else model.generate(prompt, tokens, sampling, constraint)
             )
             logprobs: list[dict[str, Any]] = []
-            for piece in pieces:
-                tokens.append(piece.token)
-                self.metrics.token(task_id)
-                if piece.logprobs is not None:  # a token inside a character waits for it
-                    logprobs.append(piece.logprobs)
-                if piece.text:
-                    pending.extend(assembler.feed(TextDelta(piece.text, tuple(logprobs))))
-                    logprobs.clear()
-                if task_id in self._cancels or self._shutdown.is_set():
-                    stopped = True
-                    break
-                if assembler.stopped:  # a stop sequence: the answer is complete
-                    break
-                if len(tokens) >= cap:
-                    incomplete = "max_output_tokens"
-                    break
-                if pending and time.monotonic() - last_flush >= self.flush_interval:
-                    if inflight is not None and not inflight.result():
-                        stopped = True  # the task left `running`: a cancel won
+            with contextlib.closing(generation):
+                for piece in generation:
+                    if len(tokens) == resumed_at:  # the prompt is in: how much was cached
+                        self.metrics.prompt(task_id, len(prompt), generation.cached_tokens)
+                    tokens.append(piece.token)
+                    self.metrics.token(task_id)
+                    if piece.logprobs is not None:  # a token inside a character waits for it
+                        logprobs.append(piece.logprobs)
+                    if piece.text:
+                        pending.extend(assembler.feed(TextDelta(piece.text, tuple(logprobs))))
+                        logprobs.clear()
+                    if task_id in self._cancels or self._shutdown.is_set():
+                        stopped = True
                         break
-                    inflight = flush()
-                    last_flush = time.monotonic()
+                    if assembler.stopped:  # a stop sequence: the answer is complete
+                        break
+                    if len(tokens) >= cap:
+                        incomplete = "max_output_tokens"
+                        break
+                    if pending and time.monotonic() - last_flush >= self.flush_interval:
+                        if inflight is not None and not inflight.result():
+                            stopped = True  # the task left `running`: a cancel won
+                            break
+                        inflight = flush()
+                        last_flush = time.monotonic()
+                cached = generation.cached_tokens
+                if len(tokens) == resumed_at:
+                    self.metrics.prompt(task_id, len(prompt), cached)
         if inflight is not None and not inflight.result():
             stopped = True
         if self._shutdown.is_set() and task_id not in self._cancels:
@@ -295,6 +304,7 @@ class Runner:
         last = list(pending)  # committed with the completion: all of the text, or none
         snap = {"tokens": list(tokens), "seed": sampling.seed}
         usage = {
+            "cached_tokens": cached,
             "input_tokens": len(prompt),
             "output_tokens": len(tokens),
             "total_tokens": len(prompt) + len(tokens),

@@ -1,0 +1,136 @@
+"""One llama.cpp context with several sequences, through llama-cpp-python's public
+low-level bindings (``llama_cpp.llama_*``): the weights, a KV cache with one stream per
+sequence (``kv_unified`` off, so a sequence's arithmetic never depends on what the
+others hold), a batch buffer, and the sequence operations the engine needs — trim,
+copy, and save or restore a sequence's cache as bytes.
+
+The model is loaded with llama.cpp's extra buffer types off (``use_extra_bufts``): on
+CPUs with AMX their matrix kernel crashes in some environments, and the plain CPU
+kernels are the ones whose results the batching relies on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmsp.engines.base import EngineError
+from lmsp.engines.batch import Request
+
+
+class LlamaContext:
+    def __init__(self, path: Path, n_ctx: int, sequences: int, threads: int) -> None:
+        import llama_cpp
+
+        self._lib = llama_cpp
+        params = llama_cpp.llama_model_default_params()
+        params.use_extra_bufts = False
+        self.model: Any = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.model:
+            raise EngineError("model_load_failed", f"llama.cpp could not load {path.name}.")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        if n_ctx <= 0:
+            n_ctx = int(llama_cpp.llama_model_n_ctx_train(self.model))
+        self.sequences = max(1, sequences)
+        self.max_tokens = 512
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx * self.sequences
+        cparams.n_batch = self.max_tokens
+        cparams.n_ubatch = self.max_tokens
+        cparams.n_seq_max = self.sequences
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = False
+        cparams.flash_attn_type = 1  # enabled: the kernels the chunk bound was measured on
+        self.ctx: Any = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise EngineError("model_load_failed", "llama.cpp could not create a context.")
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self.ctx))  # one sequence's room
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(self.max_tokens, 0, 1)
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
+
+    def _kv_bytes_per_token(self) -> int:
+        lib, model = self._lib, self.model
+        layers = int(lib.llama_model_n_layer(model))
+        width = int(lib.llama_model_n_embd(model))
+        heads = max(1, int(lib.llama_model_n_head(model)))
+        kv_width = width * int(lib.llama_model_n_head_kv(model)) // heads
+        return 2 * layers * kv_width * 2  # K and V, 16-bit
+
+    def memory_bytes(self) -> int:
+        """The weights plus the KV cache of every sequence."""
+        weights = int(self._lib.llama_model_size(self.model))
+        return weights + self.kv_bytes_per_token * self.n_ctx * self.sequences
+
+    # -- one step ----------------------------------------------------------------------
+    def decode(self, step: list[Request]) -> None:
+        """Evaluate every request's tokens in one ``llama_decode``; give each request
+        that asked for them its last token's logits."""
+        batch = self.batch
+        n = 0
+        wanted: list[tuple[Request, int]] = []
+        for request in step:
+            last = len(request.tokens) - 1
+            for i, token in enumerate(request.tokens):
+                batch.token[n] = token
+                batch.pos[n] = request.pos + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = request.seq
+                out = request.logits and i == last
+                batch.logits[n] = out
+                if out:
+                    wanted.append((request, n))
+                n += 1
+        batch.n_tokens = n
+        code = int(self._lib.llama_decode(self.ctx, batch))
+        if code != 0:
+            raise EngineError("engine_error", f"llama.cpp could not decode (code {code}).")
+        for request, index in wanted:
+            pointer = self._lib.llama_get_logits_ith(self.ctx, index)
+            request.result = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy()
+
+    # -- sequences (call with no step running) --------------------------------------------
+    def trim(self, seq: int, keep: int) -> None:
+        """Forget what ``seq`` holds from position ``keep`` on."""
+        self._lib.llama_memory_seq_rm(self.memory, seq, keep, -1)
+
+    def copy(self, source: int, target: int, keep: int) -> None:
+        """``target`` holds ``source``'s first ``keep`` positions (the cache of its
+        stream is copied when the next step runs)."""
+        self._lib.llama_memory_seq_rm(self.memory, target, -1, -1)
+        self._lib.llama_memory_seq_cp(self.memory, source, target, -1, -1)
+        self._lib.llama_memory_seq_rm(self.memory, target, keep, -1)
+
+    def save(self, seq: int) -> bytes:
+        """The cache of ``seq`` as bytes (``llama_state_seq_get_data``)."""
+        size = int(self._lib.llama_state_seq_get_size(self.ctx, seq))
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(self._lib.llama_state_seq_get_data(self.ctx, buffer, size, seq))
+        return bytes(buffer[:written])
+
+    def restore(self, seq: int, data: bytes) -> bool:
+        """Load saved bytes into ``seq``; ``False`` (``seq`` left empty) if refused."""
+        self._lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        read = int(self._lib.llama_state_seq_set_data(self.ctx, buffer, len(data), seq))
+        if read == 0:
+            self._lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            return False
+        return True
+
+    def positions(self, seq: int) -> int:
+        """How many positions ``seq`` holds (its highest plus one)."""
+        return int(self._lib.llama_memory_seq_pos_max(self.memory, seq)) + 1
+
+    def close(self) -> None:
+        if self.ctx:
+            self._lib.llama_batch_free(self.batch)
+            self._lib.llama_free(self.ctx)
+            self._lib.llama_model_free(self.model)
+            self.ctx = None
