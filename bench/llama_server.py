@@ -205,6 +205,9 @@ class LlamaServer:
             # on CPUs with AMX the AMX extra buffer type's matmul crashes
             # (ggml_backend_amx_mul_mat), which this also avoids
             "--no-repack",
+            # flash attention on, as lmsp's context has it (llama_context.py)
+            "-fa",
+            "on",
         ]
         if not cache_prompt:
             self.args.append("--no-cache-prompt")

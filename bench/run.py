@@ -103,6 +103,29 @@ class Run:
 # -- (a) generation ----------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def no_extra_buffer_types() -> Iterator[None]:
+    """Models loaded by ``Llama`` meanwhile get ``use_extra_bufts = False``, as lmsp's
+    (``engines/llama_context.py``): the same CPU kernels on both sides, and no AMX
+    repacking, whose matmul crashes on some CPUs. ``Llama`` takes no such argument; it
+    reads llama.cpp's default model parameters, so those are amended for the while."""
+    import importlib
+
+    low: Any = importlib.import_module("llama_cpp.llama_cpp")  # what llama.py calls
+    default = low.llama_model_default_params
+
+    def amended() -> Any:
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = amended
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = default
+
+
 class Bare:
     """llama-cpp-python by itself, prompted with the tokens lmsp would build."""
 
@@ -110,13 +133,15 @@ class Bare:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        self.llm = Llama(
-            model_path=str(model_path),
-            n_ctx=n_ctx,
-            n_threads=threads(),
-            n_threads_batch=threads(),
-            verbose=False,
-        )
+        with no_extra_buffer_types():
+            self.llm = Llama(
+                model_path=str(model_path),
+                n_ctx=n_ctx,
+                n_threads=threads(),
+                n_threads_batch=threads(),
+                flash_attn=True,  # as lmsp's context
+                verbose=False,
+            )
         meta = dict(self.llm.metadata)
 
         def piece(token: int) -> str:
@@ -131,7 +156,7 @@ class Bare:
         self.prompt = self.llm.tokenize(text.encode(), add_bos=False, special=True)
 
     def run(self, max_tokens: int) -> Run:
-        self.llm.reset()  # evaluate the prompt every time, as lmsp does for each task
+        self.llm.reset()  # type: ignore[no-untyped-call]  # evaluate the prompt every time, as lmsp does for each task
         start = time.perf_counter()
         first = None
         chunks: Any = self.llm.create_completion(
@@ -379,11 +404,13 @@ def lmsp_store(work: Path, concurrency: int, duration: float) -> tuple[Load, int
         while time.perf_counter() < stop_at:
             body = {"model": TEST_MODEL, "input": f"w{n}-{i}", "background": True, "seed": 1}
             t0 = time.perf_counter()
-            svc.db.write_sync(
-                lambda c, body=body: responses.create(
+
+            def create(c: sqlite3.Connection, body: dict[str, Any] = body) -> Any:
+                return responses.create(
                     c, client_id=owner, request=body, on_restart="fail", max_queue=10**9, key=None
                 )
-            )
+
+            svc.db.write_sync(create)
             latencies.append(time.perf_counter() - t0)
             i += 1
 
