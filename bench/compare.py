@@ -390,7 +390,7 @@ def bench_prefix(
         f"{num(ll_warm, '.0f', 1000)} (cached {cached(second[ll])})" if ll else "n/a",
         num(r, ".2f"),
         "<= 1.5 x llama-server, cached >= 1400",
-        None if goal_ratio is None else goal_ratio and (lm_cached or 0) >= 1400,
+        False if (lm_cached or 0) < 1400 else goal_ratio,
     )
     lm_after = ttft(after[lm])
     r = ratio(lm_after, lm_warm)
