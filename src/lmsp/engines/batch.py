@@ -205,7 +205,14 @@ class SequencePool:
                     source, source_cached = owner, longest
             slot.busy = True
             slot.used = time.monotonic()
+            slot.tokens = []  # in flux until its task says what it holds (hold)
             return Choice(slot, best, source, source_cached)
+
+    def hold(self, slot: Slot, tokens: list[int]) -> None:
+        """``tokens`` is the list of what the busy ``slot`` holds, kept up to date by
+        its task as it goes (so a new task can copy a prefix of it)."""
+        with self._lock:
+            slot.tokens = tokens
 
     def give_back(self, slot: Slot, tokens: list[int]) -> None:
         """A task is done with its sequence, whose cache now holds ``tokens``."""

@@ -150,8 +150,9 @@ class LlamaModel(LlamaTokenizer):
     A task's prompt starts from the longest prefix already in a sequence (a finished
     task's, or a running one's, copied), else from the longest saved on disk
     (:class:`lmsp.engines.kvfiles.PrefixFiles`), and evaluates only the rest, in chunks
-    of :data:`CHUNK` tokens. Long prompts, and long generations every ``save_every``
-    tokens, are saved to disk for the next turn or the resume after a restart.
+    of :data:`CHUNK` tokens. Saved to disk, for the next turn or for after a restart: a
+    long prefix two prompts share (a system prompt, tool definitions), a long prompt
+    once evaluated, and a long generation every ``save_every`` tokens (its resume).
     """
 
     #: tokens evaluated before a prompt is worth saving; tokens between saves of a
@@ -170,6 +171,7 @@ class LlamaModel(LlamaTokenizer):
         self.digest = options.digest
         self.prefix_files: PrefixFiles | None = options.prefix_files if options.digest else None
         self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lmsp-kv")
+        self._saved: set[tuple[int, int]] = set()  # (length, hash) saved by this process
         self._guidance: Any = None
 
     def guidance_tokenizer(self) -> Any:
@@ -200,9 +202,10 @@ class LlamaModel(LlamaTokenizer):
         generation = Generation()
         return generation.run(self._pieces(generation, prompt, resume, sampling, constraint))
 
-    def _start(self, slot: Slot, choice_cached: int, context: list[int]) -> int:
+    def _start(self, slot: Slot, choice_cached: int, context: list[int]) -> tuple[int, bool]:
         """Make ``slot`` hold the longest available prefix of ``context``, at most all
-        but its last token (whose logits are needed); how many tokens it holds."""
+        but its last token (whose logits are needed): how many tokens it holds, and
+        whether they came from disk."""
         cached = choice_cached
         files = self.prefix_files
         saved = None
@@ -214,10 +217,10 @@ class LlamaModel(LlamaTokenizer):
                     cached = saved[0]
                 else:
                     log.warning("a saved prefix of %d tokens was refused", saved[0])
-                    cached = 0
+                    cached, saved = 0, None
             keep = min(cached, len(context) - 1)
             self.context.trim(slot.seq, keep)
-        return keep
+        return keep, saved is not None
 
     def _pieces(
         self,
@@ -233,20 +236,24 @@ class LlamaModel(LlamaTokenizer):
         held: list[int] = []  # what the sequence's cache holds, position by position
         try:
             with self.batcher.sequence():
+                cached = choice.cached
                 if choice.source is not None:  # a running sequence has more of it: copy
                     with self.batcher.exclusive():
                         self.context.copy(choice.source.seq, slot.seq, choice.source_cached)
-                    keep = self._start(slot, choice.source_cached, context)
-                else:
-                    keep = self._start(slot, choice.cached, context)
+                    cached = choice.source_cached
+                keep, from_disk = self._start(slot, cached, context)
                 held = context[:keep]
+                self.pool.hold(slot, held)  # grows as the sequence is evaluated
                 generation.cached_tokens = min(keep, len(prompt))
+                if keep >= self.save_after and not from_disk:
+                    self._save(slot.seq, held)  # a prefix two prompts share: a hot one
                 logits = self._evaluate(slot.seq, context, held)
-                if self.prefix_files is not None and len(context) - keep >= self.save_after:
-                    self._save(slot.seq, held)
+                if len(context) - keep >= self.save_after:
+                    self._save(slot.seq, held)  # the next turn starts with all of it
                 yield from self._sample(slot.seq, logits, held, resume, sampling, constraint)
         except Exception:
             held = []  # the cache may hold a half-evaluated step: trust none of it
+            self.pool.hold(slot, held)
             raise
         finally:
             if not held:
@@ -269,8 +276,10 @@ class LlamaModel(LlamaTokenizer):
     def _save(self, seq: int, held: list[int]) -> None:
         """Save the sequence's cache for ``held`` to disk, written off this thread."""
         files = self.prefix_files
-        if files is None:
+        key = (len(held), hash(tuple(held)))
+        if files is None or key in self._saved:
             return
+        self._saved.add(key)
         with self.batcher.exclusive():
             data = self.context.save(seq)
         self._saver.submit(files.save, self.digest, list(held), data, tag=TAG)
