@@ -251,12 +251,17 @@ def bench_generation(lm: Side, ll: Side | None, plan: Plan, figures: Figures) ->
     for k, runs in single.items():
         print(
             f"  {k:13} {num(rate[k]):>6} tok/s  ({median([r.tokens for r in runs]):.0f} tokens,"
+            f" {median([r.prompt_tokens for r in runs]):.0f} prompt tokens,"
             f" first text {median([r.first or math.nan for r in runs]) * 1000:.0f} ms)"
             + errors_of(runs)
         )
     if ll is not None:
-        same = single[lm.name][0].text == single[ll.name][0].text
-        print(f"  same greedy text: {'yes' if same else 'no'}")
+        a, b = single[lm.name][0].text, single[ll.name][0].text
+        common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        print(
+            "  same greedy text: "
+            + ("yes" if a == b else f"no, the same first {common or min(len(a), len(b))} chars")
+        )
     ll_rate = rate[ll.name] if ll is not None else math.nan
     r = ratio(rate[lm.name], ll_rate)
     figures.add(
