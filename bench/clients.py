@@ -234,6 +234,25 @@ class RssPeak:
         self._sample()
 
 
+def busy_cpus(seconds: float = 1.0) -> float:
+    """CPUs' worth of work the whole machine did over ``seconds`` (from ``/proc/stat``),
+    taken while the servers under test sit idle: what others run. A 2-thread llama.cpp
+    decode runs ~10x slower beside one busy process (its threads wait for each other at
+    every barrier), so a figure taken on a busy machine says little."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    busy0, total0 = sample()
+    time.sleep(seconds)
+    busy1, total1 = sample()
+    cpus = os.cpu_count() or 1
+    return cpus * (busy1 - busy0) / max(1, total1 - total0)
+
+
 # -- health probes ---------------------------------------------------------------------------
 
 

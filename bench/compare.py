@@ -51,6 +51,7 @@ from bench.clients import (
     RssPeak,
     Side,
     Stream,
+    busy_cpus,
     creates_process,
     llama_stream,
     lmsp_stream,
@@ -646,6 +647,7 @@ def run(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) ->
     )
     lm_server = Server(work / "lmsp-data", env=env).start()
     servers = [lm_server]
+    busy = [busy_cpus()]  # others' load, both servers idle
     try:
         lm = lmsp_side(lm_server)
         ll = llama_side(ll_server) if ll_server else None
@@ -664,12 +666,13 @@ def run(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) ->
             return [lmsp_side(lm_server), llama_side(ll_server)]
 
         bench_prefix([lm] if ll is None else [lm, ll], plan, figures, count, restart)
+        busy.append(busy_cpus())
         if ll_server is not None:
             ll_server.stop()  # from here on lmsp only: leave it the machine
         lm_server.stop()
-        busy = Server(work / "creates-data", env=env).start()
-        servers.append(busy)
-        bench_creates(busy, plan, figures)
+        creating = Server(work / "creates-data", env=env).start()
+        servers.append(creating)
+        bench_creates(creating, plan, figures)
         bench_resume(work, dict(env, LMSP_DEFAULT_ON_RESTART="resume"), plan, figures, count)
     finally:
         for server in servers:
@@ -678,6 +681,15 @@ def run(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) ->
         if ll_server is not None:
             ll_server.stop()
         vocab.close()
+    print(
+        f"\nother load on the machine, both servers idle: {busy[0]:.2f} CPUs before,"
+        f" {busy[1] if len(busy) > 1 else math.nan:.2f} after the side-by-side part"
+    )
+    if max(busy) > 0.25:
+        print(
+            "*** the machine was busy with other work: llama.cpp's decode slows down"
+            " several-fold beside even one busy process, so these figures are not reliable"
+        )
     table(
         "summary: lmsp vs llama-server" + (" (QUICK smoke run: not figures)" if quick() else ""),
         ["benchmark", "lmsp", "llama-server", "ratio", "goal", "verdict"],
