@@ -22,6 +22,7 @@ from lmsp.store.clients import Client
 from .. import inputs
 from ..auth import require
 from ..revocation import until_revoked
+from ..service import Service
 from ..sse import event_response, framed, task_events
 from .deps import idempotency_key, service
 
@@ -53,9 +54,21 @@ async def list_tasks(
 ) -> dict[str, Any]:
     """A client's own tasks, newest first; ``admin`` lists every client's."""
     svc = service(request)
-    conn = svc.db.reader()
     if client_id is not None and not client.oversees(client_id):
         raise errors.forbidden("admin")
+    return await svc.read(_list_page, svc, client, status, limit, after, client_id)
+
+
+def _list_page(
+    svc: Service,
+    client: Client,
+    status: Status | None,
+    limit: int,
+    after: str | None,
+    client_id: str | None,
+) -> dict[str, Any]:
+    """One page of the task list (in a reader thread)."""
+    conn = svc.db.reader()
     clauses: list[str] = []
     args: list[Any] = []
     if client_id is not None or not client.admin:
@@ -88,8 +101,11 @@ async def list_tasks(
 @router.get("/{task_id}")
 async def get_task(task_id: str, request: Request, client: Reader) -> dict[str, Any]:
     svc = service(request)
-    task = svc.owned_task(task_id, client)
-    return render(svc.db.reader(), task, client)
+
+    def page() -> dict[str, Any]:
+        return render(svc.db.reader(), svc.owned_task(task_id, client), client)
+
+    return await svc.read(page)
 
 
 @router.get("/{task_id}/events")
@@ -103,10 +119,10 @@ async def task_event_log(
 ) -> Response:
     """Without ``after`` the log starts at 0. ``Accept: application/json`` gives a page."""
     svc = service(request)
-    svc.owned_task(task_id, client)
+    await svc.read(svc.owned_task, task_id, client)
     after = inputs.resume_after(after, last_event_id)
     if "application/json" in request.headers.get("accept", ""):
-        rows = events.after(svc.db.reader(), task_id, after, limit + 1)
+        rows = await svc.read(lambda: events.after(svc.db.reader(), task_id, after, limit + 1))
         return JSONResponse(
             {
                 "object": "list",
@@ -124,9 +140,12 @@ async def task_event_log(
 @router.post("/{task_id}/cancel")
 async def cancel_task(task_id: str, request: Request, client: Writer) -> dict[str, Any]:
     svc = service(request)
-    svc.owned_task(task_id, client)
+    await svc.read(svc.owned_task, task_id, client)
     key = await idempotency_key(request, client)
     if key is None or not await svc.db.write(lambda c: idempotency.remember(c, key, task_id)):
         await svc.cancel(task_id, wait=svc.settings.cancel_wait)
-    task = svc.owned_task(task_id, client)
-    return render(svc.db.reader(), task, client)
+
+    def page() -> dict[str, Any]:
+        return render(svc.db.reader(), svc.owned_task(task_id, client), client)
+
+    return await svc.read(page)
