@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import compare  # noqa: E402
+from bench.clients import sse_lines  # noqa: E402
 from tests.helpers import Server  # noqa: E402  (the test suite's subprocess launcher)
 
 MODEL = "smollm2-135m-instruct"
@@ -188,18 +189,14 @@ def lmsp_run(http: httpx.Client, max_tokens: int) -> Run:
     }
     start = time.perf_counter()
     first = None
-    event = ""
     final: dict[str, Any] | None = None
     with http.stream("POST", "/v1/responses", json=body) as answer:
         answer.raise_for_status()
-        for line in answer.iter_lines():
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                if event == "response.output_text.delta" and first is None:
-                    first = time.perf_counter() - start
-                if event in TERMINAL:
-                    final = json.loads(line[5:])["response"]
+        for event, data in sse_lines(answer):  # a data line without an event: not ours
+            if event == "response.output_text.delta" and first is None:
+                first = time.perf_counter() - start
+            if event in TERMINAL:
+                final = json.loads(data)["response"]
     seconds = time.perf_counter() - start
     assert final is not None and final["usage"], "no terminal event"
     usage = final["usage"]
