@@ -1,48 +1,68 @@
 """lmsp against llama.cpp's own ``llama-server``: the benchmarks of issue 10, in one run.
 
-Both servers run the same GGUF (the bundled SmolLM2-135M) with the same thread count;
-``llama-server`` is built from the installed llama-cpp-python's source distribution
-(:mod:`bench.llama_server`) and started with ``-np 8``. lmsp runs as a real ``lmsp
-serve`` subprocess with its own defaults, or the ``LMSP_*`` settings of the environment
-(``LMSP_PARALLEL=8 make bench``). Every figure is a median over repetitions where a
-figure repeats; the measurements are:
+Both servers run the same GGUF (the bundled SmolLM2-135M) with the same thread count and
+the same kernels: ``llama-server`` is built from the installed llama-cpp-python's source
+distribution (:mod:`bench.llama_server`) and started with ``-np 8`` and ``--no-repack``,
+as lmsp loads its model without llama.cpp's extra (repacking) buffer types. lmsp runs as
+a real ``lmsp serve`` subprocess with ``LMSP_PARALLEL=8`` sequences of ``LMSP_N_CTX=2048``
+tokens each in one context (either can be set in the environment; the header prints what
+ran), llama-server with the same context per slot. Each goal row of the issue is
+measured as it is worded there, repeated ``Plan.reps`` times where it repeats, medians:
 
-- one stream, 256 tokens, greedy: tokens/s of each server;
-- 8 concurrent streams of 128 tokens: aggregate tokens/s, and each server's health
-  probe latency meanwhile;
-- time to first token of a request sharing a ~1,500-token system prompt with the one
-  before it, with the cached prompt tokens each server reports; for lmsp also right
-  after a restart (its durable prefix cache), the model already loaded by an unrelated
-  request;
-- resume after ``kill -9`` of a task ~1,000 tokens in: restart to its next token;
-- 64 concurrent durable creates while 8 streams generate: creates/s, p50/p99, errors,
-  and ``/healthz`` p50/p99 meanwhile;
-- resident memory with 8 sequences vs 1 (peak RSS of each server process).
+- one stream, 256 tokens, greedy: output tokens / (request to last token);
+- 8 concurrent streams of 128 tokens: all output tokens / wall time of the 8;
+- time to first token of a second request sharing a ~1,500-token system prompt (counted
+  with the model's tokenizer) with the request before it, and the ``cached_tokens`` each
+  server reports for it (lmsp: ``usage.input_tokens_details.cached_tokens``);
+- time to first token of that second request again, right after both servers restart
+  (lmsp: its durable prefix cache; llama-server: a full prefill), against lmsp's warm
+  figure;
+- resume after ``kill -9`` of a task ~1,000 tokens in: new process launched to its
+  next token;
+- 64 concurrent durable creates while 8 streams generate: p99 and errors, and
+  ``/healthz`` p99 meanwhile (both measured from processes of their own);
+- memory: resident memory of the lmsp process tree while 1 stream runs and while 8 run,
+  the same server (one model, one context).
 
-``LMSP_BENCH_QUICK=1`` runs everything small (one repetition, fewer tokens): a smoke run
-of the harness, not figures.
+Every row prints lmsp's figure, llama-server's where it applies, the ratio, the goal and
+MET / MISSED. If ``llama-server`` cannot be built or started the lmsp rows still run and
+the rows that need it say ``n/a``. ``LMSP_BENCH_QUICK=1`` runs everything small (one
+repetition, fewer tokens): a smoke run of the harness, not figures.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
+import math
 import os
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import httpx
 from bench import llama_server
+from bench.clients import (
+    MODEL,
+    TERMINAL,
+    Prober,
+    Probes,
+    RssPeak,
+    Side,
+    Stream,
+    busy_cpus,
+    creates_process,
+    llama_stream,
+    lmsp_stream,
+    median,
+    percentile,
+    probe_process,
+    processes,
+    sse_lines,
+)
 from tests.helpers import Server, open_db
 
-MODEL = "smollm2-135m-instruct"
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 SUBJECTS = [
     "a lighthouse keeper who finds a message in a bottle",
     "a baker who opens a shop on the moon",
@@ -53,6 +73,7 @@ SUBJECTS = [
     "a sailor who crosses a sea of glass",
     "a child who teaches a robot to paint",
 ]
+N_CTX = 2048  # a sequence's context: the ~1,500-token prefix, its template and answer fit
 
 
 def quick() -> bool:
@@ -83,168 +104,71 @@ def threads() -> int:
     return max(1, int(os.environ.get("LMSP_THREADS", "0")) or (os.cpu_count() or 1))
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def story(subject: str) -> str:
     return f"Write a long story about {subject}."
 
 
-def system_prompt(tokens: int) -> str:
-    """A deterministic system prompt of roughly ``tokens`` tokens (rules, as agents send)."""
-    rules = []
+def messages_for(subject: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": story(subject)}]
+
+
+Count = Callable[[str], int]  # tokens of a text with the model's tokenizer
+
+
+def system_prompt(count: Count, tokens: int, salt: int = 0) -> str:
+    """A deterministic system prompt of ``tokens`` tokens or a few more (rules, as agents
+    send); each ``salt`` gives one that shares no prefix with another's."""
+    head = f"Session {salt}. You are a careful assistant. Follow these rules.\n"
+    rules: list[str] = []
     n = 0
-    while n * 14 < tokens:  # about 14 tokens a rule with this tokenizer
+    while count(head + "\n".join(rules)) < tokens:
         n += 1
-        rules.append(f"Rule {n}: when the user mentions item {n * 7 % 97}, answer briefly.")
-    return "You are a careful assistant. Follow these rules.\n" + "\n".join(rules)
+        rules.append(
+            f"Rule {n}: when the user mentions item {(n * 7 + salt * 13) % 97}, answer briefly."
+        )
+    return head + "\n".join(rules)
 
 
-# -- one streamed request to either server --------------------------------------------------
+def prefix_messages(system: str, question: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
-@dataclass
-class Stream:
-    tokens: int = 0
-    seconds: float = 0.0
-    first: float | None = None  # seconds to the first text
-    prompt_tokens: int = 0
-    cached_tokens: int | None = None
-    text: str = ""
-    error: str | None = None
+# -- the summary ---------------------------------------------------------------------------
 
 
-def sse_lines(answer: httpx.Response) -> Iterator[tuple[str, str]]:
-    event = ""
-    for line in answer.iter_lines():
-        if line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            yield event, line[5:].strip()
-            event = ""
+def verdict(met: bool | None) -> str:
+    return "n/a" if met is None else ("MET" if met else "MISSED")
 
 
-def lmsp_stream(
-    http: httpx.Client, messages: list[dict[str, str]], max_tokens: int, **extra: Any
-) -> Stream:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "input": messages,
-        "max_output_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        **extra,
-    }
-    out = Stream()
-    start = time.perf_counter()
-    try:
-        with http.stream("POST", "/v1/responses", json=body) as answer:
-            if answer.status_code != 200:
-                answer.read()
-                out.error = f"{answer.status_code}: {answer.text[:200]}"
-                return out
-            for event, data in sse_lines(answer):
-                if event == "response.output_text.delta":
-                    if out.first is None:
-                        out.first = time.perf_counter() - start
-                    out.text += json.loads(data)["delta"]
-                elif event in TERMINAL:
-                    final = json.loads(data)["response"]
-                    usage = final.get("usage") or {}
-                    out.tokens = usage.get("output_tokens", 0)
-                    out.prompt_tokens = usage.get("input_tokens", 0)
-                    details = usage.get("input_tokens_details") or {}
-                    out.cached_tokens = details.get("cached_tokens")
-    except httpx.HTTPError as exc:
-        out.error = repr(exc)
-    out.seconds = time.perf_counter() - start
-    return out
+def ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
 
 
-def llama_stream(
-    http: httpx.Client, messages: list[dict[str, str]], max_tokens: int, **extra: Any
-) -> Stream:
-    body: dict[str, Any] = {
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **extra,
-    }
-    out = Stream()
-    chunks = 0
-    start = time.perf_counter()
-    try:
-        with http.stream("POST", "/v1/chat/completions", json=body) as answer:
-            if answer.status_code != 200:
-                answer.read()
-                out.error = f"{answer.status_code}: {answer.text[:200]}"
-                return out
-            for _, data in sse_lines(answer):
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                for choice in chunk.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content") or ""
-                    if text:
-                        if out.first is None:
-                            out.first = time.perf_counter() - start
-                        out.text += text
-                        chunks += 1
-                usage = chunk.get("usage")
-                if usage:
-                    out.tokens = usage.get("completion_tokens", 0)
-                    out.prompt_tokens = usage.get("prompt_tokens", 0)
-                    details = usage.get("prompt_tokens_details") or {}
-                    out.cached_tokens = details.get("cached_tokens")
-                timings = chunk.get("timings")
-                if timings and out.cached_tokens is None and "cache_n" in timings:
-                    out.cached_tokens = timings["cache_n"]
-    except httpx.HTTPError as exc:
-        out.error = repr(exc)
-    out.seconds = time.perf_counter() - start
-    out.tokens = out.tokens or chunks
-    return out
-
-
-Runner = Callable[..., Stream]
+def num(value: float, spec: str = ".1f", scale: float = 1.0) -> str:
+    return "n/a" if math.isnan(value) else format(value * scale, spec)
 
 
 @dataclass
-class Side:
-    """One server under test: how to stream from it, probe it, and read its memory."""
+class Figures:
+    """The summary table: one row per goal of the issue."""
 
-    name: str
-    url: str
-    headers: dict[str, str]
-    stream: Runner
-    health: str
-    pid: Callable[[], int]
+    rows: list[list[str]] = field(default_factory=list)
 
-    def client(self, timeout: float = 600) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
-
-    def rss(self) -> tuple[int, int]:
-        """(current, peak) resident memory of the server process, bytes."""
-        return memory(self.pid())
+    def add(
+        self, what: str, lmsp: str, llama: str, ratio: str, goal: str, met: bool | None
+    ) -> None:
+        self.rows.append([what, lmsp, llama, ratio, goal, verdict(met)])
 
 
-def memory(pid: int) -> tuple[int, int]:
-    now = peak = 0
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                now = int(line.split()[1]) * 1024
-            elif line.startswith("VmHWM:"):
-                peak = int(line.split()[1]) * 1024
-    return now, peak
+def at_most(value: float, bound: float) -> bool | None:
+    return None if math.isnan(value) else value <= bound
+
+
+def at_least(value: float, bound: float) -> bool | None:
+    return None if math.isnan(value) else value >= bound
+
+
+# -- the sides -----------------------------------------------------------------------------
 
 
 def lmsp_side(server: Server) -> Side:
@@ -256,7 +180,9 @@ def lmsp_side(server: Server) -> Side:
         "lmsp",
         server.url,
         {"Authorization": f"Bearer {server.token}"},
-        lmsp_stream,
+        lambda http, messages, max_tokens, **extra: lmsp_stream(
+            http, messages, max_tokens, model=MODEL, **extra
+        ),
         "/healthz",
         pid,
     )
@@ -270,53 +196,12 @@ def llama_side(server: llama_server.LlamaServer) -> Side:
     return Side("llama-server", server.url, {}, llama_stream, "/health", pid)
 
 
-# -- probes ------------------------------------------------------------------------------
+def errors_of(runs: list[Stream]) -> str:
+    errors = [r.error for r in runs if r.error]
+    return f"  errors: {errors[:3]}" if errors else ""
 
 
-class Prober:
-    """Polls a health route from its own thread, one request at a time, while work runs."""
-
-    def __init__(self, url: str, every: float = 0.02) -> None:
-        self.url = url
-        self.every = every
-        self.latencies: list[float] = []
-        self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as http:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                try:
-                    ok = http.get(self.url).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    self.latencies.append(time.perf_counter() - t0)
-                else:
-                    self.errors += 1
-                self._stop.wait(self.every)
-
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self) -> str:
-        p50 = percentile(self.latencies, 0.5) * 1000
-        p99 = percentile(self.latencies, 0.99) * 1000
-        return f"p50 {p50:.1f} ms, p99 {p99:.1f} ms ({len(self.latencies)} probes)"
-
-
-# -- the benchmarks ----------------------------------------------------------------------
-
-
-def messages_for(subject: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": story(subject)}]
+# -- generation and memory -----------------------------------------------------------------
 
 
 @dataclass
@@ -324,7 +209,8 @@ class Concurrent:
     tokens: int
     seconds: float
     errors: list[str]
-    probes: Prober
+    probes: Probes
+    rss: int
 
     @property
     def rate(self) -> float:
@@ -339,7 +225,7 @@ def concurrent(side: Side, n: int, max_tokens: int) -> Concurrent:
             results[i] = side.stream(http, messages_for(SUBJECTS[i % len(SUBJECTS)]), max_tokens)
 
     workers = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    with Prober(side.url + side.health) as probes:
+    with RssPeak(side.pid()) as rss, Prober(side.url + side.health) as probe:
         start = time.perf_counter()
         for w in workers:
             w.start()
@@ -347,356 +233,474 @@ def concurrent(side: Side, n: int, max_tokens: int) -> Concurrent:
             w.join()
         seconds = time.perf_counter() - start
     errors = [r.error for r in results if r.error]
-    return Concurrent(sum(r.tokens for r in results), seconds, errors, probes)
+    return Concurrent(sum(r.tokens for r in results), seconds, errors, probe.probes, rss.peak)
 
 
-@dataclass
-class Figures:
-    """Everything measured, for the summary table."""
-
-    rows: list[list[str]] = field(default_factory=list)
-
-    def add(self, what: str, lmsp: str, llama: str, ratio: str, goal: str) -> None:
-        self.rows.append([what, lmsp, llama, ratio, goal])
-
-
-def fmt_ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}" if b and a == a and b == b else "n/a"
-
-
-def bench_generation(lm: Side, ll: Side, plan: Plan, figures: Figures) -> None:
-    single: dict[str, list[Stream]] = {lm.name: [], ll.name: []}
-    with lm.client() as lh, ll.client() as llh:
-        for _ in range(plan.reps):  # interleaved, so noise hits both alike
-            single[lm.name].append(lm.stream(lh, messages_for(SUBJECTS[0]), plan.single_tokens))
-            single[ll.name].append(ll.stream(llh, messages_for(SUBJECTS[0]), plan.single_tokens))
-    rss1 = {s.name: s.rss()[0] for s in (lm, ll)}
-    rates = {k: median([r.tokens / r.seconds for r in v if not r.error]) for k, v in single.items()}
+def bench_generation(lm: Side, ll: Side | None, plan: Plan, figures: Figures) -> None:
+    sides = [lm] if ll is None else [lm, ll]
+    single: dict[str, list[Stream]] = {s.name: [] for s in sides}
+    rss1: dict[str, list[int]] = {s.name: [] for s in sides}
+    for _ in range(plan.reps):  # interleaved, so noise hits both alike
+        for side in sides:
+            with side.client() as http, RssPeak(side.pid()) as peak:
+                single[side.name].append(
+                    side.stream(http, messages_for(SUBJECTS[0]), plan.single_tokens)
+                )
+            rss1[side.name].append(peak.peak)
+    rate = {k: median([r.rate for r in v if not r.error]) for k, v in single.items()}
     print(f"\none stream, {plan.single_tokens} tokens max, greedy, median of {plan.reps}:")
     for k, runs in single.items():
-        errors = [r.error for r in runs if r.error]
         print(
-            f"  {k:13} {rates[k]:6.1f} tok/s  ({median([r.tokens for r in runs]):.0f} tokens,"
-            f" first text {median([r.first or 0 for r in runs]) * 1000:.0f} ms)"
-            + (f"  errors: {errors}" if errors else "")
+            f"  {k:13} {num(rate[k]):>6} tok/s  ({median([r.tokens for r in runs]):.0f} tokens,"
+            f" {median([r.prompt_tokens for r in runs]):.0f} prompt tokens,"
+            f" first text {median([r.first or math.nan for r in runs]) * 1000:.0f} ms)"
+            + errors_of(runs)
         )
-    same = single[lm.name][0].text == single[ll.name][0].text
-    print(f"  same greedy text: {'yes' if same else 'no'}")
+    if ll is not None:
+        a, b = single[lm.name][0].text, single[ll.name][0].text
+        common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        print(
+            "  same greedy text: "
+            + ("yes" if a == b else f"no, the same first {common or min(len(a), len(b))} chars")
+        )
+    ll_rate = rate[ll.name] if ll is not None else math.nan
+    r = ratio(rate[lm.name], ll_rate)
     figures.add(
         f"one stream, {plan.single_tokens} tokens (tok/s)",
-        f"{rates[lm.name]:.1f}",
-        f"{rates[ll.name]:.1f}",
-        fmt_ratio(rates[lm.name], rates[ll.name]),
-        ">= 0.97",
+        num(rate[lm.name]),
+        num(ll_rate),
+        num(r, ".3f"),
+        ">= 0.97 x llama-server",
+        at_least(r, 0.97),
     )
 
-    runs: dict[str, list[Concurrent]] = {lm.name: [], ll.name: []}
+    batches: dict[str, list[Concurrent]] = {s.name: [] for s in sides}
     for _ in range(plan.reps):
-        for side in (lm, ll):
-            runs[side.name].append(concurrent(side, plan.streams, plan.stream_tokens))
-    agg = {k: median([r.rate for r in v]) for k, v in runs.items()}
+        for side in sides:
+            batches[side.name].append(concurrent(side, plan.streams, plan.stream_tokens))
+    agg = {k: median([c.rate for c in v]) for k, v in batches.items()}
     print(
         f"\n{plan.streams} concurrent streams of {plan.stream_tokens} tokens,"
         f" aggregate, median of {plan.reps}:"
     )
-    for k, rs in runs.items():
-        errors = [e for r in rs for e in r.errors]
+    for k, cs in batches.items():
+        errors = [e for c in cs for e in c.errors]
         print(
-            f"  {k:13} {agg[k]:6.1f} tok/s  (health meanwhile: {rs[-1].probes.summary()})"
+            f"  {k:13} {num(agg[k]):>6} tok/s"
+            f"  ({median([c.tokens for c in cs]):.0f} tokens;"
+            f" health meanwhile: {cs[-1].probes.summary()})"
             + (f"  errors: {errors[:3]}" if errors else "")
         )
+    ll_agg = agg[ll.name] if ll is not None else math.nan
+    r = ratio(agg[lm.name], ll_agg)
     figures.add(
         f"{plan.streams} streams x {plan.stream_tokens} tokens, aggregate (tok/s)",
-        f"{agg[lm.name]:.1f}",
-        f"{agg[ll.name]:.1f}",
-        fmt_ratio(agg[lm.name], agg[ll.name]),
-        ">= 1.0",
+        num(agg[lm.name]),
+        num(ll_agg),
+        num(r, ".3f"),
+        f">= 1.0 x llama-server -np {plan.streams}",
+        at_least(r, 1.0),
     )
-    rss8 = {s.name: s.rss()[1] for s in (lm, ll)}
+
     mib = 1024 * 1024
-    print("\nresident memory (after one stream; peak after the concurrent streams):")
-    for s in (lm, ll):
+    one = {k: median([float(v) for v in rss1[k]]) for k in rss1}
+    many = {k: median([float(c.rss) for c in v]) for k, v in batches.items()}
+    print(
+        f"\nresident memory, the same server: peak while 1 stream runs,"
+        f" while {plan.streams} run (medians):"
+    )
+    for k in one:
         print(
-            f"  {s.name:13} 1 sequence {rss1[s.name] / mib:6.0f} MiB,"
-            f" {plan.streams} sequences {rss8[s.name] / mib:6.0f} MiB,"
-            f" ratio {rss8[s.name] / rss1[s.name]:.2f}"
+            f"  {k:13} 1 sequence {one[k] / mib:6.0f} MiB,"
+            f" {plan.streams} sequences {many[k] / mib:6.0f} MiB,"
+            f" ratio {ratio(many[k], one[k]):.2f}"
         )
+    r = ratio(many[lm.name], one[lm.name])
+    ll_r = ratio(many[ll.name], one[ll.name]) if ll is not None else math.nan
     figures.add(
-        f"RSS {plan.streams} sequences / 1",
-        f"{rss8[lm.name] / rss1[lm.name]:.2f}",
-        f"{rss8[ll.name] / rss1[ll.name]:.2f}",
-        "",
+        f"RSS {plan.streams} sequences / 1 (MiB)",
+        f"{num(r, '.2f')} ({one[lm.name] / mib:.0f} -> {many[lm.name] / mib:.0f})",
+        f"{num(ll_r, '.2f')}"
+        + (f" ({one[ll.name] / mib:.0f} -> {many[ll.name] / mib:.0f})" if ll else ""),
+        num(r, ".3f"),
         "lmsp <= 1.3",
+        at_most(r, 1.3),
     )
 
 
-def prefix_messages(system: str, question: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+# -- shared prefixes -----------------------------------------------------------------------
+
+QUESTIONS = ("What is rule 3 about?", "And what is rule 12 about?")
 
 
 def bench_prefix(
-    lm: Side, ll: Side, plan: Plan, figures: Figures, restart: Callable[[], Side]
+    sides: list[Side],
+    plan: Plan,
+    figures: Figures,
+    count: Count,
+    restart: Callable[[], list[Side]],
 ) -> None:
-    system = system_prompt(plan.prefix_tokens)
-    results: dict[str, tuple[Stream, Stream]] = {}
-    for side in (lm, ll):
+    """Per repetition a prefix of its own: a first request (a full prefill), a second
+    sharing its system prompt (the warm figure); then both servers restart and that
+    second request comes again ("TTFT of that request right after a restart")."""
+    systems = [system_prompt(count, plan.prefix_tokens, salt) for salt in range(plan.reps)]
+    sizes = [count(s) for s in systems]
+    first: dict[str, list[Stream]] = {s.name: [] for s in sides}
+    second: dict[str, list[Stream]] = {s.name: [] for s in sides}
+    after: dict[str, list[Stream]] = {s.name: [] for s in sides}
+    for system in systems:
+        for side in sides:
+            with side.client() as http:
+                first[side.name].append(side.stream(http, prefix_messages(system, QUESTIONS[0]), 8))
+                second[side.name].append(
+                    side.stream(http, prefix_messages(system, QUESTIONS[1]), 8)
+                )
+    sides = restart()
+    for side in sides:
         with side.client() as http:
-            # the model loaded, by a request that shares nothing with the prefix
-            side.stream(http, messages_for(SUBJECTS[5]), 1)
-            cold = side.stream(http, prefix_messages(system, "What is rule 3 about?"), 8)
-            warm = side.stream(http, prefix_messages(system, "And what is rule 12 about?"), 8)
-        results[side.name] = (cold, warm)
-    print(f"\ntime to first token, a ~{plan.prefix_tokens}-token system prompt:")
-    for name, (cold, warm) in results.items():
+            side.stream(http, messages_for(SUBJECTS[6]), 1)  # loads the model, shares nothing
+            for system in systems:
+                after[side.name].append(side.stream(http, prefix_messages(system, QUESTIONS[1]), 8))
+
+    def ttft(runs: list[Stream]) -> float:
+        return median([r.first if r.first is not None else math.nan for r in runs])
+
+    def cached(runs: list[Stream]) -> int | None:
+        values = [r.cached_tokens for r in runs]
+        return None if any(v is None for v in values) else min(v for v in values if v is not None)
+
+    print(
+        f"\ntime to first token, a system prompt of {median([float(s) for s in sizes]):.0f}"
+        f" tokens, medians of {plan.reps} prefixes:"
+    )
+    for side in sides:
+        k = side.name
         print(
-            f"  {name:13} first request {(cold.first or 0) * 1000:7.0f} ms"
-            f" ({cold.prompt_tokens} prompt tokens);"
-            f" second {(warm.first or 0) * 1000:7.0f} ms"
-            f" (cached_tokens {warm.cached_tokens})"
-            + (f"  errors: {cold.error} {warm.error}" if cold.error or warm.error else "")
+            f"  {k:13} first request {num(ttft(first[k]), '.0f', 1000):>7} ms"
+            f" ({median([float(r.prompt_tokens) for r in first[k]]):.0f} prompt tokens);"
+            f" second {num(ttft(second[k]), '.0f', 1000):>7} ms"
+            f" (cached_tokens, least: {cached(second[k])});"
+            f" after a restart {num(ttft(after[k]), '.0f', 1000):>7} ms"
+            f" (cached_tokens, least: {cached(after[k])})"
+            + errors_of(first[k] + second[k] + after[k])
         )
-    lm_warm = results[lm.name][1].first or float("nan")
-    ll_warm = results[ll.name][1].first or float("nan")
-    ll_cold = results[ll.name][0].first or float("nan")
+    lm, ll = sides[0].name, (sides[1].name if len(sides) > 1 else None)
+    lm_warm = ttft(second[lm])
+    ll_warm = ttft(second[ll]) if ll else math.nan
+    lm_cached = cached(second[lm])
+    r = ratio(lm_warm, ll_warm)
+    goal_ratio = at_most(r, 1.5)
     figures.add(
         "TTFT, 2nd request sharing the prefix (ms)",
-        f"{lm_warm * 1000:.0f} (cached {results[lm.name][1].cached_tokens})",
-        f"{ll_warm * 1000:.0f} (cached {results[ll.name][1].cached_tokens})",
-        fmt_ratio(lm_warm, ll_warm),
-        "<= 1.5, cached >= 1400",
+        f"{num(lm_warm, '.0f', 1000)} (cached {lm_cached})",
+        f"{num(ll_warm, '.0f', 1000)} (cached {cached(second[ll])})" if ll else "n/a",
+        num(r, ".3f"),
+        "<= 1.5 x llama-server, cached >= 1400",
+        False if (lm_cached or 0) < 1400 else goal_ratio,
     )
-    side = restart()
-    with side.client() as http:
-        side.stream(http, messages_for(SUBJECTS[6]), 1)  # load the model, nothing shared
-        after = side.stream(http, prefix_messages(system, "Is rule 20 strict?"), 8)
-    first = after.first or float("nan")
-    print(
-        f"  lmsp after a restart: {first * 1000:.0f} ms (cached_tokens {after.cached_tokens});"
-        f" {first / lm_warm:.2f} x its warm figure"
-        + (f"  error: {after.error}" if after.error else "")
-    )
+    lm_after = ttft(after[lm])
+    r = ratio(lm_after, lm_warm)
     figures.add(
         "TTFT of that request after a restart (ms)",
-        f"{first * 1000:.0f} (cached {after.cached_tokens})",
-        f"{ll_cold * 1000:.0f} (full prefill)",
-        f"{first / lm_warm:.2f} x warm",
-        "<= 3 x warm",
+        f"{num(lm_after, '.0f', 1000)} (cached {cached(after[lm])})",
+        f"{num(ttft(after[ll]), '.0f', 1000)} (full prefill)" if ll else "n/a",
+        f"{num(r, '.2f')} x warm",
+        "<= 3 x lmsp's warm",
+        at_most(r, 3.0),
     )
 
 
-def bench_resume(work: Path, env: dict[str, str], plan: Plan, figures: Figures) -> None:
-    """kill -9 a task ``plan.resume_at`` tokens in; restart; time to its next token."""
-    from llama_cpp import Llama
+# -- resume after kill -9 ------------------------------------------------------------------
 
-    from lmsp.bootstrap import bundled_model_path
 
-    vocab = Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
-    server = Server(work / "resume-data", env=env).start()
-    try:
-        with server.client(timeout=600) as http:
-            body = {
-                "model": MODEL,
-                "input": story(SUBJECTS[2]) + " Make it very long, with many chapters.",
-                "max_output_tokens": plan.resume_at * 3,
-                "temperature": 0,
-                "background": True,
-                "stream": True,
-                "on_restart": "resume",
-            }
-            text = ""
-            last = -1
-            response_id = ""
-            killed_at = 0
-            with http.stream("POST", "/v1/responses", json=body) as answer:
-                for event, data in sse_lines(answer):
-                    payload = json.loads(data)
-                    last = payload.get("sequence_number", last)
-                    if event == "response.created":
-                        response_id = payload["response"]["id"]
-                    if event == "response.output_text.delta":
-                        text += payload["delta"]
-                        killed_at = len(vocab.tokenize(text.encode(), add_bos=False))
-                        if killed_at >= plan.resume_at:
-                            break
-                    if event in TERMINAL:
+#: a prompt the bundled model answers greedily with more than 1,200 tokens (a plain "write
+#: a long story" ends after ~600)
+LONG = (
+    "Write a long story about a cartographer mapping an island that moves."
+    " Make it very long, with many chapters. Chapter 1:"
+)
+
+
+def resume_once(server: Server, plan: Plan, count: Count) -> tuple[int, float, float]:
+    """One task followed to ``plan.resume_at`` tokens, ``kill -9``, relaunch: (tokens seen
+    before the kill, seconds to healthy, seconds to the next text; NaN if none came)."""
+    with server.client(timeout=900) as http:
+        body = {
+            "model": MODEL,
+            "input": LONG,
+            "max_output_tokens": plan.resume_at * 3 // 2,
+            "temperature": 0,
+            "background": True,
+            "stream": True,
+            "on_restart": "resume",
+        }
+        text = ""
+        response_id = ""
+        seen = 0
+        with http.stream("POST", "/v1/responses", json=body) as answer:
+            for event, data in sse_lines(answer):
+                payload = json.loads(data)
+                if event == "response.created":
+                    response_id = payload["response"]["id"]
+                elif event == "response.output_text.delta":
+                    text += payload["delta"]
+                    seen = count(text)
+                    if seen >= plan.resume_at:
                         break
-        server.kill()
-        if killed_at < plan.resume_at:
-            print(f"\nresume: the task ended after {killed_at} tokens; nothing to resume")
-            return
-        # what was committed before the kill (a little more than the stream showed)
-        with contextlib.closing(open_db(server.data_dir)) as conn:
-            last = conn.execute(
-                "SELECT last_sequence_number FROM tasks t JOIN responses r"
-                " ON r.id = t.response_id WHERE r.id = ?",
-                (response_id,),
-            ).fetchone()[0]
-        launched = time.perf_counter()
-        server.launch()
-        server.wait_healthy()
-        healthy = time.perf_counter() - launched
-        with server.client(timeout=600) as http:
-            path = f"/v1/responses/{response_id}?stream=true&starting_after={last}"
-            nxt: float | None = None
-            with http.stream("GET", path) as answer:
-                for event, _ in sse_lines(answer):
-                    if event == "response.output_text.delta":
-                        nxt = time.perf_counter() - launched
-                        break
-                    if event in TERMINAL:
-                        break
-            http.post(f"/v1/responses/{response_id}/cancel")
-    finally:
-        server.stop()
-        vocab.close()
-    shown = f"{nxt:.2f} s" if nxt is not None else "no next token"
+                elif event in TERMINAL:
+                    break
+    server.kill()
+    if seen < plan.resume_at:
+        print(f"  the task ended after {seen} tokens; nothing to resume")
+        server.start()
+        return seen, math.nan, math.nan
+    # the last event committed before the kill (a little past what the stream showed)
+    with contextlib.closing(open_db(server.data_dir)) as conn:
+        last = conn.execute(
+            "SELECT last_sequence_number FROM tasks WHERE response_id = ?", (response_id,)
+        ).fetchone()[0]
+    launched = time.perf_counter()
+    server.launch()
+    server.wait_healthy()
+    healthy = time.perf_counter() - launched
+    nxt = math.nan
+    with server.client(timeout=900) as http:
+        path = f"/v1/responses/{response_id}?stream=true&starting_after={last}"
+        with http.stream("GET", path) as answer:
+            for event, _ in sse_lines(answer):
+                if event == "response.output_text.delta":
+                    nxt = time.perf_counter() - launched
+                    break
+                if event in TERMINAL:
+                    break
+        http.post(f"/v1/responses/{response_id}/cancel")
+    return seen, healthy, nxt
+
+
+def bench_resume(
+    work: Path, env: dict[str, str], plan: Plan, figures: Figures, count: Count
+) -> None:
+    """``kill -9`` a task ``plan.resume_at`` tokens in; relaunch; time to its next token.
+    Each repetition has a data directory of its own, so no state an earlier one saved
+    serves it."""
+    runs: list[tuple[int, float, float]] = []
+    for rep in range(plan.reps):
+        server = Server(work / f"resume-data-{rep}", env=env).start()
+        try:
+            runs.append(resume_once(server, plan, count))
+        finally:
+            server.stop()
+    done = [r for r in runs if not math.isnan(r[1])]
+    seen = median([float(r[0]) for r in done]) if done else math.nan
+    healthy = median([r[1] for r in done])
+    nxt = median([r[2] for r in done])
     print(
-        f"\nresume after kill -9 at ~{killed_at} tokens: restart to healthy {healthy:.2f} s,"
-        f" to the next token {shown}"
+        f"\nresume after kill -9 at ~{num(seen, '.0f')} tokens, median of {len(done)}:"
+        f" relaunch to healthy {num(healthy, '.2f')} s, to the next token {num(nxt, '.2f')} s"
+        + (f" ({len(runs) - len(done)} ended early)" if len(done) < len(runs) else "")
     )
     figures.add(
-        f"resume after kill -9, ~{killed_at} tokens in (s)",
-        shown,
-        "(no durable tasks)",
+        f"resume after kill -9, ~{num(seen, '.0f')} tokens in (s)",
+        f"{num(nxt, '.2f')} (healthy {num(healthy, '.2f')})",
+        "n/a (no durable tasks)",
         "",
         "<= 2 s",
+        at_most(nxt, 2.0),
     )
 
 
-async def _creates(side: Side, n: int, seconds: float) -> tuple[int, list[float], list[str]]:
-    body = {
-        "model": MODEL,
-        "input": "durable hello",
-        "background": True,
-        "max_output_tokens": 8,
-    }
-    latencies: list[float] = []
-    errors: list[str] = []
-    limits = httpx.Limits(max_connections=n)
-    async with httpx.AsyncClient(
-        base_url=side.url, headers=side.headers, limits=limits, timeout=120
-    ) as http:
-
-        async def worker(stop_at: float) -> None:
-            while time.perf_counter() < stop_at:
-                t0 = time.perf_counter()
-                try:
-                    answer = await http.post("/v1/responses", json=body)
-                    ok = answer.status_code == 202
-                    if not ok:
-                        errors.append(f"{answer.status_code}: {answer.text[:120]}")
-                except httpx.HTTPError as exc:
-                    ok = False
-                    errors.append(repr(exc))
-                if ok:
-                    latencies.append(time.perf_counter() - t0)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(start + seconds) for _ in range(n)))
-        return len(latencies), latencies, errors
+# -- creates while streams generate --------------------------------------------------------
 
 
 def bench_creates(server: Server, plan: Plan, figures: Figures) -> None:
-    """``plan.creators`` clients create background responses while 8 streams generate;
-    the server is killed at the end (its queue is long by then)."""
+    """``plan.creators`` clients create background responses while ``plan.streams``
+    streams generate, and ``/healthz`` is probed one request at a time meanwhile; the
+    creators and the prober run in processes of their own. The server is killed at the
+    end (its queue is long by then)."""
     lm = lmsp_side(server)
-    streams: list[threading.Thread] = []
     stop = threading.Event()
+    streamed: list[Stream] = []
 
     def generate(i: int) -> None:
         with lm.client() as http:
             while not stop.is_set():
-                lm.stream(http, messages_for(SUBJECTS[i]), plan.stream_tokens * 4)
+                streamed.append(
+                    lm.stream(
+                        http, messages_for(SUBJECTS[i % len(SUBJECTS)]), plan.stream_tokens * 4
+                    )
+                )
 
-    for i in range(plan.streams):
-        streams.append(threading.Thread(target=generate, args=(i,), daemon=True))
-        streams[-1].start()
-    time.sleep(2.0)  # the streams are running
-    with Prober(lm.url + lm.health) as probes:
-        done, latencies, errors = asyncio.run(_creates(lm, plan.creators, plan.create_seconds))
+    streams = [
+        threading.Thread(target=generate, args=(i,), daemon=True) for i in range(plan.streams)
+    ]
+    body = {"model": MODEL, "input": "durable hello", "background": True, "max_output_tokens": 8}
+    with processes(2) as pool:
+        for t in streams:
+            t.start()
+        start_at = time.time() + 3.0  # the streams are running by then
+        creating = pool.submit(
+            creates_process, lm.url, lm.headers, body, plan.creators, start_at, plan.create_seconds
+        )
+        probing = pool.submit(
+            probe_process, lm.url + lm.health, start_at, plan.create_seconds, 0.02
+        )
+        latencies, errors = creating.result()
+        probes = probing.result()
     stop.set()
     server.kill()
     for t in streams:
         t.join(timeout=60)
-    p50 = percentile(latencies, 0.5) * 1000
-    p99 = percentile(latencies, 0.99) * 1000
+    done = len(latencies)
+    p50 = percentile(latencies, 0.5)
+    p99 = percentile(latencies, 0.99)
+    generating = [s for s in streamed if s.tokens and not s.error]
     print(
         f"\n{plan.creators} concurrent durable creates for {plan.create_seconds:.0f} s while"
         f" {plan.streams} streams generate: {done / plan.create_seconds:.0f}/s,"
-        f" p50 {p50:.1f} ms, p99 {p99:.1f} ms, {len(errors)} errors"
+        f" p50 {num(p50, '.1f', 1000)} ms, p99 {num(p99, '.1f', 1000)} ms, {len(errors)} errors"
         + (f" ({errors[:2]})" if errors else "")
+        + f"; {len(generating)} streams finished meanwhile"
     )
-    print(f"  /healthz meanwhile: {probes.summary()}, {probes.errors} errors")
+    print(f"  /healthz meanwhile: {probes.summary()}")
     figures.add(
         f"{plan.creators} creates during {plan.streams} streams: p99 ms (errors)",
-        f"{p99:.0f} ({len(errors)}), {done / plan.create_seconds:.0f}/s",
-        "(no durable creates)",
+        f"{num(p99, '.0f', 1000)} ({len(errors)}), {done / plan.create_seconds:.0f}/s",
+        "n/a (no durable creates)",
         "",
-        "<= 50 ms, 0 errors",
+        "p99 <= 50 ms, 0 errors",
+        None if math.isnan(p99) else p99 <= 0.050 and not errors,
     )
+    health99 = probes.p(0.99)
     figures.add(
         "/healthz p99 meanwhile (ms)",
-        f"{percentile(probes.latencies, 0.99) * 1000:.1f}",
+        f"{num(health99, '.1f', 1000)} ({probes.errors} errors)",
         "",
         "",
         "<= 20 ms",
+        None if math.isnan(health99) else health99 <= 0.020 and not probes.errors,
     )
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def lmsp_env() -> dict[str, str]:
+    """lmsp's settings for the comparison: ``LMSP_PARALLEL`` sequences (8, like
+    llama-server's slots) of ``LMSP_N_CTX`` tokens each, unless the environment says
+    otherwise."""
+    return {
+        "LMSP_THREADS": str(threads()),
+        "LMSP_MAX_QUEUE": "1000000",
+        "LMSP_DEFAULT_ON_RESTART": "fail",
+        "LMSP_PARALLEL": os.environ.get("LMSP_PARALLEL") or str(Plan.streams),
+        "LMSP_N_CTX": os.environ.get("LMSP_N_CTX") or str(N_CTX),
+    }
+
+
+def start_llama_server(work: Path, n_ctx: int, plan: Plan) -> llama_server.LlamaServer | None:
+    """A running llama-server, built first if it is missing; ``None`` with a clear message
+    when it cannot be built or started (the lmsp rows still run)."""
+    from lmsp.bootstrap import bundled_model_path
+
+    try:
+        binary = llama_server.ensure_built()
+    except Exception as exc:
+        print(
+            f"\n*** llama-server could not be built: {exc}\n"
+            "*** the comparison runs lmsp alone; the rows that need llama-server say n/a."
+            "\n*** build it by hand with: .venv/bin/python bench/llama_server.py",
+            flush=True,
+        )
+        return None
+    server = llama_server.LlamaServer(
+        binary,
+        bundled_model_path(),
+        threads=threads(),
+        parallel=plan.streams,
+        n_ctx=n_ctx,
+        log=work / "llama-server.log",
+    )
+    try:
+        return server.start()
+    except Exception as exc:
+        print(
+            f"\n*** llama-server ({binary}) did not start: {exc}\n"
+            "*** the comparison runs lmsp alone; the rows that need llama-server say n/a.",
+            flush=True,
+        )
+        return None
 
 
 def run(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) -> None:
     """All the side-by-side benchmarks; ``table`` prints the summary."""
+    from llama_cpp import Llama
+
     from lmsp.bootstrap import bundled_model_path
-    from lmsp.config import Settings
 
     plan = Plan.pick()
-    settings = Settings()
-    binary = llama_server.ensure_built()
-    n = threads()
-    env = {"LMSP_THREADS": str(n), "LMSP_MAX_QUEUE": "1000000", "LMSP_DEFAULT_ON_RESTART": "fail"}
-    parallel = os.environ.get("LMSP_PARALLEL", str(settings.parallel))
-    print(
-        f"\nlmsp vs llama-server ({binary.parent.parent.parent.name}): {MODEL}, {n} threads,"
-        f" n_ctx {settings.n_ctx} a sequence, llama-server -np {plan.streams},"
-        f" lmsp LMSP_PARALLEL={parallel}" + (" [QUICK smoke run]" if quick() else "")
-    )
+    env = lmsp_env()
+    n_ctx = int(env["LMSP_N_CTX"])
+    vocab = Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode(), add_bos=False))
+
     figures = Figures()
-    ll_server = llama_server.LlamaServer(
-        binary,
-        bundled_model_path(),
-        threads=n,
-        parallel=plan.streams,
-        n_ctx=settings.n_ctx,
-        log=work / "llama-server.log",
-    ).start()
+    ll_server = start_llama_server(work, n_ctx, plan)
+    print(
+        f"\nlmsp vs llama-server"
+        f" ({ll_server.args[0] if ll_server else 'not available'}): {MODEL}, {threads()}"
+        f" threads, n_ctx {n_ctx} a sequence, llama-server -np {plan.streams} --no-repack,"
+        f" lmsp LMSP_PARALLEL={env['LMSP_PARALLEL']}" + (" [QUICK smoke run]" if quick() else ""),
+        flush=True,
+    )
     lm_server = Server(work / "lmsp-data", env=env).start()
     servers = [lm_server]
+    busy = [busy_cpus()]  # others' load, both servers idle
     try:
-        lm, ll = lmsp_side(lm_server), llama_side(ll_server)
-        with lm.client() as http:  # warm-up: lmsp loads its model on first use
-            lm.stream(http, messages_for(SUBJECTS[7]), 4)
-        with ll.client() as http:
-            ll.stream(http, messages_for(SUBJECTS[7]), 4)
+        lm = lmsp_side(lm_server)
+        ll = llama_side(ll_server) if ll_server else None
+        for side in [lm] if ll is None else [lm, ll]:
+            with side.client() as http:  # warm-up: lmsp loads its model on first use
+                side.stream(http, messages_for(SUBJECTS[7]), 4)
         bench_generation(lm, ll, plan, figures)
 
-        def restart() -> Side:
+        def restart() -> list[Side]:
             lm_server.stop()
             lm_server.start()
-            return lmsp_side(lm_server)
+            if ll_server is None:
+                return [lmsp_side(lm_server)]
+            ll_server.stop()
+            ll_server.start()
+            return [lmsp_side(lm_server), llama_side(ll_server)]
 
-        bench_prefix(lm, ll, plan, figures, restart)
-        ll_server.stop()  # from here on lmsp only: leave it the machine
+        bench_prefix([lm] if ll is None else [lm, ll], plan, figures, count, restart)
+        busy.append(busy_cpus())
+        if ll_server is not None:
+            ll_server.stop()  # from here on lmsp only: leave it the machine
         lm_server.stop()
-        busy = Server(work / "creates-data", env=env).start()
-        servers.append(busy)
-        bench_creates(busy, plan, figures)
-        bench_resume(work, dict(env, LMSP_DEFAULT_ON_RESTART="resume"), plan, figures)
+        creating = Server(work / "creates-data", env=env).start()
+        servers.append(creating)
+        bench_creates(creating, plan, figures)
+        bench_resume(work, dict(env, LMSP_DEFAULT_ON_RESTART="resume"), plan, figures, count)
     finally:
         for server in servers:
             with contextlib.suppress(Exception):
                 server.kill()
-        ll_server.stop()
+        if ll_server is not None:
+            ll_server.stop()
+        vocab.close()
+    print(
+        f"\nother load on the machine, both servers idle: {busy[0]:.2f} CPUs before,"
+        f" {busy[1] if len(busy) > 1 else math.nan:.2f} after the side-by-side part"
+    )
+    if max(busy) > 0.25:
+        print(
+            "*** the machine was busy with other work: llama.cpp's decode slows down"
+            " several-fold beside even one busy process, so these figures are not reliable"
+        )
     table(
         "summary: lmsp vs llama-server" + (" (QUICK smoke run: not figures)" if quick() else ""),
-        ["benchmark", "lmsp", "llama-server", "ratio", "goal"],
+        ["benchmark", "lmsp", "llama-server", "ratio", "goal", "verdict"],
         figures.rows,
     )

@@ -89,19 +89,47 @@ def source_tree(version: str) -> Path:
     return root
 
 
+class BuildError(RuntimeError):
+    """llama-server could not be fetched or built; the message says why and where the
+    build's output is."""
+
+
+def _run_logged(args: list[str], log: Path, what: str) -> None:
+    with log.open("ab") as out:
+        out.write(f"\n$ {' '.join(args)}\n".encode())
+        out.flush()
+        done = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-25:]
+        raise BuildError(
+            f"{what} failed (exit {done.returncode}); the last lines of {log}:\n" + "\n".join(tail)
+        )
+
+
 def ensure_built(version: str | None = None, jobs: int = 2) -> Path:
     """The path of a built ``llama-server`` for ``version`` (the installed one by default),
-    building it first when it is not in the cache (several minutes on two cores)."""
+    building it first when it is not in the cache (10-45 minutes on two cores). Raises
+    :class:`BuildError` with a readable reason when that fails."""
     version = version or installed_version()
     binary = binary_path(version)
     if binary.exists():
         return binary
-    root = source_tree(version)
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        raise BuildError(
+            f"{' and '.join(missing)} not found: building llama-server needs cmake and a"
+            " C++ compiler (Debian: apt-get install cmake g++)"
+        )
+    try:
+        root = source_tree(version)
+    except (subprocess.CalledProcessError, OSError, tarfile.TarError, RuntimeError) as exc:
+        raise BuildError(f"could not fetch the llama-cpp-python {version} sdist: {exc}") from exc
     source = root / "vendor" / "llama.cpp"
     build = root / "build"
+    log = cache_dir() / f"build-{version}.log"
     started = time.perf_counter()
-    _log(f"configuring llama.cpp from llama-cpp-python {version} in {build}")
-    subprocess.run(
+    _log(f"configuring llama.cpp from llama-cpp-python {version} in {build} (output: {log})")
+    _run_logged(
         [
             "cmake",
             "-S",
@@ -116,17 +144,17 @@ def ensure_built(version: str | None = None, jobs: int = 2) -> Path:
             "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DBUILD_SHARED_LIBS=OFF",
         ],
-        check=True,
-        stdout=subprocess.DEVNULL,
+        log,
+        "configuring llama.cpp",
     )
-    _log(f"building llama-server with -j{jobs} (several minutes)")
-    subprocess.run(
+    _log(f"building llama-server with -j{jobs} (10-45 minutes on two cores)")
+    _run_logged(
         ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
-        check=True,
-        stdout=subprocess.DEVNULL,
+        log,
+        "building llama-server",
     )
     if not binary.exists():
-        raise RuntimeError(f"the build finished without {binary}")
+        raise BuildError(f"the build finished without {binary}; see {log}")
     _log(f"built in {time.perf_counter() - started:.0f} s: {binary}")
     return binary
 
@@ -172,6 +200,14 @@ class LlamaServer:
             "-c",
             str(n_ctx * parallel),
             "--no-webui",
+            # no weight repacking (llama.cpp's "extra buffer types"): lmsp loads its model
+            # with use_extra_bufts = False, so both servers run the same CPU kernels; and
+            # on CPUs with AMX the AMX extra buffer type's matmul crashes
+            # (ggml_backend_amx_mul_mat), which this also avoids
+            "--no-repack",
+            # flash attention on, as lmsp's context has it (llama_context.py)
+            "-fa",
+            "on",
         ]
         if not cache_prompt:
             self.args.append("--no-cache-prompt")

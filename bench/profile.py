@@ -75,7 +75,7 @@ def main() -> None:
         plan.create_seconds = args.seconds
     out = Path(args.out).resolve()
     report = out.with_suffix(".pyisession")
-    env = {"LMSP_THREADS": str(compare.threads()), "LMSP_MAX_QUEUE": "1000000"}
+    env = compare.lmsp_env()  # the server the comparison's create benchmark runs
     with tempfile.TemporaryDirectory(prefix="lmsp-profile-") as work:
         server = ProfiledServer(Path(work) / "data", env, report).start()
         try:

@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import compare  # noqa: E402
+from bench.clients import sse_lines  # noqa: E402
 from tests.helpers import Server  # noqa: E402  (the test suite's subprocess launcher)
 
 MODEL = "smollm2-135m-instruct"
@@ -103,6 +104,29 @@ class Run:
 # -- (a) generation ----------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def no_extra_buffer_types() -> Iterator[None]:
+    """Models loaded by ``Llama`` meanwhile get ``use_extra_bufts = False``, as lmsp's
+    (``engines/llama_context.py``): the same CPU kernels on both sides, and no AMX
+    repacking, whose matmul crashes on some CPUs. ``Llama`` takes no such argument; it
+    reads llama.cpp's default model parameters, so those are amended for the while."""
+    import importlib
+
+    low: Any = importlib.import_module("llama_cpp.llama_cpp")  # what llama.py calls
+    default = low.llama_model_default_params
+
+    def amended() -> Any:
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = amended
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = default
+
+
 class Bare:
     """llama-cpp-python by itself, prompted with the tokens lmsp would build."""
 
@@ -110,13 +134,15 @@ class Bare:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        self.llm = Llama(
-            model_path=str(model_path),
-            n_ctx=n_ctx,
-            n_threads=threads(),
-            n_threads_batch=threads(),
-            verbose=False,
-        )
+        with no_extra_buffer_types():
+            self.llm = Llama(
+                model_path=str(model_path),
+                n_ctx=n_ctx,
+                n_threads=threads(),
+                n_threads_batch=threads(),
+                flash_attn=True,  # as lmsp's context
+                verbose=False,
+            )
         meta = dict(self.llm.metadata)
 
         def piece(token: int) -> str:
@@ -131,7 +157,7 @@ class Bare:
         self.prompt = self.llm.tokenize(text.encode(), add_bos=False, special=True)
 
     def run(self, max_tokens: int) -> Run:
-        self.llm.reset()  # evaluate the prompt every time, as lmsp does for each task
+        self.llm.reset()  # type: ignore[no-untyped-call]  # evaluate the prompt every time, as lmsp does for each task
         start = time.perf_counter()
         first = None
         chunks: Any = self.llm.create_completion(
@@ -163,18 +189,14 @@ def lmsp_run(http: httpx.Client, max_tokens: int) -> Run:
     }
     start = time.perf_counter()
     first = None
-    event = ""
     final: dict[str, Any] | None = None
     with http.stream("POST", "/v1/responses", json=body) as answer:
         answer.raise_for_status()
-        for line in answer.iter_lines():
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                if event == "response.output_text.delta" and first is None:
-                    first = time.perf_counter() - start
-                if event in TERMINAL:
-                    final = json.loads(line[5:])["response"]
+        for event, data in sse_lines(answer):  # a data line without an event: not ours
+            if event == "response.output_text.delta" and first is None:
+                first = time.perf_counter() - start
+            if event in TERMINAL:
+                final = json.loads(data)["response"]
     seconds = time.perf_counter() - start
     assert final is not None and final["usage"], "no terminal event"
     usage = final["usage"]
@@ -379,11 +401,13 @@ def lmsp_store(work: Path, concurrency: int, duration: float) -> tuple[Load, int
         while time.perf_counter() < stop_at:
             body = {"model": TEST_MODEL, "input": f"w{n}-{i}", "background": True, "seed": 1}
             t0 = time.perf_counter()
-            svc.db.write_sync(
-                lambda c, body=body: responses.create(
+
+            def create(c: sqlite3.Connection, body: dict[str, Any] = body) -> Any:
+                return responses.create(
                     c, client_id=owner, request=body, on_restart="fail", max_queue=10**9, key=None
                 )
-            )
+
+            svc.db.write_sync(create)
             latencies.append(time.perf_counter() - t0)
             i += 1
 
