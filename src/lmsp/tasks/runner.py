@@ -5,7 +5,9 @@ and events.
 ``running`` with ``on_restart: resume`` first), move them ``loading → running →``
 terminal, and log text deltas in batches: a worker hands a batch to the group-commit
 writer at least every ``flush_interval`` seconds and goes on generating while it
-commits. Each batch carries the snapshot that covers it.
+commits. Each batch carries the snapshot that covers it. Each worker steps one
+sequence of the model's shared context (its sampler, its constraint, its flushes); the
+engine decodes the sequences of all workers together (:mod:`lmsp.engines.batch`).
 """
 
 from __future__ import annotations
