@@ -70,8 +70,9 @@ def test_a_second_server_changes_nothing_of_the_live_ones_tasks(
     leave every task as it was: the queued ones still queued, the running one generated
     once (its deltas equal its output)."""
     data_dir = seeded_data_dir(tmp_path / "data", blob_cache)
-    live = Server(data_dir, env={"LMSP_TEST_ENGINE_DELAY": "0.25"}).start()
-    second = Server(data_dir, env={"LMSP_TEST_ENGINE_DELAY": "0.25"})
+    one_at_a_time = {"LMSP_TEST_ENGINE_DELAY": "0.25", "LMSP_PARALLEL": "1"}
+    live = Server(data_dir, env=one_at_a_time).start()
+    second = Server(data_dir, env=one_at_a_time)
     try:
         with live.client() as http:
             body = {"model": "lmsp-test", "background": True}

@@ -35,7 +35,7 @@ def lmsp(server: Server, *args: str, token: str | None = None) -> Any:
 
 def test_ps_shows_models_sequences_queue_and_clients(tmp_path: Path, blob_cache: Path) -> None:
     data_dir = seeded_data_dir(tmp_path / "data", blob_cache)
-    server = Server(data_dir, env={"LMSP_TEST_ENGINE_DELAY": "0.3"}).start()
+    server = Server(data_dir, env={"LMSP_TEST_ENGINE_DELAY": "0.3", "LMSP_PARALLEL": "1"}).start()
     try:
         with server.client() as owner:
             made = owner.post(

@@ -34,6 +34,9 @@ import numpy.typing as npt
 #: that re-evaluates a snapshot, a cached prefix and a batched step agree to the bit.
 CHUNK = 32
 
+#: the shortest cached prefix worth reusing: a chat template's first tokens save nothing
+MIN_REUSE = 2 * CHUNK
+
 Logits = npt.NDArray[np.float32]
 
 
@@ -190,13 +193,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class Choice:
-    """Where a new sequence starts: its slot, how many of its prompt's tokens the slot
-    already holds, and a busy slot holding a longer prefix worth copying (or ``None``)."""
+    """Where a new sequence starts: its slot, and how many of its prompt's tokens the
+    slot already holds."""
 
     slot: Slot
     cached: int
-    source: Slot | None = None
-    source_cached: int = 0
 
 
 class SequencePool:
@@ -215,27 +216,18 @@ class SequencePool:
                 raise RuntimeError("more sequences than the context holds")
             scored = [(common_prefix(slot.tokens, tokens), slot) for slot in free]
             best, slot = max(scored, key=lambda pair: (pair[0], -pair[1].used))
+            if best < MIN_REUSE:
+                best = 0
             if best == 0:
                 slot = min(free, key=lambda s: s.used)
-            busy = [(common_prefix(s.tokens, tokens), s) for s in self.slots if s.busy]
-            source, source_cached = None, 0
-            if busy:
-                longest, owner = max(busy, key=lambda pair: pair[0])
-                if longest >= best + 2 * CHUNK:
-                    source, source_cached = owner, longest
             slot.busy = True
             slot.used = time.monotonic()
             slot.tokens = []  # in flux until its task says what it holds (hold)
-            return Choice(slot, best, source, source_cached)
-
-    def holds(self, slot: Slot, tokens: Sequence[int]) -> int:
-        """How many of ``tokens`` ``slot`` holds now (a copy source may have moved on)."""
-        with self._lock:
-            return common_prefix(slot.tokens, tokens)
+            return Choice(slot, best)
 
     def hold(self, slot: Slot, tokens: list[int]) -> None:
         """``tokens`` is the list of what the busy ``slot`` holds, kept up to date by
-        its task as it goes (so a new task can copy a prefix of it)."""
+        its task as it goes."""
         with self._lock:
             slot.tokens = tokens
 

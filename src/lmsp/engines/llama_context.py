@@ -2,7 +2,7 @@
 low-level bindings (``llama_cpp.llama_*``): the weights, a KV cache with one stream per
 sequence (``kv_unified`` off, so a sequence's arithmetic never depends on what the
 others hold), a batch buffer, and the sequence operations the engine needs — trim,
-copy, and save or restore a sequence's cache as bytes.
+and save or restore a sequence's cache as bytes.
 
 The model is loaded with llama.cpp's extra buffer types off (``use_extra_bufts``): on
 CPUs with AMX their matrix kernel crashes in some environments, and the plain CPU
@@ -11,6 +11,7 @@ kernels are the ones whose results the batching relies on.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import numpy as np
 
 from lmsp.engines.base import EngineError
 from lmsp.engines.batch import Request
+
+_LLAMA_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lmsp-llama")
 
 
 class LlamaContext:
@@ -71,7 +74,15 @@ class LlamaContext:
     # -- one step ----------------------------------------------------------------------
     def decode(self, step: list[Request]) -> None:
         """Evaluate every request's tokens in one ``llama_decode``; give each request
-        that asked for them its last token's logits."""
+        that asked for them its last token's logits.
+
+        Every ``llama_decode`` of the process runs on one thread: llama.cpp's CPU backend
+        keeps a team of worker threads per calling thread, and with two contexts stepped
+        from two threads the teams fought over the two cores and a test saw the results
+        of a sequence change in the last bits."""
+        _LLAMA_THREAD.submit(self._decode, step).result()
+
+    def _decode(self, step: list[Request]) -> None:
         batch = self.batch
         n = 0
         wanted: list[tuple[Request, int]] = []
@@ -99,13 +110,6 @@ class LlamaContext:
     def trim(self, seq: int, keep: int) -> None:
         """Forget what ``seq`` holds from position ``keep`` on."""
         self._lib.llama_memory_seq_rm(self.memory, seq, keep, -1)
-
-    def copy(self, source: int, target: int, keep: int) -> None:
-        """``target`` holds ``source``'s first ``keep`` positions (the cache of its
-        stream is copied when the next step runs)."""
-        self._lib.llama_memory_seq_rm(self.memory, target, -1, -1)
-        self._lib.llama_memory_seq_cp(self.memory, source, target, -1, -1)
-        self._lib.llama_memory_seq_rm(self.memory, target, keep, -1)
 
     def save(self, seq: int) -> bytes:
         """The cache of ``seq`` as bytes (``llama_state_seq_get_data``)."""

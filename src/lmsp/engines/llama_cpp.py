@@ -147,8 +147,8 @@ class LlamaModel(LlamaTokenizer):
     together (:mod:`lmsp.engines.batch`). Each task samples its own tokens in its own
     thread; the model's forward passes are shared.
 
-    A task's prompt starts from the longest prefix already in a sequence (a finished
-    task's, or a running one's, copied), else from the longest saved on disk
+    A task's prompt starts from the longest prefix already in a free sequence (a
+    finished task's), else from the longest saved on disk
     (:class:`lmsp.engines.kvfiles.PrefixFiles`), and evaluates only the rest, in chunks
     of :data:`CHUNK` tokens. Saved to disk, for the next turn or for after a restart: a
     long prefix two prompts share (a system prompt, tool definitions), a long prompt
@@ -236,13 +236,7 @@ class LlamaModel(LlamaTokenizer):
         held: list[int] = []  # what the sequence's cache holds, position by position
         try:
             with self.batcher.sequence():
-                cached = choice.cached
-                if choice.source is not None:  # a running sequence has more of it: copy
-                    with self.batcher.exclusive():  # if it still holds it
-                        if self.pool.holds(choice.source, context) >= choice.source_cached:
-                            self.context.copy(choice.source.seq, slot.seq, choice.source_cached)
-                            cached = choice.source_cached
-                keep, from_disk = self._start(slot, cached, context)
+                keep, from_disk = self._start(slot, choice.cached, context)
                 held = context[:keep]
                 self.pool.hold(slot, held)  # grows as the sequence is evaluated
                 generation.cached_tokens = min(keep, len(prompt))
