@@ -336,13 +336,7 @@ class PrefixFiles:
             self._forget_key(name, key)
             return None
         except (Corrupt, struct.error) as exc:
-            self.counts["corrupt"] += 1
-            log.warning(
-                "prefix cache: %s is corrupt (%s); deleted",
-                path.name,
-                exc,
-                extra={"event": "kv.corrupt"},
-            )
+            self._corrupt(path.name, exc)
             self._remove(name, key)
             return None
         except OSError as exc:
@@ -378,13 +372,7 @@ class PrefixFiles:
                 if head.digest != model_digest:
                     raise Corrupt("another model's digest")
             except (Corrupt, struct.error) as exc:
-                self.counts["corrupt"] += 1
-                log.warning(
-                    "prefix cache: %s is corrupt (%s); deleted",
-                    entry.name,
-                    exc,
-                    extra={"event": "kv.corrupt"},
-                )
+                self._corrupt(entry.name, exc)
                 self._unlink(Path(entry.path))
                 continue
             except OSError:
@@ -399,6 +387,16 @@ class PrefixFiles:
         index = self._indexes.get(name)
         if index is not None:
             index.drop(key)
+
+    def _corrupt(self, file_name: str, problem: Exception) -> None:
+        """Count and report a file that failed its checks (the caller deletes it)."""
+        self.counts["corrupt"] += 1
+        log.warning(
+            "prefix cache: %s is corrupt (%s); deleted",
+            file_name,
+            problem,
+            extra={"event": "kv.corrupt"},
+        )
 
     def _remove(self, name: str, key: str) -> int:
         """Delete one entry and its index line; the bytes freed."""

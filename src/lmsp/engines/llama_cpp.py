@@ -274,6 +274,8 @@ class LlamaModel(LlamaTokenizer):
         key = (len(held), hash(tuple(held)))
         if files is None or key in self._saved:
             return
+        if len(self._saved) >= 4096:  # a guard against saving again, not a record: bounded
+            self._saved.clear()
         self._saved.add(key)
         with self.batcher.exclusive():
             data = self.context.save(seq)
