@@ -125,14 +125,8 @@ class Batcher:
                     self._cond.wait(left)
                 if self._exclusive:
                     continue
-                step: list[Request] = []
-                size = 0
-                for request in self._pending:
-                    if step and size + len(request.tokens) > self.max_tokens:
-                        break
-                    step.append(request)
-                    size += len(request.tokens)
-                del self._pending[: len(step)]
+                step = self._step()
+                size = sum(len(r.tokens) for r in step)
                 self._stepping = True
             try:
                 self._decode(step)
@@ -146,6 +140,20 @@ class Batcher:
                     request.done = True
                 self._stepping = False
                 self._cond.notify_all()
+
+    def _step(self) -> list[Request]:
+        """The next step's requests (with the lock held): a prompt chunk runs alone;
+        single tokens of every sequence run together. (Mixing a chunk with other
+        sequences' tokens changed the later tokens of a sequence in about half of the
+        runs of a test, ``test_two_sequences_sharing_a_prefix_at_once_stay_exact``.)"""
+        first = self._pending[0]
+        if len(first.tokens) > 1:
+            step = [first]
+        else:
+            step = [r for r in self._pending if len(r.tokens) == 1][: self.max_tokens]
+        for request in step:
+            self._pending.remove(request)
+        return step
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
