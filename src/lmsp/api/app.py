@@ -26,9 +26,20 @@ from lmsp.store import service as service_store
 
 from . import inputs
 from .broker import Broker
+from .errors import anthropic_response, error_response, is_messages
 from .errors import body as error_body
-from .errors import error_response
-from .routes import activity, chat, console, meta, models, pairing, responses, tasks
+from .routes import (
+    activity,
+    chat,
+    completions,
+    console,
+    messages,
+    meta,
+    models,
+    pairing,
+    responses,
+    tasks,
+)
 from .routes import clients as client_routes
 from .routes.deps import idempotency_supported
 from .service import Service, open_service
@@ -52,9 +63,10 @@ class BodyGate:
         too_large = errors.LmspError(
             "request_too_large", f"The request body exceeds {self.limit} bytes."
         )
+        path = str(scope.get("path", ""))
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await error_response(too_large)(scope, receive, send)
+                await error_response(too_large, path)(scope, receive, send)
                 return
         chunks: list[bytes] = []
         size = 0
@@ -65,7 +77,7 @@ class BodyGate:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                await error_response(too_large)(scope, receive, send)
+                await error_response(too_large, path)(scope, receive, send)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -73,7 +85,7 @@ class BodyGate:
         body = b"".join(chunks)
         problem = _unusable_json(body)
         if problem is not None:
-            await error_response(problem)(scope, receive, send)
+            await error_response(problem, path)(scope, receive, send)
             return
         delivered = False
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
@@ -178,22 +190,25 @@ _TAG = re.compile(r"[\[\](]|^[A-Z]|^constrained-")
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    path = request.url.path
     problems: list[dict[str, Any]] = list(exc.errors())
     if any(p.get("type") == "json_invalid" for p in problems):
-        return error_response(errors.invalid("The body is not valid JSON.", code="invalid_json"))
+        invalid_json = errors.invalid("The body is not valid JSON.", code="invalid_json")
+        return error_response(invalid_json, path)
     # in a union, the deepest error names the field the client got wrong
     first = max(problems, key=lambda e: len(e.get("loc", ())), default={})
     loc = tuple(first.get("loc", ()))
     param = _param(loc)
     if first.get("type") == "missing" and param is None:
-        return error_response(errors.invalid("A JSON body is required.", code="invalid_json"))
+        required = errors.invalid("A JSON body is required.", code="invalid_json")
+        return error_response(required, path)
     message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
-    return error_response(errors.invalid(message, param=param, code="invalid_value"))
+    return error_response(errors.invalid(message, param=param, code="invalid_value"), path)
 
 
 async def _lmsp_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.LmspError)
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -203,12 +218,15 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 404:
         message = f"No route {request.url.path!r}."
     err = errors.LmspError(codes.get(exc.status_code, "http_error"), message)
+    if is_messages(request.url.path):
+        return anthropic_response(err, exc.status_code)
     return JSONResponse(error_body(err, exc.status_code), exc.status_code)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(errors.LmspError("internal_error", "Internal server error."))
+    failure = errors.LmspError("internal_error", "Internal server error.")
+    return error_response(failure, request.url.path)
 
 
 async def _gc_loop(svc: Service) -> None:
@@ -286,6 +304,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(responses.router)
     app.include_router(chat.router)
+    app.include_router(messages.router)
+    app.include_router(completions.router)
     app.include_router(tasks.router)
     app.include_router(pairing.router)
     app.include_router(client_routes.router)

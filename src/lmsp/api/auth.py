@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from fastapi import Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from lmsp import errors, logs
 from lmsp.store import clients
@@ -31,6 +31,15 @@ scheme = HTTPBearer(
     auto_error=False,
     scheme_name="bearer",
     description="A client token (`lmsp_…`); the route's scope is listed with it.",
+)
+
+
+#: the Messages API's header (Anthropic's SDKs and Claude Code with ANTHROPIC_API_KEY)
+api_key_scheme = APIKeyHeader(
+    name="x-api-key",
+    auto_error=False,
+    scheme_name="x-api-key",
+    description="A client token (`lmsp_…`) in `x-api-key`: the Messages API takes it too.",
 )
 
 
@@ -81,13 +90,25 @@ def console_client(request: Request) -> Client | None:
     return clients.load(request.app.state.lmsp.db.reader(), session.client_id)
 
 
-def require(scope: str) -> Callable[..., Awaitable[Client]]:
-    """A dependency: the calling client, which must hold ``scope`` (or ``admin``)."""
+def require(scope: str, *, api_key: bool = False) -> Callable[..., Awaitable[Client]]:
+    """A dependency: the calling client, which must hold ``scope`` (or ``admin``).
+    ``api_key``: the token may come in ``x-api-key`` too (the Messages API)."""
     if scope not in clients.SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
 
     # a default, not ``Annotated``: a string annotation could not see ``scope``
     declared = Security(scheme, scopes=[scope])
+    if api_key:
+        key_declared = Security(api_key_scheme, scopes=[scope])
+
+        async def either(
+            request: Request,
+            credentials: HTTPAuthorizationCredentials | None = declared,
+            key: str | None = key_declared,
+        ) -> Client:
+            return await authorize(request, scope, api_key=True)
+
+        return either
 
     async def dependency(
         request: Request, credentials: HTTPAuthorizationCredentials | None = declared
@@ -97,12 +118,14 @@ def require(scope: str) -> Callable[..., Awaitable[Client]]:
     return dependency
 
 
-async def authorize(request: Request, scope: str) -> Client:
+async def authorize(request: Request, scope: str, *, api_key: bool = False) -> Client:
     """The calling client, which must hold ``scope`` (or ``admin``): else 401 / 403.
 
-    A bearer token, or else the console's session cookie (with its CSRF token on a
-    request that changes something)."""
+    A bearer token (with ``api_key``, else one in ``x-api-key``), or else the console's
+    session cookie (with its CSRF token on a request that changes something)."""
     token = bearer(request)
+    if token is None and api_key:
+        token = request.headers.get("x-api-key", "").strip() or None
     if token is None:
         client = console_client(request)
     else:

@@ -1,7 +1,9 @@
-"""Domain error codes → HTTP statuses and the error body of PROTOCOL.md section 8.
+"""Domain error codes → HTTP statuses and the error bodies: PROTOCOL.md section 8's,
+and Anthropic's envelope on the Messages routes.
 
 This is the one place that knows which status a code answers with; anything not listed
-is a ``400``.
+is a ``400``. Which body an error gets depends on the path alone (:func:`is_messages`), so
+a refusal made before routing (a body too large, a bad token) has the right shape too.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from lmsp import logs
 from lmsp.errors import LmspError
 
 STATUS: dict[str, int] = {
@@ -81,6 +84,61 @@ def body(exc: LmspError, status: int | None = None) -> dict[str, Any]:
     }
 
 
-def error_response(exc: LmspError) -> JSONResponse:
+# -- the Anthropic envelope (the Messages routes) ---------------------------------------------
+MESSAGES_PATH = "/v1/messages"
+#: codes whose status differs on the Messages routes (Anthropic answers an unknown model 404)
+ANTHROPIC_STATUS: dict[str, int] = {"model_not_found": 404}
+ANTHROPIC_TYPES: dict[int, str] = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+#: codes an Anthropic SDK must not retry although their status says it may (a cancelled
+#: message stays cancelled; retrying a still-running idempotent request only waits)
+NO_RETRY = frozenset({"cancelled"})
+
+
+def is_messages(path: str) -> bool:
+    """Does ``path`` belong to the Messages API (errors in Anthropic's envelope)?"""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
+def anthropic_status(code: str) -> int:
+    return ANTHROPIC_STATUS.get(code, status_of(code))
+
+
+def anthropic_type(status: int) -> str:
+    """Anthropic's error type for a status: ``api_error`` for a 5xx it has no name for,
+    ``invalid_request_error`` for any other 4xx (as its documentation says)."""
+    if status in ANTHROPIC_TYPES:
+        return ANTHROPIC_TYPES[status]
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
+def anthropic_body(kind: str, message: str) -> dict[str, Any]:
+    """``{"type": "error", "error": {"type", "message"}, "request_id"}``."""
+    return {
+        "type": "error",
+        "error": {"type": kind, "message": message},
+        "request_id": logs.request_id.get(),
+    }
+
+
+def anthropic_response(exc: LmspError, status: int | None = None) -> JSONResponse:
+    status = anthropic_status(exc.code) if status is None else status
+    headers = dict(exc.headers)
+    if exc.code in NO_RETRY:
+        headers["x-should-retry"] = "false"
+    return JSONResponse(anthropic_body(anthropic_type(status), exc.message), status, headers)
+
+
+def error_response(exc: LmspError, path: str = "") -> JSONResponse:
+    """The answer to ``exc`` on ``path``: Anthropic's envelope on the Messages routes,
+    section 8's body elsewhere."""
+    if is_messages(path):
+        return anthropic_response(exc)
     status = status_of(exc.code)
     return JSONResponse(body(exc, status), status, headers=exc.headers)

@@ -459,3 +459,81 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
             yield unsupported(
                 f"messages.{index}.{field}", f"{field} is not supported by this server."
             )
+
+
+# -- legacy Completions -----------------------------------------------------------------------
+#: what ``max_tokens`` is when a completion does not say (OpenAI's default for the endpoint)
+COMPLETION_MAX_TOKENS = 16
+
+
+class CompletionCreate(Body):
+    """``POST /v1/completions``: the whole create body."""
+
+    model: ModelId
+    #: one prompt as text (a list of one string is the same); checked by
+    #: :func:`check_completion`, which names what it refuses
+    prompt: Any
+    max_tokens: OutputTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+    stop: Stop | None = None
+    n: Annotated[int, Field(ge=1, le=128)] | None = None
+    stream: bool | None = None
+    stream_options: ChatStreamOptions | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    user: Annotated[str, StringConstraints(max_length=256)] | None = None
+    # OpenAI features lmsp does not have: declared so that they are refused, not ignored
+    echo: bool | None = None
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1, le=20)] | None = None
+    logit_bias: dict[str, int] | None = None
+    # LMSP extensions
+    on_restart: Literal["fail", "retry", "resume"] | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repeat_penalty: RepeatPenalty | None = None
+
+
+def check_completion(body: CompletionCreate) -> str:
+    """The prompt's text; raise the first ``unsupported_parameter`` (or ``invalid_value``)."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    problems: list[LmspError] = []
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        problems.append(unsupported("prompt", "One prompt per request: send several requests."))
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
+        problems.append(unsupported("prompt", "Token arrays are not supported: send the text."))
+    elif not isinstance(prompt, str) or not prompt:
+        problems.append(LmspError("invalid_value", "prompt: a non-empty string.", param="prompt"))
+    if body.n not in (None, 1):
+        problems.append(unsupported("n", "Only one choice per completion (n: 1) is supported."))
+    if body.best_of not in (None, 1):
+        problems.append(unsupported("best_of", "Only one candidate (best_of: 1) is supported."))
+    if body.echo:
+        problems.append(unsupported("echo", "The prompt is not echoed here."))
+    if body.logprobs is not None:
+        problems.append(
+            unsupported("logprobs", "Log probabilities are given by /v1/responses, not here.")
+        )
+    if body.suffix:
+        problems.append(unsupported("suffix", "Insertion (suffix) is not supported here."))
+    if body.logit_bias:
+        problems.append(unsupported("logit_bias", "logit_bias is not supported by this server."))
+    if body.stream_options is not None:
+        if not body.stream:
+            problems.append(
+                LmspError(
+                    "invalid_value", "stream_options needs stream: true.", param="stream_options"
+                )
+            )
+        if body.stream_options.include_obfuscation:
+            where = "stream_options.include_obfuscation"
+            problems.append(unsupported(where, "Streams are not obfuscated here."))
+    if problems:
+        raise problems[0]
+    assert isinstance(prompt, str)
+    return prompt

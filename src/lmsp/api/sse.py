@@ -104,6 +104,14 @@ async def framed(
         yield sse(data, event=kind, event_id=str(seq))
 
 
+class MessagesPing(ServerSentEvent):
+    """The Messages API's keep-alive: an ``event: ping`` with ``{"type": "ping"}``, as
+    Anthropic sends (its SDKs skip it)."""
+
+    def __init__(self) -> None:
+        super().__init__(data='{"type":"ping"}', event="ping", sep=SEP)
+
+
 def event_response(
     source: AsyncIterator[ServerSentEvent],
     *,
@@ -112,15 +120,19 @@ def event_response(
     done: bool = False,
     headers: dict[str, str] | None = None,
     ping: float = 15.0,
+    keepalive: type[ServerSentEvent] = KeepAlive,
+    terminal: Collection[str] = TERMINAL_EVENTS,
 ) -> EventSourceResponse:
-    """Wrap a source. ``on_disconnect`` runs if the client leaves before the source ends;
-    ``on_finish`` once it has ended; ``done`` ends the stream with ``data: [DONE]``."""
+    """Wrap a source. ``on_disconnect`` runs if the client leaves before the source ends
+    (before an event named in ``terminal``); ``on_finish`` once it has ended; ``done``
+    ends the stream with ``data: [DONE]``; ``keepalive`` is what an idle stream sends
+    every ``ping`` seconds."""
 
     async def guarded() -> AsyncIterator[ServerSentEvent]:
         finished = False
         try:
             async for event in source:
-                if event.event in TERMINAL_EVENTS:
+                if event.event in terminal:
                     finished = True  # the client has all it needs even if it leaves now
                 yield event
             finished = True
@@ -133,5 +145,5 @@ def event_response(
             await on_finish()
 
     return EventSourceResponse(
-        guarded(), headers=headers, ping=ping, ping_message_factory=KeepAlive, sep=SEP
+        guarded(), headers=headers, ping=ping, ping_message_factory=keepalive, sep=SEP
     )

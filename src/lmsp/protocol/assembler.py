@@ -76,6 +76,8 @@ class OutputAssembler:
         self.held = held
         #: a stop sequence was generated: nothing more is output
         self.stopped = False
+        #: which one (the ``output_text.done`` event notes it, for APIs that report it)
+        self.stop_sequence: str | None = None
 
     # -- feeding ---------------------------------------------------------------------------
     def feed(self, output: EngineOutput) -> list[Event]:
@@ -153,10 +155,11 @@ class OutputAssembler:
         if not self.stop:
             return self._emit(delta.text, delta.logprobs)
         text = self.held + delta.text
-        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        found = [(i, s) for s in self.stop if (i := text.find(s)) >= 0]
         if found:
+            cut, self.stop_sequence = min(found, key=lambda hit: hit[0])
             self.stopped, self.held = True, ""
-            text = text[: min(found)]
+            text = text[:cut]
         else:
             keep = self._stop_prefix(text)
             text, self.held = text[: len(text) - keep], text[len(text) - keep :]
@@ -228,15 +231,15 @@ class OutputAssembler:
         if item["type"] == "message":
             part = item["content"][-1]
             ref = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            out += [
-                {
-                    "type": ev.OUTPUT_TEXT_DONE,
-                    **ref,
-                    "text": part["text"],
-                    "logprobs": copy.deepcopy(part["logprobs"]),
-                },
-                {"type": ev.CONTENT_PART_DONE, **ref, "part": copy.deepcopy(part)},
-            ]
+            done = {
+                "type": ev.OUTPUT_TEXT_DONE,
+                **ref,
+                "text": part["text"],
+                "logprobs": copy.deepcopy(part["logprobs"]),
+            }
+            if self.stop_sequence is not None:  # an LMSP extension: the sequence that ended it
+                done["stop_sequence"] = self.stop_sequence
+            out += [done, {"type": ev.CONTENT_PART_DONE, **ref, "part": copy.deepcopy(part)}]
         else:
             out.append(
                 {

@@ -18,7 +18,7 @@ from typing import Any
 from lmsp.constraints import grammar
 from lmsp.constraints.matcher import grammar_constraint
 from lmsp.engines.base import Constraint, LoadedModel, Sampling
-from lmsp.protocol import items, objects
+from lmsp.protocol import completions, items, objects
 from lmsp.protocol.assembler import Event, OutputAssembler
 from lmsp.protocol.toolcalls import CallAssembler
 
@@ -39,7 +39,11 @@ def context_of(request: dict[str, Any]) -> list[Item]:
 def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
     """The chat messages of a stored request: ``instructions`` first, as the system
     message (a conversation's earlier instructions are not carried over), then every
-    item of its context."""
+    item of its context. A text completion's prompt is one raw-prompt message, which the
+    engine gives the model without the chat template (:mod:`lmsp.protocol.completions`)."""
+    if request.get(completions.RAW):
+        (prompt,) = items.input_of(request)
+        return completions.raw_messages("".join(part["text"] for part in prompt["content"]))
     return items.render(context_of(request), request.get("instructions"))
 
 

@@ -19,6 +19,8 @@ IDEMPOTENT_ROUTES = frozenset(
     {
         "/v1/responses",
         "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/completions",
         "/v1/responses/{response_id}/cancel",
         "/v1/tasks/{task_id}/cancel",
     }
@@ -33,8 +35,9 @@ async def idempotency_supported(request: Request) -> None:
     if getattr(route, "path", None) not in IDEMPOTENT_ROUTES:
         raise errors.LmspError(
             "unsupported_parameter",
-            "This operation does not take an Idempotency-Key (only creating responses and"
-            " chat completions and cancelling responses and tasks do); send it without one.",
+            "This operation does not take an Idempotency-Key (only creating responses, chat"
+            " completions, messages and completions and cancelling responses and tasks do);"
+            " send it without one.",
             param="Idempotency-Key",
         )
 

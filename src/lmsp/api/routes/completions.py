@@ -1,0 +1,113 @@
+"""``POST /v1/completions``: legacy text completions on the durable core.
+
+The prompt goes to the model as raw text, without the chat template: it is stored as the
+response's one input item, marked raw (:mod:`lmsp.protocol.completions`), and the task
+runs like any other (persisted first, ``Idempotency-Key`` honoured, cancellable,
+resumable). The completion's id is its response's.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import ServerSentEvent
+
+from lmsp import errors
+from lmsp.protocol import chat, completions
+from lmsp.store.clients import Client
+
+from ..auth import require
+from ..errors import body as error_body
+from ..revocation import until_revoked
+from ..schemas import COMPLETION_MAX_TOKENS, CompletionCreate, check_completion
+from ..sse import event_response, sse, task_events
+from .deps import idempotency_key, service
+
+router = APIRouter(prefix="/v1", tags=["completions"])
+
+Writer = Annotated[Client, Depends(require("responses:write"))]
+REPLAYED = {"Idempotent-Replayed": "true"}
+
+
+def stored_request(body: CompletionCreate, prompt: str, on_restart: str) -> dict[str, Any]:
+    """The response request a completion is stored as."""
+    stop = body.stop
+    given: dict[str, Any] = {
+        "model": body.model,
+        "input": prompt,
+        completions.RAW: True,
+        "max_output_tokens": body.max_tokens or COMPLETION_MAX_TOKENS,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "repeat_penalty": body.repeat_penalty,
+        "stop": [stop] if isinstance(stop, str) else stop,
+        "user": body.user,
+        "stream": bool(body.stream),
+        "background": False,
+        "store": True,
+    }
+    stored = {name: value for name, value in given.items() if value is not None}
+    stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
+    stored["on_restart"] = body.on_restart or on_restart
+    return stored
+
+
+@router.post("/completions")
+async def create_completion(body: CompletionCreate, request: Request, client: Writer) -> Response:
+    """A legacy text completion: the prompt as raw text in, the text that follows out."""
+    svc = service(request)
+    prompt = check_completion(body)
+    stored = stored_request(body, prompt, svc.settings.default_on_restart)
+    key = await idempotency_key(request, client)
+    created = await svc.create(client, stored, key, input_param="prompt")
+    headers = dict(REPLAYED) if created.replayed else {}
+    if body.stream:
+        return _stream(request, created.task_id, body, headers, client)
+    await svc.wait_finished(created.task_id)
+    obj = await svc.read(svc.response_object, created.task_id)
+    if obj["status"] in ("failed", "cancelled"):
+        problem = chat.error_of(obj)
+        raise errors.LmspError(problem["code"], problem["message"])
+    return JSONResponse(completions.completion(obj), headers=headers)
+
+
+def _stream(
+    request: Request,
+    task_id: str,
+    body: CompletionCreate,
+    headers: dict[str, str],
+    client: Client,
+) -> Response:
+    svc = service(request)
+    assert svc.broker is not None
+    broker = svc.broker
+    obj = svc.response_object(task_id)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    chunks = completions.CompletionStream(
+        obj["id"], obj["created_at"], obj["model"], include_usage, obj.get("model_digest")
+    )
+
+    async def source() -> AsyncIterator[ServerSentEvent]:
+        async for _, _, data in task_events(svc.db, broker, task_id, -1):
+            for chunk in chunks.feed(json.loads(data)):
+                shown = (
+                    error_body(errors.LmspError(**chunk["error"])) if "error" in chunk else chunk
+                )
+                yield sse(json.dumps(shown, separators=(",", ":")))
+
+    def on_disconnect() -> None:
+        svc.cancel_nowait(task_id)
+
+    events = until_revoked(source(), svc.db, broker, client.id, on_revoked=on_disconnect)
+    return event_response(
+        events, on_disconnect=on_disconnect, done=True, headers=headers, ping=svc.settings.sse_ping
+    )
