@@ -32,7 +32,7 @@ from lmsp.engines.base import (
 from lmsp.engines.batch import CHUNK, Batcher, Logits, SequencePool, Slot
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_context import LlamaContext
-from lmsp.protocol import toolprompt
+from lmsp.protocol import completions, toolprompt
 
 FALLBACK_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -125,6 +125,9 @@ class LlamaTokenizer:
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
+        raw = completions.raw_prompt(messages)
+        if raw is not None:  # a text completion's prompt: as given, without the template
+            return self.raw_tokens(raw)
         if tools and self.template_tools:
             formatted = self._formatter(
                 messages=messages,  # type: ignore[arg-type]
@@ -136,6 +139,12 @@ class LlamaTokenizer:
         tokens: list[int] = self.llm.tokenize(
             formatted.prompt.encode("utf-8"), add_bos=False, special=True
         )
+        return tokens
+
+    def raw_tokens(self, text: str) -> list[int]:
+        """``text`` as the model reads a raw prompt: a BOS token if the model asks for one,
+        special tokens (``<|im_start|>`` …) read as such, as llama.cpp's server does."""
+        tokens: list[int] = self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         return tokens
 
     def close(self) -> None:

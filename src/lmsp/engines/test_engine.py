@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lmsp.engines.base import Constraint, EngineError, Generation, LoadOptions, Piece, Sampling
-from lmsp.protocol import toolprompt
+from lmsp.protocol import completions, toolprompt
 
 WORDS = [
     "alpha",
@@ -66,6 +66,9 @@ class TestModel:
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
+        raw = completions.raw_prompt(messages)
+        if raw is not None:  # a text completion's prompt: as given
+            return list(raw.encode())
         messages = toolprompt.with_tools(messages, tools or [])
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
         return list(text.encode())
