@@ -137,6 +137,9 @@ def test_a_message_is_a_stored_response(client: TestClient) -> None:
     assert log_of(client, response["task"]["id"])[-1]["type"] == "response.completed"
     # GET /v1/messages/{id} shows it again
     assert client.get(f"/v1/messages/{message['id']}").json() == message
+    # the metrics count it by its route
+    scraped = client.get("/metrics").text
+    assert 'route="/v1/messages",status="200"' in scraped
     check_log_invariants(client.app.state.lmsp.db.reader())  # type: ignore[attr-defined]
 
 
@@ -406,6 +409,9 @@ def test_a_cancelled_message(slow_client: TestClient) -> None:
     while not (tasks := slow_client.get("/v1/tasks", params={"status": "running"}).json()["data"]):
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    # what `lmsp ps` and the console show: the message's task is generating
+    activity = slow_client.get("/v1/service/activity").json()
+    assert tasks[0]["id"] in [seq["task_id"] for seq in activity["sequences"]]
     follow: list[Any] = []
     response_id = tasks[0]["response_id"]
     following = threading.Thread(

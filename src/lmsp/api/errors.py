@@ -128,11 +128,15 @@ def anthropic_body(kind: str, message: str) -> dict[str, Any]:
 
 
 def anthropic_response(exc: LmspError, status: int | None = None) -> JSONResponse:
+    """The envelope has no ``param``: the message names the field at fault instead."""
     status = anthropic_status(exc.code) if status is None else status
     headers = dict(exc.headers)
     if exc.code in NO_RETRY:
         headers["x-should-retry"] = "false"
-    return JSONResponse(anthropic_body(anthropic_type(status), exc.message), status, headers)
+    message = exc.message
+    if exc.param is not None and not message.startswith(exc.param):
+        message = f"{exc.param}: {message}"
+    return JSONResponse(anthropic_body(anthropic_type(status), message), status, headers)
 
 
 def error_response(exc: LmspError, path: str = "") -> JSONResponse:

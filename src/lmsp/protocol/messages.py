@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,8 @@ _FOREIGN = {
 }
 #: the error text a tool result marked ``is_error`` is prefixed with in the prompt
 TOOL_ERROR = "Error: "
+#: the names a tool may have here (the call grammar's)
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _refuse(where: str, message: str) -> Untranslatable:
@@ -288,6 +291,12 @@ def function_tools(tools: list[Any]) -> list[Item]:
         for key in tool:
             if key not in _TOOL_KEYS:
                 raise _invalid(f"{where}.{key}", f"a tool has no field {key!r}.")
+        name = tool.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise _invalid(f"{where}.name", "a tool name is 1 to 64 of a-z, A-Z, 0-9, _ and -.")
+        cache = tool.get("cache_control")
+        if cache is not None and (not isinstance(cache, dict) or cache.get("type") != "ephemeral"):
+            raise _invalid(f"{where}.cache_control", 'cache_control must be {"type": "ephemeral"}.')
         for key in ("input_examples", "defer_loading", "allowed_callers"):
             if tool.get(key):
                 message = f"{where}.{key} is not supported here."
@@ -301,7 +310,7 @@ def function_tools(tools: list[Any]) -> list[Item]:
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise _invalid(f"{where}.input_schema", "a tool needs an input_schema object.")
-        shown: Item = {"type": "function", "name": tool.get("name"), "parameters": schema}
+        shown: Item = {"type": "function", "name": name, "parameters": schema}
         if tool.get("description") is not None:
             shown["description"] = _text(tool["description"], f"{where}.description")
         out.append(shown)

@@ -111,7 +111,10 @@ async def create_message(body: MessageCreate, request: Request, client: Writer) 
     svc = service(request)
     stored = stored_request(body, svc.settings.default_on_restart)
     key = await idempotency_key(request, client)
-    created = await svc.create(client, stored, key, input_param="messages")
+    try:
+        created = await svc.create(client, stored, key, input_param="messages")
+    except errors.LmspError as exc:
+        raise await _named_models(svc, client, exc) from None
     headers = dict(REPLAYED) if created.replayed else {}
     if body.stream:
         return _stream(request, created.task_id, client, headers=headers, cancel=True)
@@ -127,7 +130,7 @@ async def count_tokens(body: CountTokens, request: Request, client: Writer) -> d
     prompt = prompt_of(body)
     record = await svc.read(lambda: models.get(svc.db.reader(), body.model))
     if record is None:
-        raise model_not_found(body.model)
+        raise await _named_models(svc, client, model_not_found(body.model))
     prompt["input"] = await asyncio.to_thread(
         items.normalize, prompt["input"], capabilities=models.capabilities(record), param="messages"
     )
@@ -158,6 +161,19 @@ async def retrieve_message(
         start = await svc.read(_attempt_start, svc.db, task)
         return _stream(request, task["id"], client, after=after, start=start, cancel=False)
     return JSONResponse(await svc.read(_message, svc, task["id"]))
+
+
+async def _named_models(svc: Service, client: Client, exc: errors.LmspError) -> errors.LmspError:
+    """An unknown model's error says what to do, and names the models there are to a
+    client that may list them: Claude Code and other Anthropic clients ask for Claude's
+    names unless told another."""
+    if exc.code != "model_not_found":
+        return exc
+    hint = " Name a model of this server (Claude Code: set ANTHROPIC_MODEL, or pass --model)."
+    if client.allows("models:read"):
+        known = await svc.read(lambda: [m.id for m in models.all_models(svc.db.reader())])
+        hint += f" The models here: {', '.join(known)}."
+    return errors.LmspError(exc.code, exc.message + hint, param=exc.param)
 
 
 # -- answers --------------------------------------------------------------------------------
