@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,9 +15,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 from fastapi.testclient import TestClient
 from pydantic import TypeAdapter
 
-from lmsp.api.app import create_app
-from lmsp.config import Settings
-from tests.api.test_wire import counts, log_of
+from tests.api.test_wire import counts, log_of, slow_client  # noqa: F401 (a fixture)
 from tests.helpers import check_log_invariants
 
 EVENT = TypeAdapter(RawMessageStreamEvent)
@@ -387,17 +384,7 @@ def test_an_idempotency_key_replays_a_message(client: TestClient) -> None:
     assert replayed == streamed_once
 
 
-@pytest.fixture
-def slow_client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    """The app with a test engine that takes 200 ms a token (a message lasts ~5 s)."""
-    monkeypatch.setenv("LMSP_TEST_ENGINE_DELAY", "0.2")
-    with TestClient(create_app(settings)) as test_client:
-        token = (settings.data_dir / "owner.token").read_text().strip()
-        test_client.headers["Authorization"] = f"Bearer {token}"
-        yield test_client
-
-
-def test_a_cancelled_message(slow_client: TestClient) -> None:
+def test_a_cancelled_message(slow_client: TestClient) -> None:  # noqa: F811 (the fixture)
     """Cancelled through ``lmsp tasks cancel``'s route while one client waits and another
     streams: the wait answers 409 that an SDK must not retry, the stream an error event."""
     answers: list[Any] = []

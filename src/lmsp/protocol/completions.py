@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsp.protocol import events as ev
+from lmsp.protocol.chat import error_of, usage
 
 #: the stored request's key that marks its input as a raw prompt
 RAW = "lmsp_raw_prompt"
@@ -45,21 +46,6 @@ def text_of(response: dict[str, Any]) -> str:
         for part in item.get("content", [])
         if part.get("type") == "output_text"
     )
-
-
-def usage(response: dict[str, Any]) -> dict[str, Any] | None:
-    used = response.get("usage")
-    if used is None:
-        return None
-    return {
-        "prompt_tokens": used["input_tokens"],
-        "completion_tokens": used["output_tokens"],
-        "total_tokens": used["total_tokens"],
-        "prompt_tokens_details": {
-            "cached_tokens": used["input_tokens_details"]["cached_tokens"],
-            "audio_tokens": 0,
-        },
-    }
 
 
 def _object(response_id: str, created: int, model: str, fingerprint: str | None) -> dict[str, Any]:
@@ -123,13 +109,5 @@ class CompletionStream:
             return out
         if kind in (ev.FAILED, ev.CANCELLED):
             assert isinstance(response, dict)
-            if response["status"] == "cancelled":
-                cancelled = {"code": "cancelled", "message": "The completion was cancelled."}
-                return [{"error": cancelled}]
-            error = response.get("error") or {}
-            problem = {
-                "code": error.get("code") or "engine_error",
-                "message": error.get("message") or "The completion failed.",
-            }
-            return [{"error": problem}]
+            return [{"error": error_of(response)}]
         return []
