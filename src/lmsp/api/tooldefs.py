@@ -87,7 +87,10 @@ def _function(given: dict[str, Any], where: str, dialect: Dialect) -> dict[str, 
     if dialect.wrapper:
         where = _at(where, dialect.wrapper)
         given = _object(given.get(dialect.wrapper), where, "a function tool's function")
-    tool: dict[str, Any] = {"type": "function", "name": _name(given.get("name"), _at(where, "name"))}
+    tool: dict[str, Any] = {
+        "type": "function",
+        "name": _name(given.get("name"), _at(where, "name")),
+    }
     description = given.get("description")
     if description is not None:
         if not isinstance(description, str):
@@ -158,7 +161,9 @@ def read_choice(value: Any, dialect: Dialect) -> str | dict[str, Any] | None:
     if not isinstance(tools, list) or not 0 < len(tools) <= MAX_ALLOWED:
         raise _bad(_at(where, "tools"), f"a list of 1 to {MAX_ALLOWED} tools.")
     choice["tools"] = [
-        _named(_object(tool, _at(where, "tools", index), "a tool"), _at(where, "tools", index), dialect)
+        _named(
+            _object(tool, _at(where, "tools", index), "a tool"), _at(where, "tools", index), dialect
+        )
         for index, tool in enumerate(tools)
     ]
     return choice
