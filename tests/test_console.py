@@ -82,7 +82,7 @@ def login_link(server: Server) -> str:
 
 @pytest.fixture
 def page(browser: Any, server: Server) -> Iterator[Any]:
-    """A signed-in console page (a fresh browser context: its own cookies)."""
+    """A signed-in console page (a fresh browser context: its own storage)."""
     context = browser.new_context(viewport={"width": 1200, "height": 900})
     tab = context.new_page()
     tab.goto(login_link(server))
