@@ -369,25 +369,13 @@ def test_a_narrow_window_shows_the_panel_above_the_lists(page: Any, server: Serv
     assert page.locator("#follow").is_hidden()
 
 
-class _Forger(http.server.BaseHTTPRequestHandler):
+def forged_form(target: str) -> str:
     """Another site's page that posts a form to the console's API when opened."""
-
-    target = ""
-
-    def do_GET(self) -> None:
-        body = (
-            "<!doctype html><form id=f method=post action='" + self.target + "'>"
-            "<input name=x value=1></form><script>document.getElementById('f').submit()"
-            "</script>"
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        return None
+    return (
+        "<!doctype html><form id=f method=post action='" + target + "'>"
+        "<input name=x value=1></form><script>document.getElementById('f').submit()"
+        "</script>"
+    )
 
 
 def test_a_cross_site_form_post_is_refused(page: Any, server: Server) -> None:
@@ -397,18 +385,13 @@ def test_a_cross_site_form_post_is_refused(page: Any, server: Server) -> None:
             json={"model": "lmsp-test", "input": "keep going", "background": True},
         ).json()
     task_id = created["task"]["id"]
-    _Forger.target = f"{server.url}/v1/tasks/{task_id}/cancel"
-    forger = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Forger)
-    threading.Thread(target=forger.serve_forever, daemon=True).start()
-    try:
+    target = f"{server.url}/v1/tasks/{task_id}/cancel"
+    with other_page(forged_form(target)) as url:
         # the signed-in browser opens the other site's page, which posts the form
-        with page.expect_response(lambda r: r.url == _Forger.target) as posted:
-            page.goto(f"http://127.0.0.1:{forger.server_address[1]}/")
+        with page.expect_response(lambda r: r.url == target) as posted:
+            page.goto(url)
         assert posted.value.status == 401
         assert posted.value.json()["error"]["code"] == "invalid_token"
-    finally:
-        forger.shutdown()
-        forger.server_close()
     with server.client() as api:
         task = api.get(f"/v1/tasks/{task_id}").json()
         assert task["status"] in ("queued", "loading", "running")  # not cancelled

@@ -15,8 +15,6 @@ uvicorn can use (httptools, h11):
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,35 +22,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import Server
+from tests.helpers import Server, raw_request, rss_mib, status_of
 
 pytestmark = pytest.mark.slow
 
 
-def rss_mib(server: Server) -> float:
+def rss(server: Server) -> float:
     assert server.proc is not None
-    status = Path(f"/proc/{server.proc.pid}/status").read_text()
-    line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
+    return rss_mib(server.proc.pid)
 
 
-def raw(server: Server, head: bytes, timeout: float = 30) -> bytes:
-    """Send ``head`` on a fresh connection and read the whole answer (the server may
-    close before it has read everything: the write then fails, the answer is there)."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
-        with contextlib.suppress(OSError):
-            sock.sendall(head)
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except OSError:
-            pass
-    return answer
-
-
-def status_of(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+def raw(server: Server, head: bytes) -> bytes:
+    return raw_request(server.port, head)
 
 
 def get(target: bytes, *fields: bytes) -> bytes:
@@ -89,7 +70,7 @@ BOMBS = {
 
 def test_header_bombs_get_431_and_memory_stays_bounded(server: Server) -> None:
     assert status_of(raw(server, get(b"/healthz"))) == 200
-    before = rss_mib(server)
+    before = rss(server)
     for name, bomb in BOMBS.items():
         for _ in range(5 if len(bomb) > 1 << 20 else 2):
             answer = raw(server, bomb)
@@ -103,7 +84,7 @@ def test_header_bombs_get_431_and_memory_stays_bounded(server: Server) -> None:
         thread.start()
     for thread in threads:
         thread.join(120)
-    grown = rss_mib(server) - before
+    grown = rss(server) - before
     assert grown < 64, f"RSS grew by {grown:.0f} MiB"
     # a head just under the limit is served, and the service is well
     fine = get(b"/healthz", *(b"X-%d: %s" % (i, b"d" * 500) for i in range(90)))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import socket
 import struct
 import time
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from lmsp.cli.safe import clean, clean_json
 from lmsp.gguf import NotGGUF, check_structure, read_header_from
 from lmsp.store import idempotency, pairing
 from tests.campaigns.invariants import Ledger, check, long_run, report
-from tests.helpers import Server, seeded_data_dir
+from tests.helpers import Server, raw_request, rss_mib, seeded_data_dir, status_of
 
 PER_PARSER = 2000 if long_run() else 150
 PER_OPERATION = 150 if long_run() else 12
@@ -321,11 +320,6 @@ HOSTS = st.one_of(
 HEAD_OK = {200, 400, 401, 404, 405, 408, 421, 431}
 
 
-def rss_mib(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1]) / 1024
-
-
 @st.composite
 def heads(draw: st.DrawFn) -> bytes:
     target = draw(st.sampled_from(["/healthz", "/v1/service", "/metrics", "/", "/v1/models"]))
@@ -377,14 +371,8 @@ def test_head_fuzz_campaign(head_server: Server) -> None:
         max_examples=PER_HEAD, deadline=None, database=None, suppress_health_check=list(HealthCheck)
     )
     def call(head: bytes) -> None:
-        answer = b""
-        with socket.create_connection(("127.0.0.1", head_server.port), timeout=30) as sock:
-            with contextlib.suppress(OSError):
-                sock.sendall(head)
-            with contextlib.suppress(OSError):
-                while chunk := sock.recv(65536):
-                    answer += chunk
-        status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+        answer = raw_request(head_server.port, head)
+        status = status_of(answer)
         statuses[status] = statuses.get(status, 0) + 1
         if status not in HEAD_OK:
             violations.append(f"{status} for a {len(head)}-byte head: {answer[:200]!r}")

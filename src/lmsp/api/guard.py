@@ -77,10 +77,11 @@ def head_too_large(limit: int) -> bytes:
     )
 
 
-class _Guard:
+class _Guard(asyncio.Protocol):
     """The deadlines, the limit and the head cap, on top of one of uvicorn's protocol
-    classes (which provides the attributes declared here). :func:`guarded_protocol`
-    makes a subclass per server, with its own settings and registry."""
+    classes (next in the method order: it provides the attributes declared here).
+    :func:`guarded_protocol` makes a subclass per server, with its own settings and
+    registry."""
 
     header_timeout: ClassVar[float] = 10.0
     body_timeout: ClassVar[float] = 30.0
@@ -97,14 +98,16 @@ class _Guard:
     connections: Any
     cycle: Any
 
-    def _guard_init(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._between = False  # a response went out; no byte of the next request yet
         self._head_bytes = 0  # bytes read of a head not complete yet
         self._in_head = True
 
     # -- connection ------------------------------------------------------------------------
-    def _guard_connected(self) -> None:
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             victim = next(iter(self.idle), None)
             if victim is None:
@@ -115,9 +118,10 @@ class _Guard:
             victim._close_with(b"" if victim._between else TIMEOUT_HEADERS)
         self._await_headers()
 
-    def _guard_lost(self) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self.idle.pop(self, None)
+        super().connection_lost(exc)
 
     # -- the request's course ----------------------------------------------------------------
     def _head_begun(self) -> None:
@@ -197,18 +201,6 @@ def _httptools_class() -> type[Any]:
     class GuardedHttpTools(_Guard, HttpToolsProtocol):
         """httptools: its parser callbacks say where the request is."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._guard_init()
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._guard_connected()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._guard_lost()
-            super().connection_lost(exc)
-
         def data_received(self, data: bytes) -> None:
             self._count_head(len(data))
             super().data_received(data)
@@ -259,16 +251,7 @@ def _h11_class() -> type[Any]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.conn = Connection(h11.SERVER, max_incomplete_event_size=self.max_header_bytes)
-            self._guard_init()
             self._phase = "head"
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._guard_connected()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._guard_lost()
-            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if self._phase == "head" and self.conn.their_state is h11.IDLE:
