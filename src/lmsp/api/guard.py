@@ -26,6 +26,12 @@ class (its ``http`` setting) that adds, per connection:
   at most ``max_connections`` descriptors and cannot lock out a client that talks
   promptly, such as a ``/healthz`` probe.
 
+uvicorn's own knobs do not cover this: ``h11_max_incomplete_event_size`` bounds an
+incomplete head for h11 only (and answers ``400``), httptools has no limit at all, and
+``limit_concurrency`` answers ``503`` to newcomers instead of evicting idle connections.
+The h11 class below sets h11's limit to ``max_header_bytes`` and turns its refusal into
+the ``431``.
+
 The parser is httptools when it is installed (as uvicorn's ``auto`` picks it, and
 ``uvicorn[standard]`` installs it), else h11; ``LMSP_HTTP`` chooses one. Both get the
 same guard: :class:`_Guard` holds it, and each parser's class tells it when a head
