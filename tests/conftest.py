@@ -32,7 +32,10 @@ def settings(tmp_path: Path, blob_cache: Path) -> Settings:
     blobs.mkdir(parents=True)
     for blob in blob_cache.iterdir():  # a link, not a 92 MB copy, for every test
         os.link(blob, blobs / blob.name)
-    return Settings(data_dir=data_dir, enable_test_engine=True, gc_interval=3600)
+    # TestClient calls itself "testserver": a Host the service answers only when told
+    return Settings(
+        data_dir=data_dir, enable_test_engine=True, gc_interval=3600, allowed_hosts=("testserver",)
+    )
 
 
 @pytest.fixture

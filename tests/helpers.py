@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -222,3 +223,29 @@ def tiny_pdf(text: str) -> bytes:
     out = io.BytesIO()
     writer.write(out)
     return out.getvalue()
+
+
+def raw_request(port: int, head: bytes, timeout: float = 30) -> bytes:
+    """Send ``head`` as is on a fresh connection to ``127.0.0.1:port`` and read the
+    whole answer (the server may answer and close before it has read everything: the
+    write then fails, and the answer is there)."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(head)
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer
+
+
+def status_of(answer: bytes) -> int:
+    """The status of a raw HTTP/1.1 answer (0 when there is none)."""
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory, in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024

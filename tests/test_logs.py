@@ -139,10 +139,11 @@ def test_the_default_log_is_human_readable_with_the_ids(tmp_path: Path, blob_cac
         # the banner's one-time console link signs a browser in, once
         start = server.log_path.read_text(encoding="utf-8")
         link = start.split("console: ", 1)[1].split()[0]
-        assert link.startswith(f"{server.url}/console/login?code=")
-        first = httpx.get(link)
-        assert first.status_code == 303 and "lmsp_console=" in first.headers["set-cookie"]
-        assert httpx.get(link).status_code == 403
+        assert link.startswith(f"{server.url}/console/login#code=")
+        code = {"code": link.split("#code=", 1)[1]}
+        first = httpx.post(f"{server.url}/console/session", json=code)
+        assert first.status_code == 201 and "set-cookie" not in first.headers
+        assert httpx.post(f"{server.url}/console/session", json=code).status_code == 401
     finally:
         server.stop()
     raw = server.log_path.read_text(encoding="utf-8").splitlines()

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import Server, open_db
+from tests.helpers import Server, check_log_invariants, open_db
 
 pytestmark = pytest.mark.slow
 
@@ -122,3 +122,54 @@ def test_a_resumed_response_stream_ends_too(server: Server, tmp_path: Path) -> N
     path = f"/v1/responses/{response_id}?stream=true"
     seen, _ = follow_until_revoked(server, token, client_id, "GET", path)
     ends_revoked(seen)
+
+
+def task_status(server: Server, task_id: str) -> str:
+    conn = open_db(server.data_dir)
+    try:
+        return str(conn.execute("SELECT status FROM tasks WHERE id = ?", (task_id,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_revoking_a_client_cancels_its_queued_and_running_background_tasks(
+    server: Server,
+) -> None:
+    """Issue 17, finding 8: nobody waits on a background task, so the revoke itself
+    cancels them (the guarded cancel of the API: queued → cancelled, running →
+    cancelling → cancelled); another client's task runs on."""
+    client_id, token = agent(server)
+    _, bystander = agent(server)
+    body = {"model": "lmsp-test", "input": "long", "background": True, "max_output_tokens": 400}
+    with (
+        httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as http,
+        httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {bystander}"}
+        ) as other,
+    ):
+        mine = [http.post("/v1/responses", json=body).json()["task"]["id"] for _ in range(4)]
+        theirs = other.post("/v1/responses", json=body).json()["task"]["id"]
+        deadline = time.monotonic() + 30
+        while task_status(server, mine[0]) != "running":  # three run (LMSP_PARALLEL=3)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        statuses = {task_status(server, t) for t in mine}
+        assert "queued" in statuses and "running" in statuses, statuses
+        with server.client() as owner:
+            revoked = owner.delete(f"/v1/clients/{client_id}").json()
+        assert revoked["revoked"] is True
+        assert sorted(revoked["cancelled_tasks"]) == sorted(mine)
+        deadline = time.monotonic() + 30
+        while any(task_status(server, t) != "cancelled" for t in mine):
+            assert time.monotonic() < deadline, [task_status(server, t) for t in mine]
+            time.sleep(0.05)
+        assert task_status(server, theirs) in ("queued", "running")
+        with server.client() as owner:
+            assert owner.post(f"/v1/tasks/{theirs}/cancel").status_code == 200
+            for task_id in mine:  # each log ends with the cancel, gap-free
+                log = owner.get(
+                    f"/v1/tasks/{task_id}/events", headers={"Accept": "application/json"}
+                ).json()["data"]
+                assert [e["sequence_number"] for e in log] == list(range(len(log)))
+                assert log[-1]["type"] == "response.cancelled"
+        check_log_invariants(open_db(server.data_dir))

@@ -20,11 +20,18 @@ pytestmark = pytest.mark.slow
 LIMIT = 100
 
 
+@pytest.fixture(params=["httptools", "h11"])
+def http_impl(request: pytest.FixtureRequest) -> str:
+    """The HTTP parser the server uses (``LMSP_HTTP``): both get the same guard."""
+    return str(request.param)
+
+
 @pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[Server]:
+def guarded(tmp_path: Path, http_impl: str) -> Iterator[Server]:
     server = Server(
         tmp_path / "data",
         env={
+            "LMSP_HTTP": http_impl,
             "LMSP_HEADER_TIMEOUT": "1s",
             "LMSP_BODY_TIMEOUT": "1s",
             "LMSP_MAX_CONNECTIONS": str(LIMIT),
@@ -64,13 +71,17 @@ def test_a_slow_body_is_cut_off(guarded: Server) -> None:
         assert http.get("/v1/models").status_code == 200
 
 
-def test_past_the_limit_busy_connections_are_not_evicted(tmp_path: Path) -> None:
+def test_past_the_limit_busy_connections_are_not_evicted(tmp_path: Path, http_impl: str) -> None:
     """Connections inside a request (open event streams) are never evicted: past the
     limit a newcomer is answered 503 with Retry-After, and served once a stream ends."""
     limit = 20
     server = Server(
         tmp_path / "busy",
-        env={"LMSP_MAX_CONNECTIONS": str(limit), "LMSP_TEST_ENGINE_DELAY": "1"},
+        env={
+            "LMSP_HTTP": http_impl,
+            "LMSP_MAX_CONNECTIONS": str(limit),
+            "LMSP_TEST_ENGINE_DELAY": "1",
+        },
     ).start()
     streams: list[socket.socket] = []
     try:
@@ -78,7 +89,7 @@ def test_past_the_limit_busy_connections_are_not_evicted(tmp_path: Path) -> None
             body = {"model": "lmsp-test", "input": "x", "background": True}
             task_id = http.post("/v1/responses", json=body).json()["task"]["id"]
         request = (
-            f"GET /v1/tasks/{task_id}/events HTTP/1.1\r\nHost: x\r\n"
+            f"GET /v1/tasks/{task_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Authorization: Bearer {server.token}\r\n\r\n"
         ).encode()
         for _ in range(limit):

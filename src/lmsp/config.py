@@ -47,10 +47,16 @@ class Settings:
     cancel_wait: float = 5.0
     pairing_ttl: float = 600.0
     max_pending_pairings: int = 64
-    max_pending_pairings_per_source: int = 4
+    max_pending_pairings_per_source: int = 4  # a peer beyond this machine (not loopback)
+    max_pending_pairings_per_name: int = 4  # one client name, whatever its peer
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     max_connections: int = 1000
+    max_header_bytes: int = 64 * 1024  # the request line and headers, in all
+    max_headers: int = 100  # header fields in one request
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the bound ones
+    trusted_proxies: tuple[str, ...] = ()  # peers whose X-Forwarded-* is believed
+    http: str = "auto"  # the HTTP parser: auto (httptools when installed), httptools, h11
     log_format: str = "text"  # or "json": one JSON object a line
     kv_cache_bytes: int = 2 << 30  # the durable prefix cache's size; 0 turns it off
     kv_cache_ttl: float = 7 * 86400.0  # a saved prefix unused this long is deleted
@@ -79,6 +85,11 @@ class Settings:
 
 def _flag(value: str) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated list (``LMSP_ALLOWED_HOSTS``, ``LMSP_TRUSTED_PROXIES``)."""
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
 def from_env(env: dict[str, str] | None = None) -> Settings:
@@ -136,6 +147,26 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
             changes[key] = seconds = parse_duration(v)
             if seconds <= 0:
                 raise ValueError(f"{name} must be more than 0s")
+    if v := env.get("LMSP_MAX_PENDING_PAIRINGS_PER_NAME"):
+        changes["max_pending_pairings_per_name"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_MAX_PENDING_PAIRINGS_PER_NAME must be at least 1")
+    if v := env.get("LMSP_MAX_HEADER_BYTES"):
+        changes["max_header_bytes"] = int(v)
+        if int(v) < 1024:
+            raise ValueError("LMSP_MAX_HEADER_BYTES must be at least 1024")
+    if v := env.get("LMSP_MAX_HEADERS"):
+        changes["max_headers"] = int(v)
+        if int(v) < 8:
+            raise ValueError("LMSP_MAX_HEADERS must be at least 8")
+    if v := env.get("LMSP_ALLOWED_HOSTS"):
+        changes["allowed_hosts"] = _names(v)
+    if v := env.get("LMSP_TRUSTED_PROXIES"):
+        changes["trusted_proxies"] = _names(v)
+    if v := env.get("LMSP_HTTP"):
+        if v not in ("auto", "httptools", "h11"):
+            raise ValueError("LMSP_HTTP must be auto, httptools or h11")
+        changes["http"] = v
     if v := env.get("LMSP_MAX_CONNECTIONS"):
         changes["max_connections"] = int(v)
         if int(v) < 1:

@@ -54,10 +54,11 @@ def attack(
             continue
         sock.setblocking(False)
         if body:
-            head = b"POST /v1/pairing HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            head = b"POST /v1/pairing HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            head += b"content-type: application/json\r\n"
             sock.send(head + b"content-length: 1000\r\n\r\n")
         else:
-            sock.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            sock.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         sel.register(sock, selectors.EVENT_READ)
         socks[sock] = time.monotonic()
         out.opened += 1

@@ -2,11 +2,13 @@
 valid token (plus generated ``Idempotency-Key`` and ``Last-Event-ID`` headers), and
 hypothesis properties of every parser — durations, cursors and ``Last-Event-ID``,
 idempotency keys and digests, Unicode (lone surrogates included), GGUF headers, the
-CLI's escaping, user codes. No input may give a 5xx or a hang (each call has a
-deadline); every error has the section-8 shape.
+CLI's escaping, user codes — then raw request heads (any number and size of fields,
+any ``Host``, long request lines; both HTTP parsers) and tool definitions and
+``tool_choice`` of any JSON shape in both APIs, against real servers. No input may give
+a 5xx or a hang (each call has a deadline); every error has the section-8 shape.
 
 ``make test`` runs a short pass; ``make torture`` (``LMSP_CAMPAIGN=long``) runs at least
-2,000 schemathesis cases and 2,000 cases per parser.
+2,000 schemathesis cases and 2,000 cases per parser (and per head and tool campaign).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import re
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lmsp import config, errors
@@ -32,7 +35,7 @@ from lmsp.cli.safe import clean, clean_json
 from lmsp.gguf import NotGGUF, check_structure, read_header_from
 from lmsp.store import idempotency, pairing
 from tests.campaigns.invariants import Ledger, check, long_run, report
-from tests.helpers import Server
+from tests.helpers import Server, raw_request, rss_mib, seeded_data_dir, status_of
 
 PER_PARSER = 2000 if long_run() else 150
 PER_OPERATION = 150 if long_run() else 12
@@ -302,6 +305,208 @@ def test_schema_fuzz_campaign(fuzz_server: Server) -> None:
     assert not violations, violations[:10]
     assert operations >= 15
     assert cases >= (2000 if long_run() else 100)
+
+
+# -- request heads, raw, against both HTTP parsers ----------------------------------------------
+PER_HEAD = 2000 if long_run() else 60
+TOKEN = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz-_0123456789"), min_size=1, max_size=20)
+FIELD_VALUE = st.one_of(
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=80),
+    st.integers(min_value=0, max_value=200_000).map(lambda n: "v" * n),
+).map(lambda text: text.encode("latin-1"))
+HOSTS = st.one_of(
+    st.none(),
+    st.sampled_from(["127.0.0.1", "localhost", "[::1]", "evil.example", "127.0.0.1.nip.io", ""]),
+    st.builds(lambda p: f"127.0.0.1:{p}", st.integers(min_value=0, max_value=70_000)),
+    st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=60),
+)
+HEAD_OK = {200, 400, 401, 404, 405, 408, 421, 431}
+
+
+@st.composite
+def heads(draw: st.DrawFn) -> bytes:
+    target = draw(st.sampled_from(["/healthz", "/v1/service", "/metrics", "/", "/v1/models"]))
+    target += (
+        "?" + "q" * draw(st.integers(min_value=0, max_value=100_000)) if draw(st.booleans()) else ""
+    )
+    lines = [f"GET {target} HTTP/1.1".encode()]
+    host = draw(HOSTS)
+    if host is not None:
+        lines.append(b"Host: " + host.encode("latin-1"))
+    many = draw(st.one_of(st.integers(0, 20), st.integers(90, 110), st.integers(1000, 20_000)))
+    name, value = draw(TOKEN), draw(FIELD_VALUE)
+    if many > 200:  # thousands of one small field: drawing each would be slow
+        lines += [b"X-" + name.encode() + b"%d: a" % i for i in range(many)]
+    else:
+        lines += [
+            draw(TOKEN).encode() + b": " + (value if i == 0 else draw(FIELD_VALUE)[:40])
+            for i in range(many)
+        ]
+    lines.append(b"Connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def head_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    srv = Server(
+        tmp_path_factory.mktemp(f"fuzz-heads-{request.param}") / "data",
+        env={"LMSP_HTTP": request.param},
+    ).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+def test_head_fuzz_campaign(head_server: Server) -> None:
+    assert head_server.proc is not None
+    pid = head_server.proc.pid
+    statuses: dict[int, int] = {}
+    violations: list[str] = []
+    before = rss_mib(pid)
+
+    @given(head=heads())
+    @example(head=b"GET /metrics HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+    @example(head=b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    @example(head=b"GET /healthz HTTP/1.1\r\nX-A: " + b"a" * 70_000 + b"\r\n\r\n")
+    @settings(
+        max_examples=PER_HEAD, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    def call(head: bytes) -> None:
+        answer = raw_request(head_server.port, head)
+        status = status_of(answer)
+        statuses[status] = statuses.get(status, 0) + 1
+        if status not in HEAD_OK:
+            violations.append(f"{status} for a {len(head)}-byte head: {answer[:200]!r}")
+        elif status >= 400 and status != 400:  # a parser's own 400 is plain text
+            body = answer.split(b"\r\n\r\n", 1)[1]
+            if set(json.loads(body)["error"]) != {"type", "code", "message", "param"}:
+                violations.append(f"error shape: {body[:200]!r}")
+
+    call()
+    grown = rss_mib(pid) - before
+    report(
+        f"fuzz campaign (heads, {head_server.extra_env['LMSP_HTTP']}): {sum(statuses.values())}"
+        f" heads (statuses {dict(sorted(statuses.items()))}); RSS grew {grown:.0f} MiB;"
+        f" {len(violations)} violations"
+    )
+    assert not violations, violations[:10]
+    assert grown < 64, f"RSS grew by {grown:.0f} MiB"
+    assert 431 in statuses and 421 in statuses and 200 in statuses
+
+
+# -- tool definitions and tool_choice of any shape, both APIs ------------------------------------
+PER_TOOLS = 2000 if long_run() else 80
+TOOL_MODEL = "smollm2-135m-instruct"  # a tool choice is a grammar: the real engine follows it
+
+
+def near_tool(chat: bool) -> Any:
+    """A tool that is often nearly right: the shapes the APIs expect, with any JSON in
+    each place."""
+    name = st.one_of(st.sampled_from(["f", "g", "get_weather", "<tool_call>", "a b"]), JSON)
+    function = st.fixed_dictionaries(
+        {"name": name},
+        optional={"parameters": st.one_of(st.just({"type": "object"}), JSON), "strict": JSON},
+    )
+    if chat:
+        shaped = st.fixed_dictionaries({"type": st.just("function"), "function": function})
+    else:
+        shaped = function.map(lambda f: {"type": "function", **f})
+    return st.one_of(shaped, JSON)
+
+
+def near_choice(chat: bool) -> Any:
+    named = (
+        st.builds(lambda n: {"type": "function", "function": {"name": n}}, JSON | st.just("f"))
+        if chat
+        else st.builds(lambda n: {"type": "function", "name": n}, JSON | st.just("f"))
+    )
+    listed = st.lists(st.one_of(named, JSON), max_size=3)
+    allowed = (
+        st.builds(
+            lambda m, t: {"type": "allowed_tools", "allowed_tools": {"mode": m, "tools": t}},
+            JSON | st.just("auto"),
+            listed,
+        )
+        if chat
+        else st.builds(
+            lambda m, t: {"type": "allowed_tools", "mode": m, "tools": t},
+            JSON | st.just("auto"),
+            listed,
+        )
+    )
+    return st.one_of(st.sampled_from(["none", "auto", "required"]), named, allowed, JSON)
+
+
+@st.composite
+def tool_requests(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    chat = draw(st.booleans())
+    body: dict[str, Any] = {"tools": draw(st.lists(near_tool(chat), max_size=3) | JSON)}
+    if draw(st.booleans()):
+        body["tool_choice"] = draw(near_choice(chat))
+    if chat:
+        messages = [{"role": "user", "content": "hi"}]
+        return "/v1/chat/completions", {
+            "model": TOOL_MODEL,
+            "messages": messages,
+            "max_tokens": 1,
+            **body,
+        }
+    return "/v1/responses", {"model": TOOL_MODEL, "input": "hi", "max_output_tokens": 1, **body}
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory: pytest.TempPathFactory, blob_cache: Path) -> Iterator[Server]:
+    data_dir = seeded_data_dir(tmp_path_factory.mktemp("fuzz-tools") / "data", blob_cache)
+    srv = Server(data_dir).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+def test_tool_shape_fuzz_campaign(tool_server: Server) -> None:
+    import httpx
+
+    statuses: dict[int, int] = {}
+    violations: list[str] = []
+    with tool_server.client() as http:
+
+        @given(request=tool_requests())
+        @settings(
+            max_examples=PER_TOOLS,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def call(request: tuple[str, dict[str, Any]]) -> None:
+            path, body = request
+            try:
+                answer = http.post(path, content=json.dumps(body, allow_nan=False))
+            except (ValueError, httpx.HTTPError) as exc:  # e.g. a lone surrogate: not JSON
+                statuses[0] = statuses.get(0, 0) + 1
+                assert isinstance(exc, ValueError), exc
+                return
+            statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
+            if answer.status_code >= 500:
+                violations.append(f"{path} {body}: {answer.status_code} {answer.text[:200]}")
+            elif answer.status_code >= 400:
+                error = answer.json()["error"]
+                if set(error) != {"type", "code", "message", "param"}:
+                    violations.append(f"{path}: error shape {answer.text[:200]}")
+                elif answer.status_code == 400 and not (error["param"] or "").startswith(
+                    ("tools", "tool_choice", "messages", "input")
+                ):
+                    violations.append(f"{path} {body}: param {error['param']!r}")
+
+        call()
+    violations += check(tool_server.data_dir, Ledger())
+    report(
+        f"fuzz campaign (tool shapes): {sum(statuses.values())} requests"
+        f" (statuses {dict(sorted(statuses.items()))}); {len(violations)} violations"
+    )
+    assert not violations, violations[:10]
+    assert 400 in statuses
 
 
 def test_gguf_header_sample_is_whole() -> None:

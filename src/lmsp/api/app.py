@@ -28,6 +28,7 @@ from . import inputs
 from .broker import Broker
 from .errors import anthropic_response, error_response, is_messages
 from .errors import body as error_body
+from .hosts import HostPolicy, RequestGate
 from .routes import (
     activity,
     chat,
@@ -252,15 +253,10 @@ def _announce_console(svc: Service) -> None:
     owner = service_store.get(svc.db.reader(), "owner_client_id")
     if owner is None:
         return
-    host = svc.settings.host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    elif ":" in host:
-        host = f"[{host}]"
     code, _ = svc.console.new_link(owner)
     log.info(
         "console: %s (a one-time link for the owner; `lmsp console` prints another)",
-        console.login_url(f"http://{host}:{svc.settings.port}", code),
+        console.login_url(console.console_origin(svc.settings), code),
         extra={"event": "console.login_link"},
     )
 
@@ -310,6 +306,12 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(pairing.router)
     app.include_router(client_routes.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
+    app.add_middleware(
+        RequestGate,
+        hosts=HostPolicy(settings.host, settings.allowed_hosts),
+        max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
+    )
     app.add_middleware(HttpMetrics)
     return app
 

@@ -10,7 +10,6 @@ tests can walk the routes from it.
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -68,25 +67,16 @@ async def _record_use(request: Request, client: Client) -> None:
         svc.touched.pop(client.id, None)
 
 
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
 def console_client(request: Request) -> Client | None:
-    """The client a console session stands for (``None`` without a live session). A
-    request that changes something must carry the session's CSRF token in
-    ``X-CSRF-Token``, which a page of another site can neither read nor send."""
-    secret = request.cookies.get(sessions.COOKIE)
+    """The client a console session stands for (``None`` without a live session): the
+    session's secret comes in its own header (:mod:`lmsp.api.sessions`), which no page
+    of another origin holds and no browser adds by itself."""
+    secret = request.headers.get(sessions.HEADER)
     if not secret:
         return None
     session = request.app.state.lmsp.console.session(secret)
     if session is None:
         return None
-    if request.method not in SAFE_METHODS:
-        sent = request.headers.get(sessions.CSRF_HEADER, "")
-        if not hmac.compare_digest(sent.encode(), session.csrf.encode()):
-            raise errors.LmspError(
-                "csrf_failed", "The console's CSRF token is missing or wrong; reload the page."
-            )
     return clients.load(request.app.state.lmsp.db.reader(), session.client_id)
 
 
@@ -121,8 +111,8 @@ def require(scope: str, *, api_key: bool = False) -> Callable[..., Awaitable[Cli
 async def authorize(request: Request, scope: str, *, api_key: bool = False) -> Client:
     """The calling client, which must hold ``scope`` (or ``admin``): else 401 / 403.
 
-    A bearer token (with ``api_key``, else one in ``x-api-key``), or else the console's
-    session cookie (with its CSRF token on a request that changes something)."""
+    A bearer token (with ``api_key``, else one in ``x-api-key``), or else a console
+    session (its secret in ``X-Lmsp-Session``)."""
     token = bearer(request)
     if token is None and api_key:
         token = request.headers.get("x-api-key", "").strip() or None

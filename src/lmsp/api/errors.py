@@ -19,11 +19,12 @@ STATUS: dict[str, int] = {
     # 401 / 403
     "invalid_token": 401,
     "insufficient_scope": 403,
-    "csrf_failed": 403,
     # 404
     "not_found": 404,
     # 405
     "method_not_allowed": 405,
+    # 421: a Host name the service does not answer for (lmsp.api.hosts)
+    "misdirected_request": 421,
     # 409
     "conflict": 409,
     "model_exists": 409,
@@ -37,6 +38,7 @@ STATUS: dict[str, int] = {
     # 413 / 415 / 422
     "request_too_large": 413,
     "unsupported_media_type": 415,
+    "request_header_too_large": 431,
     "idempotency_key_reused": 422,
     "idempotency_key_spent": 422,
     # 429

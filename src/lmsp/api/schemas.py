@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from lmsp.errors import LmspError
 from lmsp.protocol.events import INCLUDE_LIFECYCLE
 
-from . import toolcheck
+from . import toolcheck, tooldefs
 
 
 class Body(BaseModel):
@@ -28,9 +28,7 @@ class Body(BaseModel):
 
 # -- shared field types ---------------------------------------------------------------------
 ModelId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-ToolName = Annotated[
-    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
-]
+ToolName = Annotated[str, StringConstraints(pattern=rf"^{tooldefs.NAME.pattern}$")]
 ShortId = Annotated[str, StringConstraints(max_length=64)]
 MetadataKey = Annotated[str, StringConstraints(max_length=64)]
 MetadataValue = Annotated[str, StringConstraints(max_length=512)]
@@ -73,33 +71,9 @@ MAX_INPUT_ITEMS = 4096
 
 
 # -- Responses ------------------------------------------------------------------------------
-class Tool(Body):
-    """A tool definition. Open Responses defines ``function`` tools; OpenAI's hosted tool
-    types parse here and are refused by :func:`check_response`."""
-
-    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-    name: ToolName | None = None
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class NamedTool(Body):
-    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-    name: ToolName | None = None
-
-
-class ToolChoiceObject(Body):
-    """``{"type": "function", "name"}``, ``{"type": "allowed_tools", "tools", "mode"}``,
-    or a hosted tool type (refused)."""
-
-    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-    name: ToolName | None = None
-    tools: Annotated[list[NamedTool], Field(min_length=1, max_length=128)] | None = None
-    mode: Literal["none", "auto", "required"] | None = None
-
-
-ToolChoice = Literal["none", "auto", "required"] | ToolChoiceObject
+#: ``tools`` and ``tool_choice`` are JSON here and read by :mod:`.tooldefs`, the one
+#: reading both APIs share (every malformed shape a 400 naming its place)
+Tools = Annotated[list[Any], Field(max_length=128)]
 
 
 class TextFormat(Body):
@@ -138,8 +112,8 @@ class CreateResponse(Body):
         None
     )
     include: Annotated[list[str], Field(max_length=16)] | None = None
-    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
-    tool_choice: ToolChoice | None = None
+    tools: Tools | None = None
+    tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: Annotated[int, Field(ge=1, le=1000)] | None = None
     text: TextConfig | None = None
@@ -179,10 +153,15 @@ class CreateResponse(Body):
     stop: Stop | None = None
 
     def stored(self) -> dict[str, Any]:
-        """The request as the store keeps it (what was given, ``schema`` by its name)."""
+        """The request as the store keeps it (what was given, ``schema`` by its name;
+        ``tools`` and ``tool_choice`` as :mod:`.tooldefs` reads them)."""
         out = self.model_dump(exclude_none=True, by_alias=True)
         if isinstance(out.get("stop"), str):
             out["stop"] = [out["stop"]]
+        if self.tools is not None:
+            out["tools"] = tooldefs.read_tools(self.tools, tooldefs.RESPONSES)
+        if self.tool_choice is not None:
+            out["tool_choice"] = tooldefs.read_choice(self.tool_choice, tooldefs.RESPONSES)
         return out
 
 
@@ -218,12 +197,10 @@ def _chat_logprobs(body: ChatCompletionCreate) -> Iterator[LmspError]:
 
 
 def _tools(body: CreateResponse) -> Iterator[LmspError]:
-    """Function tools, ``tool_choice`` and ``text.format`` (:mod:`.toolcheck`)."""
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-    given = body.tool_choice
-    choice: Any = (
-        given.model_dump(exclude_none=True) if isinstance(given, ToolChoiceObject) else given
-    )
+    """Function tools, ``tool_choice`` (:mod:`.tooldefs`) and ``text.format``
+    (:mod:`.toolcheck`)."""
+    tools = tooldefs.read_tools(body.tools, tooldefs.RESPONSES)
+    choice = tooldefs.read_choice(body.tool_choice, tooldefs.RESPONSES)
     fmt = body.text.format if body.text else None
     shown = None if fmt is None else fmt.model_dump(exclude_none=True, by_alias=True)
     yield from toolcheck.problems(tools, choice, shown, body.stop)
@@ -323,11 +300,6 @@ class ChatMessage(Body):
     audio: Any = None
 
 
-class ChatTool(Body):
-    type: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-    function: dict[str, Any] | None = None
-
-
 class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
@@ -357,7 +329,7 @@ class ChatCompletionCreate(Body):
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
     logit_bias: dict[str, int] | None = None
-    tools: Annotated[list[ChatTool], Field(max_length=128)] | None = None
+    tools: Tools | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
@@ -416,15 +388,10 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
             "max_tokens and max_completion_tokens disagree; send one of them.",
             param="max_tokens",
         )
-    choice = body.tool_choice
-    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
-        yield LmspError("invalid_value", f"Unknown tool_choice {choice!r}.", param="tool_choice")
-    elif choice is not None and not isinstance(choice, (str, dict)):
-        yield LmspError("invalid_value", "tool_choice: a string or an object.", param="tool_choice")
     fmt = body.response_format.model_dump(exclude_none=True) if body.response_format else None
     yield from toolcheck.problems(
-        toolcheck.chat_tools([t.model_dump(exclude_none=True) for t in body.tools or []]),
-        toolcheck.chat_choice(choice),
+        tooldefs.read_tools(body.tools, tooldefs.CHAT),
+        tooldefs.read_choice(body.tool_choice, tooldefs.CHAT),
         toolcheck.chat_format(fmt),
         body.stop,
         toolcheck.chat_param,

@@ -211,6 +211,18 @@ class Service:
         if moved is not None and moved["status"] == Status.CANCELLING and wait > 0:
             await self.wait_finished(task_id, timeout=wait)
 
+    def cancelled(self, moved: list[sqlite3.Row], why: str) -> None:
+        """After a commit that cancelled tasks (a revoke): the runner stops generating
+        for those now ``cancelling``."""
+        for task in moved:
+            log.info(
+                "task %s: cancel requested (%s)",
+                task["id"],
+                why,
+                extra={"event": "task.cancel_requested", "task_id": task["id"]},
+            )
+            self._after_cancel(task["id"], task)
+
     async def delete_when_finished(self, task_id: str, response_id: str, client_id: str) -> None:
         """``store: false``: the response goes once its task has finished."""
         await self.wait_finished(task_id)

@@ -1,12 +1,22 @@
 """The console's sign-in: one-time login links and browser sessions, in memory.
 
 ``lmsp console`` (or the ``serve`` banner) asks for a login link: a random code, good
-once and for :data:`LINK_TTL` seconds. Opening it gives the browser a session cookie
-(``HttpOnly``, ``SameSite=Strict``) that stands for the client that asked for the link
-(the owner). A session also has a CSRF token the console's page sends with every
-request that changes something (``X-CSRF-Token``); a request carrying the cookie without
-it is refused. Only hashes of codes and session ids are kept; a restart of the service
-signs every console out.
+once and for :data:`LINK_TTL` seconds, carried in the link's fragment
+(``/console/login#code=…``), which a browser never sends to any server. The page that
+opens spends the code (``POST /console/session``) for a session secret that stands for
+the client that asked for the link (the owner), for :data:`SESSION_TTL` seconds at
+most. The page keeps the secret in its tab's ``sessionStorage`` and sends it in the
+:data:`HEADER` header with every request.
+
+No cookie is involved: a browser attaches cookies to every port of a host, so a cookie
+would hand the console to any page served on another port of ``127.0.0.1``. Storage is
+per origin (scheme, host and port), and a header is never added by the browser on its
+own: a page elsewhere (another port, another site, a form it posts) holds nothing that
+signs it in, and a request without the header is refused. That is also what makes the
+session safe against cross-site request forgery, with no token of its own.
+
+Only hashes of codes and secrets are kept; signing out ends a session; a restart of the
+service ends them all.
 """
 
 from __future__ import annotations
@@ -19,8 +29,8 @@ from dataclasses import dataclass
 
 LINK_TTL = 600.0
 SESSION_TTL = 12 * 3600.0
-COOKIE = "lmsp_console"
-CSRF_HEADER = "x-csrf-token"
+#: the request header that carries a console session's secret
+HEADER = "x-lmsp-session"
 
 
 def _hash(secret: str) -> str:
@@ -30,7 +40,6 @@ def _hash(secret: str) -> str:
 @dataclass(frozen=True)
 class Session:
     client_id: str
-    csrf: str
     expires: float
 
 
@@ -59,7 +68,7 @@ class ConsoleSessions:
             if found is None or found[1] < now:
                 return None
             secret = secrets.token_urlsafe(32)
-            session = Session(found[0], secrets.token_urlsafe(24), now + SESSION_TTL)
+            session = Session(found[0], now + SESSION_TTL)
             self._sessions[_hash(secret)] = session
             return secret, session
 

@@ -146,38 +146,7 @@ def _choice(choice: Any, names: set[str], param: Param) -> Iterator[LmspError]:
 
 
 # -- Chat Completions: the same fields in their chat form ---------------------------------
-def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat ``tools`` (``{type, function: {name, …}}``) in their Responses form."""
-    out = []
-    for tool in tools:
-        function = tool.get("function") if tool.get("type") == "function" else None
-        if not isinstance(function, dict):
-            out.append({"type": tool.get("type")})
-            continue
-        shown = {"type": "function", "name": function.get("name")}
-        for key in ("description", "parameters", "strict"):
-            if function.get(key) is not None:
-                shown[key] = function[key]
-        out.append(shown)
-    return out
-
-
-def chat_choice(choice: Any) -> Any:
-    """A chat ``tool_choice`` in its Responses form."""
-    if not isinstance(choice, dict):
-        return choice
-    if choice.get("type") == "function":
-        return {"type": "function", "name": (choice.get("function") or {}).get("name")}
-    if choice.get("type") == "allowed_tools":
-        given = choice.get("allowed_tools") or {}
-        named = [
-            {"type": t.get("type"), "name": (t.get("function") or {}).get("name")}
-            for t in given.get("tools") or []
-        ]
-        return {"type": "allowed_tools", "mode": given.get("mode", "auto"), "tools": named}
-    return {"type": choice.get("type")}
-
-
+# (``tools`` and ``tool_choice`` are read into the Responses form by :mod:`.tooldefs`)
 def chat_format(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
     """A chat ``response_format`` as a Responses ``text.format``."""
     if response_format is None or response_format.get("type") != "json_schema":
@@ -199,7 +168,8 @@ _CHAT_PLACES = {
 def chat_param(*parts: str | int) -> str:
     """The chat name of a place in the Responses form."""
     if parts[:2] == ("tool_choice", "tools"):
-        return responses_param("tool_choice", "allowed_tools", *parts[1:])
+        named = ("function", *parts[3:]) if parts[3:] == ("name",) else parts[3:]
+        return responses_param("tool_choice", "allowed_tools", *parts[1:3], *named)
     if parts and parts[0] == "tools" and len(parts) > 2 and parts[2] != "type":
         return responses_param("tools", parts[1], "function", *parts[2:])
     return _CHAT_PLACES.get(tuple(parts), responses_param(*parts))  # type: ignore[arg-type]

@@ -125,6 +125,8 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
         settings.header_timeout,
         settings.body_timeout,
         _descriptor_budget(settings.max_connections),
+        settings.max_header_bytes,
+        settings.http,
     )
     server = uvicorn.Server(
         uvicorn.Config(
@@ -132,6 +134,10 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
             host=settings.host,
             port=settings.port,
             http=protocol,
+            # X-Forwarded-For and -Proto are believed only from a configured proxy:
+            # uvicorn's default trusts them from loopback, where every local process is
+            proxy_headers=bool(settings.trusted_proxies),
+            forwarded_allow_ips=list(settings.trusted_proxies) or None,
             log_level="info",
             log_config=None,  # lmsp's handler formats uvicorn's lines too (text or json)
             timeout_graceful_shutdown=5,

@@ -71,10 +71,14 @@ def add(
 @click.argument("client_id")
 @remote_options
 def revoke(client_id: str, url: str | None, token: str | None, as_json: bool) -> None:
-    """Revoke a client: its token stops working at once; its tasks stay."""
+    """Revoke a client: its token stops working at once and its queued and running
+    tasks are cancelled; its finished tasks stay."""
     with connect(url, token) as api:
         revoked = api.revoke_client(client_id)
     if as_json:
         print_json(revoked)
     else:
-        click.echo(f"revoked {revoked['id']} ({clean(revoked['name'])})")
+        cancelled = len(revoked.get("cancelled_tasks") or [])
+        click.echo(
+            f"revoked {revoked['id']} ({clean(revoked['name'])}); cancelled {cancelled} task(s)"
+        )

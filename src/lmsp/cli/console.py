@@ -14,8 +14,9 @@ from .remote import connect, print_json, remote_options
 @remote_options
 def console(open_browser: bool, url: str | None, token: str | None, as_json: bool) -> None:
     """Print a one-time login link to the console in the browser (needs the owner's
-    token). The link works once, for ten minutes; the browser then holds a session
-    (a restart of the service signs it out)."""
+    token). The link works once, for ten minutes; the browser tab that opens it is
+    signed in while it stays open, for 12 hours at most, until it signs out or the
+    service restarts."""
     with connect(url, token) as api:
         link = api.console_link()
     if as_json:

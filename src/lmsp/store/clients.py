@@ -135,7 +135,8 @@ def all_clients(conn: sqlite3.Connection) -> list[sqlite3.Row]:
 
 
 def revoke(conn: sqlite3.Connection, client_id: str) -> sqlite3.Row | None:
-    """Revoke a client (once; revoking again keeps the first time). Its tasks stay."""
+    """Revoke a client (once; revoking again keeps the first time). The caller cancels
+    its unfinished tasks in the same transaction (:func:`lmsp.store.tasks.unfinished_of`)."""
     conn.execute(
         "UPDATE clients SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
         (_now(), client_id),

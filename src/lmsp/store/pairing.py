@@ -52,6 +52,17 @@ def pending(conn: sqlite3.Connection, now: int) -> list[sqlite3.Row]:
     )
 
 
+def same_name(a: str, b: str) -> bool:
+    """Whether two client names count as one for the per-name limit (case and
+    surrounding spaces aside)."""
+    return a.strip().casefold() == b.strip().casefold()
+
+
+def _refuse(waiting: list[sqlite3.Row], now: int, message: str) -> LmspError:
+    retry = max(1, min(r["expires_at"] for r in waiting) - now)
+    return LmspError("too_many_pairing_requests", message, headers={"Retry-After": str(retry)})
+
+
 def create(
     conn: sqlite3.Connection,
     *,
@@ -62,25 +73,35 @@ def create(
     now: int,
     source: str = "",
     max_per_source: int | None = None,
+    max_per_name: int | None = None,
 ) -> sqlite3.Row:
-    """A new pending request; ``429`` when ``max_per_source`` unexpired ones from the
-    same ``source`` (the peer address), or ``max_pending`` in all, are waiting."""
+    """A new pending request; ``429`` (with ``Retry-After``: when the oldest of those
+    it counts against expires) when ``max_per_name`` unexpired ones with the same
+    client name, ``max_per_source`` from the same ``source`` (the caller passes it only
+    for a peer it can tell apart: not loopback, where every local agent is one
+    address), or ``max_pending`` in all are waiting."""
     waiting = pending(conn, now)
+    named = [r for r in waiting if same_name(r["client_name"], client_name)]
+    if max_per_name is not None and len(named) >= max_per_name:
+        raise _refuse(
+            named,
+            now,
+            f"{max_per_name} pairing requests named {client_name.strip()!r} are waiting for"
+            " approval already; retry later.",
+        )
     mine = [r for r in waiting if r["source"] == source]
     if max_per_source is not None and len(mine) >= max_per_source:
-        retry = max(1, min(r["expires_at"] for r in mine) - now)
-        raise LmspError(
-            "too_many_pairing_requests",
+        raise _refuse(
+            mine,
+            now,
             f"{max_per_source} pairing requests from this address are waiting for approval"
             " already; retry later.",
-            headers={"Retry-After": str(retry)},
         )
     if len(waiting) >= max_pending:
-        retry = max(1, min(r["expires_at"] for r in waiting) - now)
-        raise LmspError(
-            "too_many_pairing_requests",
+        raise _refuse(
+            waiting,
+            now,
             f"{max_pending} pairing requests are waiting for approval already; retry later.",
-            headers={"Retry-After": str(retry)},
         )
     code = new_user_code()
     while conn.execute("SELECT 1 FROM pairing_requests WHERE user_code = ?", (code,)).fetchone():

@@ -300,6 +300,18 @@ def unfinished(conn: sqlite3.Connection) -> list[sqlite3.Row]:
     )
 
 
+def unfinished_of(conn: sqlite3.Connection, client_id: str) -> list[str]:
+    """The ids of a client's unfinished tasks, oldest first (a revoke cancels them)."""
+    return [
+        row[0]
+        for row in conn.execute(
+            f"SELECT id FROM tasks WHERE client_id = ? AND status IN ({UNFINISHED_SQL})"
+            " ORDER BY seq",
+            (client_id,),
+        )
+    ]
+
+
 def running_for_resume(conn: sqlite3.Connection) -> list[str]:
     return [
         r[0]

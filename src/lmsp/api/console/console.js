@@ -1,5 +1,9 @@
-// The lmsp console: plain JS, no build step. It calls the ordinary API with the
-// session cookie; every request that changes something carries the CSRF token.
+// The lmsp console: plain JS, no build step. It calls the ordinary API with its
+// session's secret in the X-Lmsp-Session header. The secret comes from spending the
+// one-time code of a login link (/console/login#code=…: a fragment, never sent to a
+// server) and lives in this tab's sessionStorage: it survives a reload, stays in this
+// tab and this origin (a page on another port cannot read it), and is gone when the tab
+// closes. No cookie: the browser would send one to every port of the host.
 // Everything shown is set as text (textContent), never as HTML: client names and
 // outputs are written by agents.
 "use strict";
@@ -7,9 +11,14 @@
 const TERMINAL = ["response.completed", "response.incomplete", "response.failed", "response.cancelled"];
 const UNFINISHED = new Set(["queued", "loading", "running", "cancelling"]);
 const SCOPES = ["models:read", "models:write", "responses:read", "responses:write", "admin"];
-let csrf = "";
+const SESSION_KEY = "lmsp.console.session";
+// a pairing code this browser was sent to approve before it was signed in: kept (it is
+// no secret) so that the login link, opened in this tab or another, lands on it
+const PAIR_KEY = "lmsp.console.pair";
+const PAIR_FOR = 10 * 60 * 1000;
+let secret = sessionStorage.getItem(SESSION_KEY) || "";
 let clientNames = {};
-let following = null; // {id, source}
+let following = null; // {id, stop}
 const wantedCode = new URLSearchParams(location.search).get("user_code");
 
 const $ = (id) => document.getElementById(id);
@@ -36,16 +45,20 @@ function showError(message) {
   box.hidden = !message;
 }
 
+function headers(extra = {}) {
+  return { Accept: "application/json", "X-Lmsp-Session": secret, ...extra };
+}
+
 async function api(method, path, body) {
-  const init = { method, headers: { Accept: "application/json" }, credentials: "same-origin" };
-  if (method !== "GET") {
-    init.headers["X-CSRF-Token"] = csrf;
+  const init = { method, headers: headers(), credentials: "omit", cache: "no-store" };
+  if (method !== "GET" && method !== "DELETE") {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body || {});
   }
   const answer = await fetch(path, init);
   const data = await answer.json().catch(() => ({}));
   if (answer.status === 401) {
+    forget();
     showSignin();
     throw new Error("signed out");
   }
@@ -56,9 +69,34 @@ async function api(method, path, body) {
   return data;
 }
 
-function showSignin() {
+function forget() {
+  secret = "";
+  sessionStorage.removeItem(SESSION_KEY);
+  if (following) following.stop();
+  following = null;
+}
+
+function showSignin(spent = false) {
   $("app").hidden = true;
   $("signin").hidden = false;
+  $("signin-spent").hidden = !spent;
+  if (wantedCode) {
+    localStorage.setItem(PAIR_KEY, JSON.stringify({ code: wantedCode, at: Date.now() }));
+    $("signin-pair").hidden = false;
+    $("signin-code").textContent = wantedCode;
+  }
+}
+
+// the pairing code a login should land on (once), if it was asked for lately
+function pendingPairCode() {
+  const kept = localStorage.getItem(PAIR_KEY);
+  localStorage.removeItem(PAIR_KEY);
+  try {
+    const { code, at } = JSON.parse(kept || "null") || {};
+    return code && Date.now() - at < PAIR_FOR ? code : null;
+  } catch {
+    return null;
+  }
 }
 
 // -- rows kept by id, updated in place (so a click never lands on a replaced row) ----------
@@ -124,36 +162,99 @@ async function cancel(taskId) {
   }
 }
 
+// an event stream read with fetch (EventSource cannot send the session's header); it
+// reconnects after a drop with Last-Event-ID, as EventSource would, until a terminal event
+function stream(path, onEvent) {
+  const control = new AbortController();
+  let lastId = null;
+  let ended = false;
+  const run = async () => {
+    while (!ended) {
+      const extra = { Accept: "text/event-stream" };
+      if (lastId !== null) extra["Last-Event-ID"] = lastId;
+      try {
+        const answer = await fetch(path, { headers: headers(extra), signal: control.signal, cache: "no-store" });
+        if (answer.status === 401) {
+          forget();
+          showSignin();
+          return;
+        }
+        if (!answer.ok || !answer.body) throw new Error(`status ${answer.status}`);
+        const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value.replace(/\r\n?/g, "\n");
+          let cut;
+          while ((cut = buffer.indexOf("\n\n")) >= 0) {
+            const frame = buffer.slice(0, cut);
+            buffer = buffer.slice(cut + 2);
+            const event = { type: "message", data: [] };
+            for (const line of frame.split("\n")) {
+              if (!line || line.startsWith(":")) continue;
+              const colon = line.indexOf(":");
+              const field = colon < 0 ? line : line.slice(0, colon);
+              const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+              if (field === "event") event.type = text;
+              else if (field === "data") event.data.push(text);
+              else if (field === "id") lastId = text;
+            }
+            if (event.data.length && onEvent(event.type, event.data.join("\n")) === false) {
+              ended = true;
+              control.abort();
+              return;
+            }
+          }
+        }
+      } catch (err) {
+        if (ended || control.signal.aborted) return;
+      }
+      await new Promise((done) => setTimeout(done, 1000));
+    }
+  };
+  run();
+  return () => {
+    ended = true;
+    control.abort();
+  };
+}
+
 function follow(taskId) {
-  if (following) following.source.close();
+  if (following) following.stop();
+  document.body.classList.add("following");
   $("follow").hidden = false;
   $("follow-id").textContent = taskId;
   $("follow-status").textContent = "";
   $("follow-status").className = "status";
   const text = $("follow-text");
   text.textContent = "";
-  const source = new EventSource(`/v1/tasks/${encodeURIComponent(taskId)}/events`);
-  following = { id: taskId, source };
-  source.addEventListener("response.output_text.delta", (event) => {
-    text.append(JSON.parse(event.data).delta || "");
-    text.scrollTop = text.scrollHeight;
-  });
-  const status = (kind) => (event) => {
-    const data = JSON.parse(event.data);
+  const status = (kind, data) => {
     const shown = (data.response && data.response.status) || kind;
     $("follow-status").textContent = shown;
     $("follow-status").className = `status ${shown}`;
   };
-  for (const kind of ["response.queued", "response.in_progress"]) {
-    source.addEventListener(kind, status(kind));
-  }
-  for (const kind of TERMINAL) {
-    source.addEventListener(kind, (event) => {
-      status(kind)(event);
-      source.close(); // the log is complete: no reconnect
-    });
-  }
+  const stop = stream(`/v1/tasks/${encodeURIComponent(taskId)}/events`, (kind, raw) => {
+    if (raw === "[DONE]") return false;
+    const data = JSON.parse(raw);
+    if (kind === "response.output_text.delta") {
+      text.append(data.delta || "");
+      text.scrollTop = text.scrollHeight;
+    } else if (kind === "response.queued" || kind === "response.in_progress") {
+      status(kind, data);
+    } else if (TERMINAL.includes(kind)) {
+      status(kind, data);
+      return false; // the log is complete: no reconnect
+    } else if (kind === "error") {
+      $("follow-status").textContent = data.code || "error";
+      return false;
+    }
+    return true;
+  });
+  following = { id: taskId, stop };
   $("follow-cancel").onclick = () => cancel(taskId);
+  // where the user sees it: beside the lists on a wide window, above them on a narrow one
+  $("follow").scrollIntoView({ block: "nearest" });
 }
 
 // -- pairing ---------------------------------------------------------------------------
@@ -298,24 +399,48 @@ async function refresh() {
     `${activity.sequences.length} running${running ? ` (${running})` : ""}, ${activity.queue.queued} queued`;
 }
 
+// a login link: spend the code in its fragment for a session, then go where the
+// operator was headed (a pairing request's page, or the console)
+async function signIn() {
+  const code = new URLSearchParams(location.hash.slice(1)).get("code") || "";
+  history.replaceState(null, "", location.pathname); // the code leaves the address bar
+  if (!code) return showSignin(true);
+  const answer = await fetch("/console/session", {
+    method: "POST",
+    headers: { Accept: "application/json", "Content-Type": "application/json" },
+    body: JSON.stringify({ code }),
+    credentials: "omit",
+    cache: "no-store",
+  });
+  if (!answer.ok) return showSignin(true);
+  const session = await answer.json();
+  sessionStorage.setItem(SESSION_KEY, session.secret);
+  const pair = wantedCode || pendingPairCode();
+  location.replace(pair ? `/console/pair?user_code=${encodeURIComponent(pair)}` : "/");
+}
+
 async function start() {
-  const answer = await fetch("/console/session", { credentials: "same-origin" });
+  if (location.pathname === "/console/login") return signIn();
+  if (!secret) return showSignin();
+  const answer = await fetch("/console/session", { headers: headers(), credentials: "omit", cache: "no-store" });
   if (!answer.ok) {
-    showSignin();
-    return;
+    forget();
+    return showSignin();
   }
   const session = await answer.json();
-  csrf = session.csrf;
+  if (wantedCode) localStorage.removeItem(PAIR_KEY);
   me = session.client_id;
   $("who").textContent = `signed in as ${session.name}`;
   $("app").hidden = false;
   $("follow-close").onclick = () => {
-    if (following) following.source.close();
+    if (following) following.stop();
     following = null;
     $("follow").hidden = true;
+    document.body.classList.remove("following");
   };
   $("logout").onclick = async () => {
-    await api("POST", "/console/logout").catch(() => {});
+    await api("DELETE", "/console/session").catch(() => {});
+    forget();
     showSignin();
   };
   const tick = async () => {

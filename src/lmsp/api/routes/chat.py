@@ -21,7 +21,7 @@ from lmsp.protocol import chat, items
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
-from .. import toolcheck
+from .. import toolcheck, tooldefs
 from ..auth import require
 from ..errors import body as error_body
 from ..revocation import until_revoked
@@ -66,9 +66,8 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
         "top_logprobs": body.top_logprobs,
         "stop": [stop] if isinstance(stop, str) else stop,
         "parallel_tool_calls": body.parallel_tool_calls,
-        "tools": toolcheck.chat_tools([t.model_dump(exclude_none=True) for t in body.tools or []])
-        or None,
-        "tool_choice": toolcheck.chat_choice(body.tool_choice),
+        "tools": tooldefs.read_tools(body.tools, tooldefs.CHAT) or None,
+        "tool_choice": tooldefs.read_choice(body.tool_choice, tooldefs.CHAT),
         "text": {"format": fmt} if fmt else None,
         "metadata": body.metadata,
         "user": body.user,

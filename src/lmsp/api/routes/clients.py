@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from lmsp import errors
 from lmsp.store import clients
 from lmsp.store import service as config_store
+from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 
 from ..auth import require
@@ -52,10 +53,12 @@ async def create_client(body: NewClient, request: Request, client: Admin) -> JSO
 
 @router.delete("/{client_id}")
 async def revoke_client(client_id: str, request: Request, client: Admin) -> dict[str, Any]:
-    """Revoke: the token stops working with the next request. Its tasks stay."""
+    """Revoke: the token stops working with the next request, its open streams end,
+    and its queued and running tasks are cancelled (``cancelled_tasks``: their ids).
+    Its finished tasks and responses stay."""
     svc = service(request)
 
-    def job(conn: sqlite3.Connection) -> sqlite3.Row:
+    def job(conn: sqlite3.Connection) -> tuple[sqlite3.Row, list[sqlite3.Row]]:
         if clients.get(conn, client_id) is None:
             raise errors.not_found("client", client_id)
         if config_store.get(conn, "owner_client_id") == client_id:
@@ -64,7 +67,13 @@ async def revoke_client(client_id: str, request: Request, client: Admin) -> dict
             )
         row = clients.revoke(conn, client_id)
         assert row is not None
-        return row
+        # in the revoke's own transaction, through the guarded cancel of the API: no
+        # task of a revoked client can be claimed after the revoke commits
+        moved = [
+            task_store.cancel(conn, task) for task in task_store.unfinished_of(conn, client_id)
+        ]
+        return row, [task for task in moved if task is not None]
 
-    row = await svc.db.write(job)
-    return dict(clients.render(row), revoked=True)
+    row, cancelled = await svc.db.write(job)
+    svc.cancelled(cancelled, why=f"client {client_id} revoked")
+    return dict(clients.render(row), revoked=True, cancelled_tasks=[t["id"] for t in cancelled])

@@ -19,7 +19,9 @@ from lmsp.store import clients, pairing
 from lmsp.store.clients import Client
 
 from ..auth import require
+from .console import console_origin
 from .deps import service
+from .meta import loopback
 
 router = APIRouter(prefix="/v1/pairing", tags=["pairing"])
 
@@ -50,6 +52,11 @@ async def request_pairing(body: PairingRequest, request: Request) -> JSONRespons
     svc = service(request)
     scopes = clients.clean_scopes(body.scopes)
 
+    source = request.client.host if request.client else ""
+    # every agent on this machine comes from one loopback address: there the client
+    # name tells them apart, and a per-address limit would let one block the others
+    per_source = None if loopback(source) else svc.settings.max_pending_pairings_per_source
+
     def job(conn: sqlite3.Connection) -> sqlite3.Row:
         return pairing.create(
             conn,
@@ -58,14 +65,16 @@ async def request_pairing(body: PairingRequest, request: Request) -> JSONRespons
             ttl=int(svc.settings.pairing_ttl),
             max_pending=svc.settings.max_pending_pairings,
             now=_now(),
-            source=request.client.host if request.client else "",
-            max_per_source=svc.settings.max_pending_pairings_per_source,
+            source=source,
+            max_per_source=per_source,
+            max_per_name=svc.settings.max_pending_pairings_per_name,
         )
 
     row = await svc.db.write(job)
     shown = pairing.render(row)
-    # RFC 8628: where the operator approves it, in the console
-    page = f"{str(request.base_url).rstrip('/')}/console/pair"
+    # RFC 8628: where the operator approves it, in the console, on the one origin its
+    # login links use (not the Host this agent happened to call)
+    page = f"{console_origin(svc.settings, request)}/console/pair"
     shown["verification_uri"] = page
     shown["verification_uri_complete"] = f"{page}?user_code={shown['user_code']}"
     return JSONResponse(shown, 201)
