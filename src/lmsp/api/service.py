@@ -312,7 +312,13 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         len(report.resumed),
     )
     metrics.recovered(report.outcomes)
-    kv = PrefixFiles(settings.kv_dir, max_bytes=settings.kv_cache_bytes, ttl=settings.kv_cache_ttl)
+    kv = PrefixFiles(
+        settings.kv_dir,
+        max_bytes=settings.kv_cache_bytes,
+        ttl=settings.kv_cache_ttl,
+        reserve=settings.kv_cache_reserve,
+    )
+    db.relief = kv.relieve  # a write that finds the disk full first empties the cache
     host = ModelHost(
         settings.blobs_dir,
         engines(),
