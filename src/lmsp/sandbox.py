@@ -6,14 +6,16 @@ nor eat a core for ever. In a thread it would do both: a thread cannot be stoppe
 pure-Python parsing holds the GIL the event loop needs. A process can be limited and,
 if need be, killed.
 
-A :class:`Sandbox` keeps up to ``workers`` processes (started with ``spawn``, so they
-inherit none of the server's threads or locks; each started on first use and again
-after it was killed). Each job gets:
+A :class:`Sandbox` keeps up to ``workers`` processes (each a fresh interpreter running
+``python -m lmsp.sandbox``, so it inherits none of the server's threads, locks or main
+module; started on first use, and again after it was killed). Each job gets:
 
 - a CPU-time budget: ``ITIMER_PROF`` interrupts Python code when it is spent (the
-  worker survives and takes the next job), ``RLIMIT_CPU`` a second later kills a
-  worker stuck in native code, and the parent kills one that has not answered after
-  :data:`WALL_FACTOR` times the budget (plus a second) of wall-clock time;
+  worker survives and takes the next job); a worker busy in native code (where no
+  Python signal handler runs) is killed by the parent, which reads its CPU time
+  (``/proc``) while it waits, or else by ``RLIMIT_CPU`` a second or two later; and the
+  parent kills one that has not answered after :data:`WALL_FACTOR` times the budget
+  (plus a second) of wall-clock time;
 - an address-space limit (``RLIMIT_AS``) for the whole worker: an allocation past it
   is a ``MemoryError`` (or, in native code, the worker's death);
 - a lower scheduling priority (``nice``), so the server's own threads come first.
@@ -34,17 +36,20 @@ import contextlib
 import functools
 import logging
 import math
-import multiprocessing
 import os
 import queue
 import resource
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,11 @@ T = TypeVar("T")
 WALL_FACTOR = 5.0
 #: how long a worker may take to start
 START_TIMEOUT = 60.0
+#: how often the parent looks at a working worker's CPU time, and the slack it allows
+#: past the budget (for the worker's own ``ITIMER_PROF`` to act first)
+POLL = 0.1
+CPU_SLACK = 0.25
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class Overrun(Exception):
@@ -81,6 +91,16 @@ class _CpuSpent(BaseException):
     ``BaseException``, so a parser's ``except Exception`` does not swallow it)."""
 
 
+def _cpu_of(pid: int) -> float | None:
+    """The CPU seconds process ``pid`` has used (``None`` where ``/proc`` is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+
 def _cpu_time() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -91,10 +111,7 @@ def _on_sigprof(signum: int, frame: Any) -> None:
 
 
 def _quiet() -> None:
-    """No output from the worker: its stderr to ``/dev/null``, logging and warnings off."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
+    """No output from the worker (its stderr is ``/dev/null``): logging, warnings off."""
     root = logging.getLogger()
     root.handlers[:] = [logging.NullHandler()]
     root.setLevel(logging.WARNING)
@@ -148,30 +165,51 @@ def _serve(conn: Connection, memory_bytes: int, nice: int) -> None:
 
 class _Worker:
     def __init__(self, memory_bytes: int, nice: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=_serve, args=(child, memory_bytes, nice), name="lmsp-sandbox", daemon=True
-        )
-        self.process.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        source = str(Path(__file__).resolve().parent.parent)  # where ``lmsp`` is
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (source, env.get("PYTHONPATH"))))
+        argv = [sys.executable, "-m", "lmsp.sandbox", str(theirs.fileno())]
+        with theirs:
+            self.process = subprocess.Popen(
+                [*argv, str(memory_bytes), str(nice)],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
+        self.conn = Connection(ours.detach())
         if not self.conn.poll(START_TIMEOUT):
             self.kill()
             raise WorkerFailed("a sandbox worker did not start")
-        self.conn.recv()
+        try:
+            self.conn.recv()
+        except (EOFError, OSError):
+            self.kill()
+            raise WorkerFailed("a sandbox worker did not start") from None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):
             self.process.kill()
         with contextlib.suppress(Exception):
-            self.process.join(5)
+            self.process.wait(5)
         with contextlib.suppress(Exception):
             self.conn.close()
 
     def death(self) -> Overrun:
-        """Why the process died (it closed its pipe)."""
-        self.process.join(5)
-        code = self.process.exitcode
+        """Why the process died (it closed its end of the connection)."""
+        try:
+            code = self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            return Overrun("crash", "the worker hung up")
         if code == -signal.SIGXCPU:
             return Overrun("cpu")
         if code == -signal.SIGKILL:  # the kernel's OOM killer, or ours
@@ -238,10 +276,16 @@ class Sandbox:
             raise Overrun("crash", f"the worker is gone ({exc})") from None
         wall = budget * WALL_FACTOR + 1.0
         deadline = time.monotonic() + wall
+        began = _cpu_of(worker.pid)
         try:
-            while not worker.conn.poll(max(0.0, min(1.0, deadline - time.monotonic()))):
-                if not worker.process.is_alive():
+            while not worker.conn.poll(max(0.0, min(POLL, deadline - time.monotonic()))):
+                if not worker.alive():
                     raise worker.death()
+                used = _cpu_of(worker.pid)
+                if began is not None and used is not None and used - began > budget + CPU_SLACK:
+                    if worker.conn.poll(0):  # it answered meanwhile
+                        break
+                    raise Overrun("cpu", f"{used - began:.1f}s of CPU time")
                 if time.monotonic() >= deadline:
                     raise Overrun("wall", f"no answer after {wall:.1f}s")
             return worker.conn.recv()
@@ -268,7 +312,7 @@ class Sandbox:
     def pids(self) -> list[int]:
         """The worker processes alive now."""
         with self._lock:
-            return [w.process.pid for w in self._live if w.process.pid is not None]
+            return [w.pid for w in self._live]
 
     def close(self) -> None:
         """Stop every worker (a job in flight gets :class:`Overrun`)."""
@@ -279,3 +323,7 @@ class Sandbox:
         for worker in live:
             worker.kill()
         self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+if __name__ == "__main__":  # a worker: ``python -m lmsp.sandbox FD MEMORY NICE``
+    _serve(Connection(int(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]))

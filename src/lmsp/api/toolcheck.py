@@ -92,6 +92,8 @@ def _refusal(
         )
     if outcome.schema is not None:
         where = param(*schemas[outcome.schema][1])
+    elif len(schemas) == 1:
+        where = param(*schemas[0][1])
     elif any(place[0] == "tools" for _, place in schemas):
         where = param("tools")
     else:
