@@ -14,6 +14,8 @@
     unconstrained, same prompt and seed; the compile time of a 20-property schema.
 (e) snapshot writes (bench/snapshots.py): the bytes one 2,000-token task's snapshots
     cost, flushed every 8 tokens, the old whole-list JSON against today's chunks.
+(f) hostile inputs (bench/hostile.py): /healthz p99 while a schema bomb and six PDF
+    bombs are in flight (goal: 50 ms), and another client's small request meanwhile.
 (c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issue 10, see
     ``bench/compare.py``.
@@ -511,7 +513,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where the data directories go")
     parser.add_argument(
         "--only",
-        choices=["generation", "writes", "constraints", "compare", "snapshots"],
+        choices=["generation", "writes", "constraints", "compare", "snapshots", "hostile"],
         default=None,
     )
     args = parser.parse_args()
@@ -536,6 +538,10 @@ def main() -> None:
             from bench.snapshots import bench_snapshots
 
             bench_snapshots()
+        if args.only in (None, "hostile"):
+            from bench.hostile import bench_hostile
+
+            bench_hostile(1 if compare.quick() else 3, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -254,16 +254,17 @@ def test_six_pdf_bombs_do_not_stall_another_client(server: Server, http: httpx.C
     other = http.post(
         "/v1/clients", json={"name": "bystander", "scopes": ["responses:write", "responses:read"]}
     ).json()["token"]
-    bomb = hostile.pdf_input(hostile.text_bomb(10 << 20))
+    # six different files (the same one would be answered from memory after the first)
+    bombs = [hostile.pdf_input(hostile.text_bomb((10 << 20) + 70 * i)) for i in range(6)]
     finished: list[tuple[str, float, int]] = []
 
-    def send_bomb() -> None:
+    def send_bomb(bomb: list[Any]) -> None:
         with httpx.Client(base_url=server.url, headers=http.headers, timeout=300) as client:
             answer = client.post("/v1/responses", json={"model": "lmsp-test", "input": bomb})
         finished.append(("bomb", time.monotonic(), answer.status_code))
 
     with HealthWatch(server.url) as health:
-        bombers = [threading.Thread(target=send_bomb) for _ in range(6)]
+        bombers = [threading.Thread(target=send_bomb, args=(bomb,)) for bomb in bombs]
         for thread in bombers:
             thread.start()
         time.sleep(0.5)  # the bombs are being read

@@ -5,6 +5,7 @@ outcomes cached by the grammar's text, and llguidance's internals kept out."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,9 +34,9 @@ def check(budget: GrammarBudget, schemas: list[dict[str, Any]], text: bool = Tru
 
 
 def test_the_job_compiles_and_names_the_schema_at_fault() -> None:
-    assert compile_job(grammar.json_grammar(SCHEMA), [SCHEMA]) == ("ok", None, "")
+    assert compile_job(grammar.json_grammar(SCHEMA), json.dumps([SCHEMA])) == ("ok", None, "")
     bad = {"type": "array", "uniqueItems": True}
-    kind, index, problem = compile_job(grammar.json_grammar(SCHEMA), [SCHEMA, bad])
+    kind, index, problem = compile_job(grammar.json_grammar(SCHEMA), json.dumps([SCHEMA, bad]))
     assert (kind, index) == ("unsupported", 1)
     assert grammar.unsupported(bad, problem).path == "uniqueItems"
 

@@ -41,6 +41,7 @@ _LIMITS = {
     "memory": "compiling them needed more memory than allowed (LMSP_INPUT_MEMORY)",
     "bytes": "they are {size} bytes as JSON; at most {most} are allowed (LMSP_MAX_SCHEMA_BYTES)",
     "engine": "the grammar they make is larger than the constraint engine can hold",
+    "depth": "they are nested too deeply",
     "crash": "the constraint engine failed on them",
 }
 
@@ -65,8 +66,12 @@ async def check_grammar(
     """Compile the schemas and the output grammar of a request (its Responses form)
     under ``budget``; raise the refusal if they do not fit."""
     schemas = schemas_of(request)
-    text_grammar, _ = grammar_of(request)
-    outcome = await budget.check(text_grammar, [schema for schema, _ in schemas])
+    try:
+        text_grammar, _ = grammar_of(request)
+    except RecursionError:  # a schema nested deeper than JSON can be written back
+        outcome = Outcome("too_complex", limit="depth")
+    else:
+        outcome = await budget.check(text_grammar, [schema for schema, _ in schemas])
     if not outcome.ok:
         raise _refusal(outcome, schemas, request, budget, param)
 

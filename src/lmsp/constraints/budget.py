@@ -83,15 +83,15 @@ def _tokenizer() -> Any:
     return _byte_tokenizer
 
 
-def compile_job(grammar: str | None, schemas: list[dict[str, Any]]) -> tuple[str, int | None, str]:
-    """Run in a worker: validate each of ``schemas`` (the first one llguidance cannot
-    enforce is named), then compile ``grammar`` (the output's, built from some of them).
-    Returns ``(kind, schema index, problem)`` (see :class:`Outcome`)."""
+def compile_job(grammar: str | None, schemas: str) -> tuple[str, int | None, str]:
+    """Run in a worker: validate each of ``schemas`` (a JSON list; the first one
+    llguidance cannot enforce is named), then compile ``grammar`` (the output's, built
+    from some of them). Returns ``(kind, schema index, problem)`` (see :class:`Outcome`)."""
     from llguidance import LLMatcher
 
     from lmsp.constraints import grammar as grammars
 
-    for index, schema in enumerate(schemas):
+    for index, schema in enumerate(json.loads(schemas)):
         try:
             problem = LLMatcher.validate_grammar(grammars.schema_grammar(schema))
         except grammars.UnsupportedSchema as exc:
@@ -125,7 +125,10 @@ class GrammarBudget:
         grammar, built from them; ``None`` when the output is free text)."""
         if not schemas and grammar is None:
             return OK
-        shown = json.dumps(schemas, separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            shown = json.dumps(schemas, separators=(",", ":"), ensure_ascii=False).encode()
+        except RecursionError:
+            return Outcome("too_complex", limit="depth")
         if len(shown) > self.max_bytes:
             return Outcome("too_complex", limit="bytes", problem=str(len(shown)))
         key = hashlib.sha256(shown + b"\0" + (grammar or "").encode()).hexdigest()
@@ -139,7 +142,7 @@ class GrammarBudget:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
-            outcome = await self._compile(grammar, schemas)
+            outcome = await self._compile(grammar, shown.decode())
             future.set_result(outcome)
         except BaseException as exc:
             future.set_exception(exc)
@@ -154,7 +157,7 @@ class GrammarBudget:
             self._done.popitem(last=False)
         return outcome
 
-    async def _compile(self, grammar: str | None, schemas: list[dict[str, Any]]) -> Outcome:
+    async def _compile(self, grammar: str | None, schemas: str) -> Outcome:
         self.compiles += 1
         try:
             kind, index, problem = await self.sandbox.run(
