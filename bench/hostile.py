@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/hostile.py [--rounds 3]
 
-(f) ``/healthz`` latency, polled every 10 ms by one client, first on an idle server,
+(g) ``/healthz`` latency, polled every 10 ms by one client, first on an idle server,
     then while a schema bomb (8,000 optional properties, just under
     ``LMSP_MAX_SCHEMA_BYTES``, so it is compiled until its CPU budget runs out) and six
     PDF bombs (each inflating to 10 MB of drawing operators, each different) are in
@@ -158,7 +158,7 @@ def bench_hostile(rounds: int = 3, table: Any = None) -> dict[str, float]:
 
     rows = [row("idle", idle.latencies), row("7 bombs in flight", loaded.latencies)]
     title = (
-        f"(f) /healthz while a schema bomb and six PDF bombs are read ({rounds} rounds;"
+        f"(g) /healthz while a schema bomb and six PDF bombs are read ({rounds} rounds;"
         f" other load on the machine: {busy:.2f} CPUs)"
     )
     header = ["/healthz", "polls", "p50 ms", "p99 ms", "max ms"]

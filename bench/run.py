@@ -14,7 +14,7 @@
     unconstrained, same prompt and seed; the compile time of a 20-property schema.
 (e) snapshot writes (bench/snapshots.py): the bytes one 2,000-token task's snapshots
     cost, flushed every 8 tokens, the old whole-list JSON against today's chunks.
-(f) hostile inputs (bench/hostile.py): /healthz p99 while a schema bomb and six PDF
+(g) hostile inputs (bench/hostile.py): /healthz p99 while a schema bomb and six PDF
     bombs are in flight (goal: 50 ms), and another client's small request meanwhile.
 (c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issue 10, see

@@ -243,6 +243,9 @@ class Sandbox:
         if self._closed:
             raise WorkerFailed("the sandbox is closed")
         worker = self._slots.get()
+        if self._closed:  # closed while this call waited for a worker
+            self._slots.put(worker)
+            raise WorkerFailed("the sandbox is closed")
         try:
             if worker is None:
                 worker = _Worker(self.memory_bytes, self.nice)
