@@ -81,10 +81,9 @@ def tj_bomb(operators: int = 190_000, text: bytes = b"a") -> bytes:
 
 
 def nested_bomb(depth: int = 50_000) -> bytes:
-    """A page whose resources hold arrays nested ``depth`` deep (pypdf's parser
-    recurses once per level)."""
-    nested = b"[" * depth + b"]" * depth
-    return page_pdf(b"BT /F1 12 Tf (x) Tj ET", extra=b" /Deep " + nested)
+    """A page showing text through arrays nested ``depth`` deep (pypdf's content
+    parser recurses once per level: ``RecursionError``)."""
+    return page_pdf(b"BT /F1 12 Tf " + b"[" * depth + b"(x)" + b"]" * depth + b" TJ ET")
 
 
 def inflation_bomb(inflated: int = 200 << 20) -> bytes:

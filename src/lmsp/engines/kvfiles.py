@@ -60,7 +60,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -340,19 +340,9 @@ class PrefixFiles:
     def _entries(self) -> list[tuple[float, int, str, str]]:
         """Every entry as ``(mtime, size, dir name, key)``, least recently used first."""
         live: list[tuple[float, int, str, str]] = []
-        for folder in _subdirs(self.root):
-            try:
-                entries = list(os.scandir(folder))
-            except OSError:
-                continue
-            for entry in entries:
-                key = entry.name.removesuffix(SUFFIX)
-                if entry.name.startswith(TEMP_PREFIX) or not _KEY.match(key):
-                    continue
-                try:
-                    st = entry.stat()
-                except OSError:
-                    continue
+        for folder, entry, st in _scan(self.root):
+            key = entry.name.removesuffix(SUFFIX)
+            if not entry.name.startswith(TEMP_PREFIX) and _KEY.match(key):
                 live.append((st.st_mtime, st.st_size, folder.name, key))
         live.sort()
         return live
@@ -539,28 +529,19 @@ class PrefixFiles:
         freed = 0
         with self._lock:
             live: list[tuple[float, int, str, str]] = []  # mtime, size, dir name, key
-            for folder in _subdirs(self.root):
-                try:
-                    entries = list(os.scandir(folder))
-                except OSError:
+            for folder, entry, st in _scan(self.root):
+                if entry.name.startswith(TEMP_PREFIX):
+                    if entry.name not in self._writing and st.st_mtime < stamp - TEMP_GRACE:
+                        freed += self._unlink(Path(entry.path))
                     continue
-                for entry in entries:
-                    try:
-                        st = entry.stat()
-                    except OSError:
-                        continue
-                    if entry.name.startswith(TEMP_PREFIX):
-                        if entry.name not in self._writing and st.st_mtime < stamp - TEMP_GRACE:
-                            freed += self._unlink(Path(entry.path))
-                        continue
-                    key = entry.name.removesuffix(SUFFIX)
-                    if not entry.name.endswith(SUFFIX) or not _KEY.match(key):
-                        continue
-                    if st.st_mtime < stamp - self.ttl:
-                        freed += self._remove(folder.name, key)
-                        self.counts["expired"] += 1
-                    else:
-                        live.append((st.st_mtime, st.st_size, folder.name, key))
+                key = entry.name.removesuffix(SUFFIX)
+                if not entry.name.endswith(SUFFIX) or not _KEY.match(key):
+                    continue
+                if st.st_mtime < stamp - self.ttl:
+                    freed += self._remove(folder.name, key)
+                    self.counts["expired"] += 1
+                else:
+                    live.append((st.st_mtime, st.st_size, folder.name, key))
             total = sum(size for _, size, _, _ in live)
             live.sort()
             for _, size, name, key in live:
@@ -612,6 +593,21 @@ def _disk(path: Path) -> tuple[int, int] | None:
 def _free(path: Path, *, default: int) -> int:
     disk = _disk(path)
     return default if disk is None else disk[0]
+
+
+def _scan(root: Path) -> Iterator[tuple[Path, os.DirEntry[str], os.stat_result]]:
+    """Every file of every model directory, with its ``stat`` (unreadable ones left out)."""
+    for folder in _subdirs(root):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat()
+            except OSError:
+                continue
+            yield folder, entry, st
 
 
 def _subdirs(root: Path) -> list[Path]:
