@@ -16,6 +16,8 @@
     cost, flushed every 8 tokens, the old whole-list JSON against today's chunks.
 (f) the Messages API against Chat Completions on the same prompt (bench/dialects.py):
     the overhead of Anthropic's shapes over the same durable core.
+(g) hostile inputs (bench/hostile.py): /healthz p99 while a schema bomb and six PDF
+    bombs are in flight (goal: 50 ms), and another client's small request meanwhile.
 (c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issue 10, see
     ``bench/compare.py``.
@@ -513,7 +515,15 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where the data directories go")
     parser.add_argument(
         "--only",
-        choices=["generation", "writes", "constraints", "compare", "snapshots", "dialects"],
+        choices=[
+            "generation",
+            "writes",
+            "constraints",
+            "compare",
+            "snapshots",
+            "dialects",
+            "hostile",
+        ],
         default=None,
     )
     args = parser.parse_args()
@@ -542,6 +552,10 @@ def main() -> None:
             from bench.dialects import bench_dialects
 
             bench_dialects(work, args.tokens, args.reps, table)
+        if args.only in (None, "hostile"):
+            from bench.hostile import bench_hostile
+
+            bench_hostile(1 if compare.quick() else 3, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -4,6 +4,8 @@ meanwhile — on a real small filesystem, and through the writer's fault seam.""
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -198,6 +200,105 @@ def test_a_full_filesystem_answers_507_and_recovers_without_restart(
                     log = task_log(conn, final["task"]["id"])
                     if final["status"] == "completed":
                         assert deltas(log) == text_of(final)
+            finally:
+                conn.close()
+        finally:
+            server.kill()
+
+
+# -- the prefix cache on a small filesystem (issue 17, finding 4) ------------------------------
+
+
+def kv_files(data_dir: Path) -> list[Path]:
+    return [p for p in (data_dir / "kv").glob("*/*.kv")]
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def long_prompt(i: int) -> str:
+    """About 300 tokens (a saved prefix of ~7 MB), different for each ``i``."""
+    words = random.Random(i).choices(
+        ["river", "lamp", "stone", "orbit", "cedar", "violet", "harbor", "signal", "quartz"], k=260
+    )
+    return f"Note {i}: " + " ".join(words) + ". Summarize the note."
+
+
+def settled(data_dir: Path) -> None:
+    """Wait until the engine's background saves are written (no temporary file left)."""
+    time.sleep(0.5)
+    wait_until(lambda: not list((data_dir / "kv").glob("*/.tmp-*")), "the saves to finish")
+
+
+@pytest.mark.slow
+def test_the_prefix_cache_never_fills_the_disk_and_a_full_disk_heals_itself(
+    tmp_path: Path, blob_cache: Path
+) -> None:
+    """37 small requests filled a 200 MB disk with saved prefixes (6-11 MB each), and from
+    then on every client got 507 until files were deleted by hand. Now the cache keeps a
+    free-space reserve (a tenth of the disk), is evicted when a durable write finds the
+    disk full anyway, and once space returns the service is healthy again by itself."""
+    from lmsp.bootstrap import DEFAULT_MODEL_ID
+
+    require_small_fs()
+    with small_fs(tmp_path / "small", 32) as mount:
+        data_dir = seed_by_symlink(mount / "data", blob_cache)
+        reserve = os.statvfs(mount).f_blocks * os.statvfs(mount).f_frsize // 10
+        server = Server(data_dir, env={"LMSP_PARALLEL": "1"})
+        server.log_path = tmp_path / "server.log"
+        server.start()
+        try:
+            with server.client(timeout=300) as http:
+                body = {"model": DEFAULT_MODEL_ID, "max_output_tokens": 1}
+                # 1. prompts that each save a prefix of several MB: the cache stops at the
+                # reserve, evicting its oldest entries, and every request succeeds
+                for i in range(5):
+                    answer = http.post("/v1/responses", json={**body, "input": long_prompt(i)})
+                    assert answer.status_code == 200, answer.text
+                    settled(data_dir)
+                    assert free_bytes(mount) >= reserve // 2, (i, free_bytes(mount), reserve)
+                sizes = [p.stat().st_size for p in kv_files(data_dir)]
+                assert sizes and min(sizes) > 4 << 20, sizes  # several MB each
+                assert len(sizes) < 5  # the oldest went to keep the reserve free
+                # 2. something else fills the disk: the next write evicts the cache first
+                # and succeeds (no 507, /healthz never degraded)
+                filler = mount / "filler"
+                fill(filler)
+                before = len(kv_files(data_dir))
+                answer = http.post("/v1/responses", json={**body, "input": "Hello again."})
+                assert answer.status_code == 200, answer.text
+                assert len(kv_files(data_dir)) < before
+                assert "prefix cache:" in server.log_path.read_text()
+                assert httpx.get(f"{server.url}/healthz").status_code == 200
+                # 3. once the cache is spent, a full disk is 507 and degraded ...
+                fillers = [filler]
+                for k in range(20):  # each fill takes what the cache gave back
+                    fillers.append(mount / f"filler{k}")
+                    fill(fillers[-1])
+                    answer = http.post(
+                        "/v1/responses",
+                        json={"model": "lmsp-test", "input": "more", "background": True},
+                    )
+                    if answer.status_code != 202:
+                        break
+                assert answer.status_code == 507, answer.text
+                assert kv_files(data_dir) == []
+                assert httpx.get(f"{server.url}/healthz").status_code == 503
+                # ... until space returns: healthy again with no restart and no hand work
+                # on the data directory
+                for path in fillers:
+                    path.unlink()
+                wait_until(
+                    lambda: httpx.get(f"{server.url}/healthz").status_code == 200, "health", 60
+                )
+                again = http.post("/v1/responses", json={"model": "lmsp-test", "input": "ok"})
+                assert again.status_code == 200, again.text
+            server.stop()
+            conn = open_db(data_dir)
+            try:
+                check_log_invariants(conn)
             finally:
                 conn.close()
         finally:

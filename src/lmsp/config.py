@@ -60,6 +60,17 @@ class Settings:
     log_format: str = "text"  # or "json": one JSON object a line
     kv_cache_bytes: int = 2 << 30  # the durable prefix cache's size; 0 turns it off
     kv_cache_ttl: float = 7 * 86400.0  # a saved prefix unused this long is deleted
+    # free space the prefix cache leaves on the data directory's disk (None: a tenth of
+    # the disk, at most 4 GiB): it never takes the room durable writes need
+    kv_cache_reserve: int | None = None
+    # untrusted input read in worker processes (lmsp.sandbox): their number, the memory
+    # each may map, the CPU time one file may take to become text and one request's
+    # schemas to compile, and the size of those schemas
+    input_workers: int = 2
+    input_memory: int = 512 << 20
+    file_cpu_time: float = 5.0
+    schema_cpu_time: float = 2.0
+    max_schema_bytes: int = 256 << 10
 
     @property
     def db_path(self) -> Path:
@@ -187,6 +198,27 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["kv_cache_ttl"] = ttl = parse_duration(v)
         if ttl <= 0:
             raise ValueError("LMSP_KV_CACHE_TTL must be more than 0s")
+    if v := env.get("LMSP_KV_CACHE_RESERVE"):
+        changes["kv_cache_reserve"] = int(v)
+        if int(v) < 0:
+            raise ValueError("LMSP_KV_CACHE_RESERVE must be 0 or more bytes")
+    for name, key, least in (
+        ("LMSP_INPUT_WORKERS", "input_workers", 1),
+        ("LMSP_INPUT_MEMORY", "input_memory", 64 << 20),
+        ("LMSP_MAX_SCHEMA_BYTES", "max_schema_bytes", 1),
+    ):
+        if v := env.get(name):
+            changes[key] = int(v)
+            if int(v) < least:
+                raise ValueError(f"{name} must be at least {least}")
+    for name, key in (
+        ("LMSP_FILE_CPU_TIME", "file_cpu_time"),
+        ("LMSP_SCHEMA_CPU_TIME", "schema_cpu_time"),
+    ):
+        if v := env.get(name):
+            changes[key] = seconds = parse_duration(v)
+            if seconds <= 0:
+                raise ValueError(f"{name} must be more than 0s")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

@@ -40,3 +40,17 @@ def unauthorized(message: str = "Missing or invalid bearer token.") -> LmspError
 
 def forbidden(scope: str) -> LmspError:
     return LmspError("insufficient_scope", f"This token lacks the scope {scope!r}.")
+
+
+#: what marks a text as a library's internals rather than a message for a client
+_INTERNALS = ("Traceback", "panicked", "panic:", "backtrace", ".rs:", 'File "', "site-packages")
+
+
+def client_message(text: str, fallback: str = "The engine failed.") -> str:
+    """``text`` as a client may read it: its first line, at most 500 characters, or
+    ``fallback`` when it shows a library's internals (a panic, a backtrace, source
+    paths). The caller logs the original."""
+    if any(marker in text for marker in _INTERNALS):
+        return fallback
+    first = text.strip().splitlines()[0] if text.strip() else fallback
+    return first if len(first) <= 500 else first[:497] + "..."

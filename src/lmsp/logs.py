@@ -46,6 +46,24 @@ class _Context(logging.Filter):
         return True
 
 
+class _Demote(logging.Filter):
+    """What a file parser logs about a client's file (pypdf warns once per damaged
+    object: tens of thousands of lines for one hostile PDF) is debug detail: shown at
+    ``DEBUG`` only, whatever level it was logged at."""
+
+    PREFIXES = ("pypdf",)
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith(self.PREFIXES) and record.levelno < logging.CRITICAL:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self.level <= logging.DEBUG
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -93,6 +111,7 @@ def configure(fmt: str = "text", level: int = logging.INFO) -> logging.Handler:
     if fmt not in FORMATS:
         raise ValueError(f"LMSP_LOG_FORMAT must be one of {', '.join(FORMATS)}, not {fmt!r}")
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_Demote(level))
     handler.addFilter(_Context())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

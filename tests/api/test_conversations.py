@@ -5,13 +5,14 @@ items refused before anything is written."""
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.test_wire import counts
-from tests.helpers import tiny_pdf
+from tests.helpers import open_db, tiny_pdf
 from tests.openresponses import check_object
 
 BODY: dict[str, Any] = {"model": "lmsp-test", "seed": 5}
@@ -138,16 +139,42 @@ def test_an_unfinished_response_cannot_be_continued(
     assert client.post(f"/v1/responses/{running['id']}/cancel").status_code == 200
 
 
-def test_the_chain_is_stored_with_the_request(client: TestClient) -> None:
-    """A later turn keeps working when an earlier one is deleted: its context was
-    copied when it was created."""
+def test_a_turn_references_its_history_and_a_delete_removes_it_everywhere(
+    client: TestClient,
+) -> None:
+    """A turn keeps its own input and a reference to the turn it continues (not a copy
+    of the history), so deleting an earlier turn removes its content from every later
+    turn: continuing, or listing the input of, a turn whose history lost a response is
+    ``409 history_deleted``; the later turn itself is still there."""
     first = create(client, input="one")
     second = create(client, input="two", previous_response_id=first["id"])
-    assert client.delete(f"/v1/responses/{first['id']}").status_code == 200
     third = create(client, input="three", previous_response_id=second["id"])
-    assert third["usage"]["input_tokens"] > second["usage"]["input_tokens"]
-    page = client.get(f"/v1/responses/{third['id']}/input_items").json()
-    assert len(page["data"]) == 5
+    page = client.get(f"/v1/responses/{third['id']}/input_items", params={"order": "asc"})
+    assert len(page.json()["data"]) == 5  # one, its answer, two, its answer, three
+    conn = open_db(client.app.state.lmsp.settings.data_dir)  # type: ignore[attr-defined]
+    try:
+        stored = conn.execute(
+            "SELECT request, previous_id FROM responses WHERE id = ?", (third["id"],)
+        ).fetchone()
+    finally:
+        conn.close()
+    assert stored["previous_id"] == second["id"]
+    assert "lmsp_history" not in json.loads(stored["request"])
+    assert "one" not in stored["request"]  # no copy of the earlier turns
+
+    assert client.delete(f"/v1/responses/{first['id']}").status_code == 200
+    before = counts(client)
+    for previous in (second["id"], third["id"]):
+        answer = client.post(
+            "/v1/responses", json={**BODY, "input": "four", "previous_response_id": previous}
+        )
+        error = error_of(answer, 409)
+        assert (error["code"], error["param"]) == ("history_deleted", "previous_response_id")
+        assert first["id"] in error["message"]
+    assert counts(client) == before
+    error = error_of(client.get(f"/v1/responses/{third['id']}/input_items"), 409)
+    assert error["code"] == "history_deleted"
+    assert client.get(f"/v1/responses/{third['id']}").json()["status"] == "completed"
 
 
 def b64(data: bytes) -> str:

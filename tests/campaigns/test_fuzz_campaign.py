@@ -3,12 +3,16 @@ valid token (plus generated ``Idempotency-Key`` and ``Last-Event-ID`` headers), 
 hypothesis properties of every parser — durations, cursors and ``Last-Event-ID``,
 idempotency keys and digests, Unicode (lone surrogates included), GGUF headers, the
 CLI's escaping, user codes — then raw request heads (any number and size of fields,
-any ``Host``, long request lines; both HTTP parsers) and tool definitions and
-``tool_choice`` of any JSON shape in both APIs, against real servers. No input may give
-a 5xx or a hang (each call has a deadline); every error has the section-8 shape.
+any ``Host``, long request lines; both HTTP parsers), tool definitions and
+``tool_choice`` of any JSON shape in both APIs, and hostile inputs through the real
+server: generated JSON Schemas (and schema bombs) in ``text.format``, tool parameters
+and Chat ``response_format``, and generated PDFs (damaged, truncated, bit-flipped,
+inflating, deeply nested) as input files. No input may give a 5xx or a hang (each call
+has a deadline); every error has the section-8 shape and shows no library internals.
 
 ``make test`` runs a short pass; ``make torture`` (``LMSP_CAMPAIGN=long``) runs at least
-2,000 schemathesis cases and 2,000 cases per parser (and per head and tool campaign).
+2,000 schemathesis cases, 2,000 cases per parser (and per head and tool campaign) and
+400 schemas and 400 PDFs.
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ from lmsp.bootstrap import bundled_model_path
 from lmsp.cli.safe import clean, clean_json
 from lmsp.gguf import NotGGUF, check_structure, read_header_from
 from lmsp.store import idempotency, pairing
+from tests import hostile
 from tests.campaigns.invariants import Ledger, check, long_run, report
-from tests.helpers import Server, raw_request, rss_mib, seeded_data_dir, status_of
+from tests.helpers import Server, raw_request, rss_mib, seeded_data_dir, status_of, tiny_pdf
 
 PER_PARSER = 2000 if long_run() else 150
 PER_OPERATION = 150 if long_run() else 12
+PER_INPUT_KIND = 400 if long_run() else 12  # schemas, PDFs: each a request to the server
 COUNTS: dict[str, int] = {}
 
 # every code point, lone surrogates included (hypothesis leaves them out by default)
@@ -244,7 +250,12 @@ def _finished(client: TestClient) -> dict[str, Any]:
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = Server(
         tmp_path_factory.mktemp("fuzz-campaign") / "data",
-        env={"LMSP_TEST_ENGINE_DELAY": "0", "LMSP_MAX_PENDING_PAIRINGS_PER_SOURCE": "100000"},
+        env={
+            "LMSP_TEST_ENGINE_DELAY": "0",
+            "LMSP_MAX_PENDING_PAIRINGS_PER_SOURCE": "100000",
+            "LMSP_SCHEMA_CPU_TIME": "1s",
+            "LMSP_FILE_CPU_TIME": "1s",
+        },
     )
     srv.start()
     yield srv
@@ -512,3 +523,173 @@ def test_tool_shape_fuzz_campaign(tool_server: Server) -> None:
 def test_gguf_header_sample_is_whole() -> None:
     """The damaged-header cases start from a real header (not from noise)."""
     assert HEAD[:4] == b"GGUF" and struct.unpack("<I", HEAD[4:8])[0] in (2, 3)
+
+
+# -- hostile inputs through the real server -----------------------------------------------------
+
+INTERNALS = ("panic", "backtrace", ".rs:", "Traceback", "site-packages")
+KEY = st.text(st.characters(min_codepoint=48, max_codepoint=122), min_size=1, max_size=8)
+SCHEMA_LEAF = st.sampled_from(
+    [
+        {},
+        {"type": "string"},
+        {"type": "string", "maxLength": 5},
+        {"type": "string", "pattern": "^[a-z]{1,3}$"},
+        {"type": "string", "format": "date"},
+        {"type": "string", "format": "no-such-format"},
+        {"type": "integer", "minimum": -5, "maximum": 5},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"enum": ["a", 1, None]},
+        {"const": "x"},
+        {"type": "array", "uniqueItems": True},
+        {"not": {"type": "string"}},
+        {"$ref": "#/$defs/missing"},
+        {"type": "string", "pattern": "(a|"},
+    ]
+)
+SCHEMAS = st.recursive(
+    SCHEMA_LEAF,
+    lambda inner: st.one_of(
+        st.builds(
+            lambda props, required: {
+                "type": "object",
+                "properties": props,
+                "required": [k for k in props if required],
+            },
+            st.dictionaries(KEY, inner, max_size=5),
+            st.booleans(),
+        ),
+        st.builds(lambda item: {"type": "array", "items": item, "maxItems": 3}, inner),
+        st.builds(lambda alts: {"anyOf": alts}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(lambda alts: {"allOf": alts}, st.lists(inner, min_size=1, max_size=3)),
+    ),
+    max_leaves=25,
+)
+BOMBS = st.one_of(
+    st.integers(min_value=2_000, max_value=20_000).map(hostile.schema_bomb),
+    st.integers(min_value=50, max_value=400).map(lambda depth: _nested_schema(depth)),
+)
+
+
+def _nested_schema(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def _no_5xx(answer: Any, where: str, statuses: dict[int, int], violations: list[str]) -> None:
+    statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
+    if answer.status_code >= 500:
+        violations.append(f"{where}: {answer.status_code} {answer.text[:200]}")
+    elif answer.status_code >= 400:
+        error = answer.json().get("error", {})
+        if set(error) != {"type", "code", "message", "param"}:
+            violations.append(f"{where}: error shape {answer.text[:200]}")
+    for marker in INTERNALS:
+        if marker in answer.text:
+            violations.append(f"{where}: {marker!r} in the answer {answer.text[:200]}")
+
+
+@pytest.mark.slow
+def test_hostile_schemas_fuzz_campaign(fuzz_server: Server) -> None:
+    statuses: dict[int, int] = {}
+    violations: list[str] = []
+    started = time.monotonic()
+
+    @given(schema=st.one_of(SCHEMAS, SCHEMAS, SCHEMAS, BOMBS), where=st.sampled_from(range(3)))
+    @settings(
+        max_examples=PER_INPUT_KIND,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def call(schema: dict[str, Any], where: int) -> None:
+        body: dict[str, Any] = {"model": "lmsp-test", "max_output_tokens": 8}
+        path = "/v1/responses"
+        if where == 0:
+            body |= {
+                "input": "x",
+                "text": {"format": {"type": "json_schema", "name": "f", "schema": schema}},
+            }
+        elif where == 1:
+            body |= {
+                "input": "x",
+                "tools": [{"type": "function", "name": "f", "parameters": schema}],
+            }
+        else:
+            path = "/v1/chat/completions"
+            body |= {
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "f", "schema": schema},
+                },
+            }
+        with fuzz_server.client(timeout=120) as http:
+            answer = http.post(path, json=body)
+        _no_5xx(answer, f"POST {path} schema", statuses, violations)
+
+    call()
+    report(
+        f"fuzz campaign (schemas): {sum(statuses.values())} requests in"
+        f" {time.monotonic() - started:.0f}s (statuses {dict(sorted(statuses.items()))});"
+        f" {len(violations)} violations"
+    )
+    assert not violations, violations[:10]
+
+
+VALID_PDF = tiny_pdf("A perfectly ordinary page of text.")
+
+
+def _mutated(data: bytes, edits: list[tuple[int, int]], cut: int | None) -> bytes:
+    out = bytearray(data)
+    for at, byte in edits:
+        out[at % len(out)] = byte
+    return bytes(out[:cut] if cut else out)
+
+
+PDFS = st.one_of(
+    st.builds(
+        _mutated,
+        st.just(VALID_PDF),
+        st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=8),
+        st.none() | st.integers(min_value=1, max_value=len(VALID_PDF)),
+    ),
+    st.binary(max_size=2_000).map(lambda noise: b"%PDF-1.4\n" + noise),
+    st.integers(min_value=10_000, max_value=4_000_000).map(hostile.text_bomb),
+    st.integers(min_value=1_000, max_value=200_000).map(hostile.tj_bomb),
+    st.integers(min_value=100, max_value=60_000).map(hostile.nested_bomb),
+    st.integers(min_value=1, max_value=3_000).map(hostile.warning_bomb),
+    st.just(hostile.inflation_bomb()),
+)
+
+
+@pytest.mark.slow
+def test_hostile_pdfs_fuzz_campaign(fuzz_server: Server) -> None:
+    statuses: dict[int, int] = {}
+    violations: list[str] = []
+    started = time.monotonic()
+
+    @given(pdf=PDFS)
+    @settings(
+        max_examples=PER_INPUT_KIND,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def call(pdf: bytes) -> None:
+        body = {"model": "lmsp-test", "input": hostile.pdf_input(pdf), "max_output_tokens": 4}
+        with fuzz_server.client(timeout=120) as http:
+            answer = http.post("/v1/responses", json=body)
+        _no_5xx(answer, "POST /v1/responses pdf", statuses, violations)
+
+    call()
+    report(
+        f"fuzz campaign (PDFs): {sum(statuses.values())} requests in"
+        f" {time.monotonic() - started:.0f}s (statuses {dict(sorted(statuses.items()))});"
+        f" {len(violations)} violations"
+    )
+    assert not violations, violations[:10]

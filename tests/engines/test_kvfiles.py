@@ -425,3 +425,98 @@ def test_settings_from_the_environment(tmp_path: Path) -> None:
         config.from_env({"LMSP_KV_CACHE_BYTES": "-1"})
     with pytest.raises(ValueError):
         config.from_env({"LMSP_KV_CACHE_TTL": "soon"})
+    s = config.from_env({"LMSP_KV_CACHE_RESERVE": "12345"})
+    assert s.kv_cache_reserve == 12345 and config.Settings().kv_cache_reserve is None
+    with pytest.raises(ValueError):
+        config.from_env({"LMSP_KV_CACHE_RESERVE": "-5"})
+
+
+# -- the free-space reserve (issue 17, finding 4) ------------------------------------------
+
+
+class FakeDisk:
+    """A disk of ``capacity`` bytes holding the cache's files and ``others`` bytes of
+    something else (the database, another program)."""
+
+    def __init__(self, root: Path, capacity: int) -> None:
+        self.root = root
+        self.capacity = capacity
+        self.others = 0
+
+    def __call__(self, path: Path) -> tuple[int, int]:
+        used = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        return max(0, self.capacity - used - self.others), self.capacity
+
+
+@pytest.fixture
+def disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDisk:
+    from lmsp.engines import kvfiles
+
+    fake = FakeDisk(tmp_path / "kv", 200_000)
+    monkeypatch.setattr(kvfiles, "_disk", fake)
+    monkeypatch.setattr(kvfiles, "RELIEF_LEAST", 10_000)
+    return fake
+
+
+def big(n: int) -> bytes:
+    return state(n) * 10  # about 10 KB
+
+
+def test_the_default_reserve_is_a_tenth_of_the_disk(tmp_path: Path, disk: FakeDisk) -> None:
+    assert cache(tmp_path).reserve == 20_000
+    assert PrefixFiles(tmp_path / "kv", max_bytes=GIB, ttl=1, reserve=5).reserve == 5
+
+
+def test_saves_keep_the_reserve_free_evicting_the_oldest(tmp_path: Path, disk: FakeDisk) -> None:
+    kv = cache(tmp_path)
+    for n in range(1, 40):
+        kv.save(DIGEST, PROMPT[:n], big(n))
+        assert disk(kv.root)[0] >= kv.reserve, n
+    assert kv.counts["evicted_for_space"] > 0
+    assert kv.best(DIGEST, PROMPT) is not None and kv.best(DIGEST, PROMPT)[0] == 39  # newest
+    assert kv.best(DIGEST, PROMPT[:5], min_tokens=1) is None  # the oldest went
+
+
+def test_a_save_that_cannot_keep_the_reserve_is_skipped(tmp_path: Path, disk: FakeDisk) -> None:
+    kv = cache(tmp_path)
+    disk.others = 175_000  # the database grew: 25 KB left, 20 KB reserved
+    kv.save(DIGEST, PROMPT[:10], big(10))
+    assert kv.counts["no_room"] == 1 and not list(kv.root.rglob("*.kv"))
+
+
+def test_relieve_and_sweep_give_space_back(tmp_path: Path, disk: FakeDisk) -> None:
+    kv = cache(tmp_path)
+    for n in range(1, 12):
+        kv.save(DIGEST, PROMPT[:n], big(n))
+    held = len(list(kv.root.rglob("*.kv")))
+    disk.others = disk(kv.root)[0]  # something else takes every free byte
+    assert disk(kv.root)[0] == 0
+    freed = kv.relieve()  # a durable write failed: the cache gives way
+    assert freed > 0 and disk(kv.root)[0] >= kv.reserve
+    assert 0 < len(list(kv.root.rglob("*.kv"))) < held
+    disk.others += disk(kv.root)[0] - 1_000  # below the reserve again
+    assert kv.sweep() > 0 and disk(kv.root)[0] >= kv.reserve
+
+
+def test_a_write_that_finds_the_disk_full_is_retried_after_relief(tmp_path: Path) -> None:
+    from lmsp.store.db import Database, Faults
+
+    db = Database(tmp_path / "lmsp.db")
+    relieved: list[int] = []
+
+    def relief() -> int:
+        relieved.append(1)
+        return 4096
+
+    try:
+        db.relief = relief
+        db.faults = Faults(jobs={1})  # the first attempt finds the disk full
+        assert db.write_sync(lambda c: c.execute("SELECT 1").fetchone()[0]) == 1
+        assert relieved == [1] and db.health.ok
+        db.faults = Faults(all_writes=True)  # still full after relief: refused, degraded
+        with pytest.raises(Exception) as caught:
+            db.write_sync(lambda c: None)
+        assert getattr(caught.value, "code", None) == "insufficient_storage"
+        assert len(relieved) == 2 and not db.health.ok
+    finally:
+        db.close()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lmsp.errors import LmspError
-from lmsp.protocol import items
+from lmsp.protocol import filetext, items
 from tests.helpers import tiny_pdf
 
 
@@ -23,9 +23,22 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+def read_files(normalized: list[items.Item]) -> list[items.Item]:
+    """What the API does after normalizing (in a worker, under limits): every file's
+    text read once and kept with its part."""
+    for where, part in items.files_of(normalized):
+        place = f"input.{where}"
+        raw, kind = items.file_bytes(part["file_data"], part["filename"], place)
+        extracted = filetext.extract(raw, kind)
+        if extracted.text is None:
+            raise items.file_error(place, extracted)
+        part[items.FILE_TEXT] = extracted.text
+    return normalized
+
+
 def refused(given: Any) -> LmspError:
     with pytest.raises(LmspError) as caught:
-        items.normalize(given, make_id=ids())
+        read_files(items.normalize(given, make_id=ids()))
     return caught.value
 
 
@@ -150,6 +163,8 @@ def test_text_files_reach_the_prompt(filename: str, data_url: bool, content: byt
         "filename": filename,
         "file_data": data,
     }
+    read_files(normalized)  # the text is read once and kept with the part
+    assert normalized[0]["content"][1][items.FILE_TEXT] == content.decode()
     text = items.render(normalized)[0]["content"]
     assert text.startswith("Read this:\n\n[file: " + filename + "]\n")
     assert "kumquat-7" in text
@@ -169,8 +184,13 @@ def test_a_pdf_gives_its_text() -> None:
             ],
         }
     ]
-    text = items.render(items.normalize(given))[0]["content"]
+    normalized = read_files(items.normalize(given))
+    assert "zanzibar" in normalized[0]["content"][0][items.FILE_TEXT]
+    text = items.render(normalized)[0]["content"]
     assert "The secret word is zanzibar." in text
+    # a row stored before the text was kept with its part is read when rendered
+    del normalized[0]["content"][0][items.FILE_TEXT]
+    assert items.render(normalized)[0]["content"] == text
 
 
 def _file(filename: str, data: str) -> list[dict[str, Any]]:
@@ -196,9 +216,11 @@ def _file(filename: str, data: str) -> list[dict[str, Any]]:
             "input.1.content.1",
         ),
         (_file("a.txt", "not base64!!"), "invalid_value", "input.1.content.1.file_data"),
-        (_file("a.txt", b64(b"\xff\xfe\x00bad")), "invalid_value", "input.1.content.1.file_data"),
-        (_file("a.json", b64(b"{nope")), "invalid_value", "input.1.content.1.file_data"),
-        (_file("a.pdf", b64(b"%PDF-1.4 garbage")), "invalid_value", "input.1.content.1.file_data"),
+        (_file("a.txt", b64(b"\xff\xfe\x00bad")), "invalid_file", "input.1.content.1.file_data"),
+        (_file("a.json", b64(b"{nope")), "invalid_file", "input.1.content.1.file_data"),
+        (_file("a.json", b64(b"[" * 100_000)), "invalid_file", "input.1.content.1.file_data"),
+        (_file("a.pdf", b64(b"%PDF-1.4 garbage")), "invalid_file", "input.1.content.1.file_data"),
+        (_file("a.txt", b64(b"x" * 200_001)), "invalid_file", "input.1.content.1.file_data"),
         (_file("blank.pdf", b64(tiny_pdf(""))), "unsupported_input", "input.1.content.1.file_data"),
         (
             _file("a.txt", b64(b"x" * (items.MAX_FILE_BYTES + 1))),

@@ -3,7 +3,7 @@ CREATE TABLE clients ( id TEXT PRIMARY KEY, name TEXT NOT NULL, token_prefix TEX
 CREATE TABLE idempotency_keys ( client_id TEXT NOT NULL REFERENCES clients(id), key TEXT NOT NULL, request_digest TEXT NOT NULL, status_code INTEGER NOT NULL, resource_id TEXT, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (client_id, key) ) STRICT;
 CREATE TABLE models ( id TEXT PRIMARY KEY, format TEXT NOT NULL, engine TEXT NOT NULL, digest TEXT NOT NULL, size_bytes INTEGER NOT NULL, owned_by TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{}', position INTEGER NOT NULL, created_at INTEGER NOT NULL , status TEXT NOT NULL DEFAULT 'ready' CHECK (status IN ('ready','corrupt')), verified_at INTEGER, defaults TEXT NOT NULL DEFAULT '{}') STRICT;
 CREATE TABLE pairing_requests ( id TEXT PRIMARY KEY, user_code TEXT NOT NULL UNIQUE, client_name TEXT NOT NULL, scopes TEXT NOT NULL, status TEXT NOT NULL CHECK (status IN ('pending','approved','denied','claimed')), granted_scopes TEXT, client_id TEXT REFERENCES clients(id), created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, decided_at INTEGER, claimed_at INTEGER , source TEXT NOT NULL DEFAULT '') STRICT;
-CREATE TABLE responses ( id TEXT PRIMARY KEY, client_id TEXT NOT NULL REFERENCES clients(id), model TEXT NOT NULL, model_digest TEXT, created_at INTEGER NOT NULL, request TEXT NOT NULL, background INTEGER NOT NULL, store INTEGER NOT NULL, usage TEXT, incomplete_reason TEXT , output TEXT) STRICT;
+CREATE TABLE responses ( id TEXT PRIMARY KEY, client_id TEXT NOT NULL REFERENCES clients(id), model TEXT NOT NULL, model_digest TEXT, created_at INTEGER NOT NULL, request TEXT NOT NULL, background INTEGER NOT NULL, store INTEGER NOT NULL, usage TEXT, incomplete_reason TEXT , output TEXT, previous_id TEXT) STRICT;
 CREATE TABLE service_config ( key TEXT PRIMARY KEY, value TEXT NOT NULL ) STRICT;
 CREATE TABLE task_events ( task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE, sequence_number INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (task_id, sequence_number) ) STRICT, WITHOUT ROWID;
 CREATE TABLE task_tokens ( task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE, start INTEGER NOT NULL, tokens BLOB NOT NULL, PRIMARY KEY (task_id, start) ) STRICT, WITHOUT ROWID;
@@ -11,6 +11,7 @@ CREATE TABLE tasks ( seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNI
 CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
 CREATE INDEX pairing_expiry ON pairing_requests(expires_at);
 CREATE INDEX pairing_source ON pairing_requests(source, status);
+CREATE INDEX responses_previous ON responses(previous_id) WHERE previous_id IS NOT NULL;
 CREATE INDEX tasks_client ON tasks(client_id, seq);
 CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX tasks_status ON tasks(status, seq);

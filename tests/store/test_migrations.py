@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
+
+import pytest
 
 from lmsp.store.db import Database, connect
 from lmsp.store.migrations import MIGRATIONS, applied, migrate, schema_version
@@ -117,3 +120,55 @@ def test_m004_moves_output_text_into_message_items(tmp_path: Path, monkeypatch) 
     ]
     assert json.loads(out["resp_cut"])[0]["status"] == "incomplete"
     assert out["resp_running"] is None  # its log says what it has so far
+
+
+def test_m008_turns_copied_histories_into_references(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn stored with a copy of its history drops it for a reference when the turn it
+    continues is still there; one whose predecessor is gone keeps its copy."""
+    from lmsp.store import migrations
+    from lmsp.store import responses as response_store
+
+    conn = connect(tmp_path / "old.db")
+    monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[:7])
+    migrate(conn)
+    monkeypatch.undo()
+    conn.execute(
+        "INSERT INTO clients (id, name, token_prefix, token_hash, scopes, created_at)"
+        " VALUES ('c', 'c', 'p', 'h', '[]', 0)"
+    )
+
+    def message(role: str, text: str, ident: str) -> dict[str, object]:
+        kind = "output_text" if role == "assistant" else "input_text"
+        return {
+            "type": "message",
+            "id": ident,
+            "status": "completed",
+            "role": role,
+            "content": [{"type": kind, "text": text}],
+        }
+
+    a_in, a_out = message("user", "one", "m1"), message("assistant", "ONE", "m2")
+    b_in, b_out = message("user", "two", "m3"), message("assistant", "TWO", "m4")
+    rows = [
+        ("r_a", {"model": "m", "input": [a_in]}, [a_out]),
+        ("r_b", {"model": "m", "input": [b_in], "previous_response_id": "r_a",
+                 "lmsp_history": [a_in, a_out]}, [b_out]),
+        ("r_c", {"model": "m", "input": [message("user", "three", "m5")],
+                 "previous_response_id": "r_gone", "lmsp_history": [a_in]}, []),
+    ]  # fmt: skip
+    for ident, request, output in rows:
+        conn.execute(
+            "INSERT INTO responses (id, client_id, model, created_at, request, background,"
+            " store, output) VALUES (?, 'c', 'm', 0, ?, 0, 1, ?)",
+            (ident, json.dumps(request), json.dumps(output)),
+        )
+    assert migrate(conn) == ["m008_history_by_reference"]
+    stored = {
+        r["id"]: (json.loads(r["request"]), r["previous_id"])
+        for r in conn.execute("SELECT id, request, previous_id FROM responses")
+    }
+    assert stored["r_b"][1] == "r_a" and "lmsp_history" not in stored["r_b"][0]
+    assert stored["r_c"][1] is None and stored["r_c"][0]["lmsp_history"] == [a_in]
+    assert response_store.context_of(conn, "r_b") == [a_in, a_out, b_in, b_out]

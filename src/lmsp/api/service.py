@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from lmsp import datadir, errors
 from lmsp.bootstrap import bootstrap
 from lmsp.config import Settings
+from lmsp.constraints.budget import GrammarBudget
 from lmsp.engines.base import Engine
 from lmsp.engines.host import ModelHost
 from lmsp.engines.kvfiles import PrefixFiles
@@ -26,6 +27,7 @@ from lmsp.engines.test_engine import TestEngine
 from lmsp.metrics import Metrics
 from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
+from lmsp.sandbox import Sandbox
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
@@ -35,7 +37,9 @@ from lmsp.tasks import recovery, retention
 from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.runner import Runner
 
+from . import toolcheck
 from .broker import Broker
+from .files import FileReader
 from .sessions import ConsoleSessions
 from .tokens import TokenCache
 
@@ -71,10 +75,20 @@ class Service:
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     tokens: TokenCache = field(init=False)
     readers: ThreadPoolExecutor = field(init=False)
+    # untrusted input (schemas, files) is compiled and read in worker processes
+    sandbox: Sandbox = field(init=False)
+    grammars: GrammarBudget = field(init=False)
+    files: FileReader = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokens = TokenCache(self.db)
         self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="lmsp-read")
+        settings = self.settings
+        self.sandbox = Sandbox(settings.input_workers, memory_bytes=settings.input_memory)
+        self.grammars = GrammarBudget(
+            self.sandbox, cpu_seconds=settings.schema_cpu_time, max_bytes=settings.max_schema_bytes
+        )
+        self.files = FileReader(self.sandbox, cpu_seconds=settings.file_cpu_time)
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` in a reader thread (its ``db.reader()`` is that
@@ -84,6 +98,7 @@ class Service:
 
     def close_readers(self) -> None:
         self.readers.shutdown(wait=True)
+        self.sandbox.close()
 
     # -- lookups (404 for what the client does not own; ``admin`` sees everything) ---------
     def owned_response(self, response_id: str, client: Client) -> tuple[sqlite3.Row, sqlite3.Row]:
@@ -114,26 +129,38 @@ class Service:
         request: dict[str, Any],
         key: idempotency.Key | None,
         input_param: str = "input",
+        *,
+        item_names: list[str] | None = None,
+        param: toolcheck.Param = toolcheck.responses_param,
     ) -> response_store.Created:
         """Persist a response and its task (``/v1/responses`` and chat completions): the
-        model must exist and the prompt fit its context; a replayed idempotency key gives
-        the first request's response, or ``409`` while that (non-background) request is
-        still running."""
+        model must exist, its schemas compile within their budget, its files read as
+        text, and the prompt fit its context; a replayed idempotency key gives the first
+        request's response, or ``409`` while that (non-background) request is still
+        running. ``item_names``: how errors name each input item (``input.3`` by
+        default); ``param``: how they name the other fields."""
         model = request["model"]
         record = await self.read(lambda: models.get(self.db.reader(), model))
         if record is None:
             raise model_not_found(model)
         # the sampling numbers it runs with: its own, else the model's defaults, else lmsp's
         request.update(objects.sampling_used(request, record.defaults))
-        # every input item checked (files read) before anything is written
+        # schemas and grammar compiled once, in a worker, under their budget
+        await toolcheck.check_grammar(self.grammars, request, param)
+        # every input item checked, and each file read as text once, before any write
         request["input"] = await asyncio.to_thread(
             items.normalize,
             request["input"],
             capabilities=models.capabilities(record),
             param=input_param,
         )
+        names = item_names or []
+        await self.files.read(
+            request["input"],
+            lambda i: names[i] if i < len(names) else f"{input_param}.{i}",
+        )
         previous = request.get("previous_response_id")
-        if previous is not None:  # the whole chain, kept with this request (durable)
+        if previous is not None:  # the history, for the size check (stored by reference)
             request[items.HISTORY] = await self.read(
                 lambda: response_store.conversation(self.db.reader(), previous, client.id)
             )
@@ -152,7 +179,7 @@ class Service:
             if models.get(conn, model) is None:  # deleted meanwhile
                 raise model_not_found(model)
             if previous is not None:  # still there (not deleted or swept meanwhile)
-                response_store.conversation(conn, previous, client.id)
+                response_store.continuable(conn, previous, client.id)
             return response_store.create(
                 conn,
                 client_id=client.id,
@@ -297,7 +324,13 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         len(report.resumed),
     )
     metrics.recovered(report.outcomes)
-    kv = PrefixFiles(settings.kv_dir, max_bytes=settings.kv_cache_bytes, ttl=settings.kv_cache_ttl)
+    kv = PrefixFiles(
+        settings.kv_dir,
+        max_bytes=settings.kv_cache_bytes,
+        ttl=settings.kv_cache_ttl,
+        reserve=settings.kv_cache_reserve,
+    )
+    db.relief = kv.relieve  # a write that finds the disk full first empties the cache
     host = ModelHost(
         settings.blobs_dir,
         engines(),

@@ -1,9 +1,12 @@
-"""The policy for tools and structured output, shared by both APIs (pure).
+"""The policy for tools and structured output, shared by both APIs.
 
 Both APIs check the request in its Responses form (a chat completion's ``tools``,
 ``tool_choice`` and ``response_format`` are translated first), with ``param`` names
-given in the caller's own terms. Every schema is compiled here, before anything is
-written: a keyword llguidance cannot enforce is a ``400 unsupported_schema`` naming it.
+given in the caller's own terms. :func:`problems` checks the shapes (pure, at once);
+:func:`check_grammar` then compiles the request's schemas and grammar once, before
+anything is written, under the budget of :mod:`lmsp.constraints.budget` (in a worker
+process): a keyword llguidance cannot enforce is a ``400 unsupported_schema`` naming
+it, a schema over the budget a ``400 schema_too_complex`` naming the limit.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lmsp.constraints import grammar
+from lmsp.constraints.budget import GrammarBudget, Outcome
 from lmsp.errors import LmspError
+from lmsp.tasks.plan import grammar_of
 
 #: the ``param`` of a place in the Responses form: ``("tools", 0, "parameters")`` →
 #: ``tools.0.parameters`` (or ``tools.0.function.parameters`` for a chat completion)
@@ -26,12 +31,84 @@ def responses_param(*parts: str | int) -> str:
 def _schema(schema: Any, where: str, what: str) -> Iterator[LmspError]:
     if not isinstance(schema, dict):
         yield LmspError("invalid_value", f"{what} must be a JSON Schema object.", param=where)
-        return
+
+
+# -- the compile, under its budget ----------------------------------------------------------
+#: what each limit of :class:`lmsp.constraints.budget.Outcome` is called in a refusal
+_LIMITS = {
+    "cpu": "compiling them took more than {seconds:g}s of CPU time (LMSP_SCHEMA_CPU_TIME)",
+    "wall": "compiling them took too long on this busy machine (LMSP_SCHEMA_CPU_TIME); retry",
+    "memory": "compiling them needed more memory than allowed (LMSP_INPUT_MEMORY)",
+    "bytes": "they are {size} bytes as JSON; at most {most} are allowed (LMSP_MAX_SCHEMA_BYTES)",
+    "engine": "the grammar they make is larger than the constraint engine can hold",
+    "depth": "they are nested too deeply",
+    "crash": "the constraint engine failed on them",
+}
+
+
+def schemas_of(request: dict[str, Any]) -> list[tuple[dict[str, Any], tuple[str | int, ...]]]:
+    """Every JSON Schema of a request in its Responses form, with where it sits: each
+    function tool's ``parameters``, then ``text.format.schema``."""
+    found: list[tuple[dict[str, Any], tuple[str | int, ...]]] = []
+    for index, tool in enumerate(request.get("tools") or []):
+        parameters = tool.get("parameters")
+        if tool.get("type") == "function" and isinstance(parameters, dict):
+            found.append((parameters, ("tools", index, "parameters")))
+    fmt = (request.get("text") or {}).get("format") or {}
+    if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+        found.append((fmt["schema"], ("text", "format", "schema")))
+    return found
+
+
+async def check_grammar(
+    budget: GrammarBudget, request: dict[str, Any], param: Param = responses_param
+) -> None:
+    """Compile the schemas and the output grammar of a request (its Responses form)
+    under ``budget``; raise the refusal if they do not fit."""
+    schemas = schemas_of(request)
     try:
-        grammar.check_schema(schema)
-    except grammar.UnsupportedSchema as exc:
-        param = f"{where}.{exc.path}" if exc.path else where
-        yield LmspError("unsupported_schema", f"{what}: {exc.message}", param=param)
+        text_grammar, _ = grammar_of(request)
+    except RecursionError:  # a schema nested deeper than JSON can be written back
+        outcome = Outcome("too_complex", limit="depth")
+    else:
+        outcome = await budget.check(text_grammar, [schema for schema, _ in schemas])
+    if not outcome.ok:
+        raise _refusal(outcome, schemas, request, budget, param)
+
+
+def _refusal(
+    outcome: Outcome,
+    schemas: list[tuple[dict[str, Any], tuple[str | int, ...]]],
+    request: dict[str, Any],
+    budget: GrammarBudget,
+    param: Param,
+) -> LmspError:
+    if outcome.kind == "unsupported" and outcome.schema is not None:
+        schema, place = schemas[outcome.schema]
+        where = param(*place)
+        found = grammar.unsupported(schema, outcome.problem)
+        what = "The schema"
+        if place[0] == "tools":
+            what = f"The parameters of {request['tools'][place[1]].get('name')!r}"
+        return LmspError(
+            "unsupported_schema",
+            f"{what}: {found.message}",
+            param=f"{where}.{found.path}" if found.path else where,
+        )
+    if outcome.schema is not None:
+        where = param(*schemas[outcome.schema][1])
+    elif len(schemas) == 1:
+        where = param(*schemas[0][1])
+    elif any(place[0] == "tools" for _, place in schemas):
+        where = param("tools")
+    else:
+        where = param("text", "format", "schema")
+    reason = _LIMITS.get(outcome.limit, _LIMITS["crash"]).format(
+        seconds=budget.cpu_seconds, size=outcome.problem, most=budget.max_bytes
+    )
+    return LmspError(
+        "schema_too_complex", f"The request's JSON Schemas are too complex: {reason}.", param=where
+    )
 
 
 def problems(

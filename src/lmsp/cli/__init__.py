@@ -173,7 +173,10 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
     db = Database(settings.db_path, lock=_lock(settings, "lmsp gc"))
     try:
         kv = PrefixFiles(
-            settings.kv_dir, max_bytes=settings.kv_cache_bytes, ttl=settings.kv_cache_ttl
+            settings.kv_dir,
+            max_bytes=settings.kv_cache_bytes,
+            ttl=settings.kv_cache_ttl,
+            reserve=settings.kv_cache_reserve,
         )
         swept = sweep(db, settings.retention, kv=kv)
         orphans = remove_orphans(db, settings.blobs_dir)

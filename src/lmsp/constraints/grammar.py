@@ -1,8 +1,16 @@
 """JSON Schemas and tool calls as llguidance grammars (pure: no model needed).
 
-A schema is compiled to a grammar once and cached by the digest of its canonical JSON;
-a keyword llguidance cannot enforce is an :class:`UnsupportedSchema` naming the keyword
-and where it sits, never a silent relaxation (llguidance's ``lenient`` stays off).
+Building a grammar's text is cheap (llguidance wraps the schema; nothing is compiled
+yet): :func:`json_grammar` and :func:`calls_grammar` do only that, so the runner can
+rebuild a task's grammar from its stored request at no cost. Compiling one is not
+(super-linear in the schema's size): the API checks every request's grammar once,
+under a time and size budget, in a worker process (:mod:`lmsp.constraints.budget`),
+before anything is written; the engine then compiles it knowing it fits.
+
+:func:`check_schema` validates one schema (``validate_grammar``) and is cached by the
+schema's canonical JSON; a keyword llguidance cannot enforce is an
+:class:`UnsupportedSchema` naming the keyword and where it sits, never a silent
+relaxation (llguidance's ``lenient`` stays off).
 
 JSON is generated compact, with the separators ``json.dumps`` writes (``", "`` and
 ``": "``) and no other whitespace: small models follow it best, and a model cannot pad
@@ -58,30 +66,43 @@ def with_options(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_schema(schema: dict[str, Any]) -> str:
-    """The grammar of ``schema``, or :class:`UnsupportedSchema`."""
+    """The grammar of ``schema``, validated (:class:`UnsupportedSchema` if llguidance
+    cannot enforce it). Costs what compiling costs: call it where a budget holds (a
+    worker of :mod:`lmsp.constraints.budget`)."""
     return _schema_grammar(json.dumps(schema))  # property order matters: it is kept
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _schema_grammar(canonical: str) -> str:
     schema = json.loads(canonical)
-    try:
-        grammar = LLMatcher.grammar_from_json_schema(with_options(schema))
-    except ValueError as exc:
-        raise UnsupportedSchema(f"The schema is not valid: {exc}", None) from exc
+    grammar = schema_grammar(schema)
     problem = LLMatcher.validate_grammar(grammar)
     if problem:
-        raise _unsupported(schema, problem)
+        raise unsupported(schema, problem)
     return grammar
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """The grammar text of ``schema``, not validated (cheap: nothing is compiled)."""
+    try:
+        return LLMatcher.grammar_from_json_schema(with_options(schema))
+    except ValueError as exc:
+        raise UnsupportedSchema(f"The schema is not valid: {_first_line(str(exc))}", None) from exc
+
+
+def _first_line(text: str) -> str:
+    """The first line of a library's message, without what follows (a backtrace)."""
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line[:300]
 
 
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(?P<keys>[^\]]*)\]")
 _FORMAT = re.compile(r"Unknown format: (?P<format>\S+)")
 
 
-def _unsupported(schema: dict[str, Any], problem: str) -> UnsupportedSchema:
+def unsupported(schema: dict[str, Any], problem: str) -> UnsupportedSchema:
     """The error for llguidance's ``problem``, with the path of the keyword at fault."""
-    first = problem.strip().splitlines()[0] if problem.strip() else problem
+    first = _first_line(problem)
     found = _UNIMPLEMENTED.search(problem)
     if found:
         keys = [k.strip().strip('"') for k in found["keys"].split(",") if k.strip()]
@@ -121,12 +142,12 @@ class Function:
 
 
 def json_grammar(schema: dict[str, Any]) -> str:
-    """The grammar of an output that is one JSON value matching ``schema``."""
-    return check_schema(schema)
+    """The grammar of an output that is one JSON value matching ``schema`` (its text,
+    not compiled)."""
+    return schema_grammar(schema)
 
 
 def _lark_json(schema: dict[str, Any]) -> str:
-    check_schema(schema)  # the same refusal as for a whole output
     return "%json " + json.dumps(with_options(schema))
 
 
@@ -155,6 +176,7 @@ def calls_grammar(
     Otherwise (``auto``) the model writes text and may start a call at any point by
     writing ``<tool_call>``; from there the call is constrained. After ``limit`` calls
     the output ends. With ``text_schema`` the output is either that JSON or calls.
+    Its text only: nothing is compiled (see the module docstring).
     """
     if not functions:
         raise ValueError("no function to call")
@@ -178,8 +200,8 @@ def calls_grammar(
             rules.insert(0, "start: TEXT | seg")
         else:
             rules.insert(0, f"start: seg{{0,{limit - 1}}} end\nend: TEXT | seg")
-    grammar = LLMatcher.grammar_from_lark("\n".join(rules))
-    problem = LLMatcher.validate_grammar(grammar)
-    if problem:
-        raise UnsupportedSchema(f"The tools cannot be enforced: {problem.splitlines()[0]}", None)
-    return grammar
+    try:
+        return LLMatcher.grammar_from_lark("\n".join(rules))
+    except ValueError as exc:
+        message = f"The tools cannot be enforced: {_first_line(str(exc))}"
+        raise UnsupportedSchema(message, None) from None

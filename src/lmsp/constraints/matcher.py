@@ -10,6 +10,7 @@ tokens) and is told each token chosen.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,6 +21,8 @@ import numpy.typing as npt
 from llguidance import LLMatcher, LLTokenizer
 
 from lmsp.engines.base import Constraint, EngineError, LoadedModel
+
+log = logging.getLogger(__name__)
 
 _CACHE_SIZE = 128
 _compiled: OrderedDict[tuple[int, str], LLMatcher] = OrderedDict()
@@ -45,7 +48,7 @@ def compiled(tokenizer: LLTokenizer, grammar: str) -> LLMatcher:
             return template.deep_copy()
     template = LLMatcher(tokenizer, grammar, log_level=0)
     if template.is_error():
-        raise EngineError("engine_error", f"The grammar did not compile: {template.get_error()}")
+        raise _failed("The output's grammar could not be compiled.", template, key[1])
     with _lock:
         _compiled[key] = template
         while len(_compiled) > _CACHE_SIZE:
@@ -66,17 +69,28 @@ class GrammarConstraint:
         if mask.shape[0] < self.n_vocab:  # tokens llguidance does not know: never allowed
             mask = np.concatenate([mask, np.zeros(self.n_vocab - mask.shape[0], dtype=bool)])
         if self.matcher.is_error():
-            raise EngineError("engine_error", f"The constraint failed: {self.matcher.get_error()}")
+            raise _failed("The output's constraint failed.", self.matcher)
         return mask
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):
-            raise EngineError(
-                "engine_error", f"The constraint refused a token: {self.matcher.get_error()}"
-            )
+            raise _failed("The output's constraint refused a token.", self.matcher)
 
     def finished(self) -> bool:
         return self.matcher.is_stopped()
+
+
+def _failed(message: str, matcher: LLMatcher, digest: str = "") -> EngineError:
+    """An ``engine_error`` with a short message; llguidance's own words (a panic's
+    backtrace, build paths) go to the log, never to the client."""
+    log.warning(
+        "%s%s llguidance: %s",
+        message,
+        f" (grammar {digest[:16]})" if digest else "",
+        matcher.get_error()[:4000],
+        extra={"event": "constraint.failed"},
+    )
+    return EngineError("engine_error", message)
 
 
 def grammar_constraint(grammar: str) -> Callable[[LoadedModel], Constraint]:

@@ -152,10 +152,10 @@ class ModelHost:
                     model = engine.load(path, self.n_ctx, options)
                 except EngineError:
                     raise
-                except Exception as exc:
-                    raise EngineError(
-                        "model_load_failed", f"Loading {record.id!r} failed: {exc}"
-                    ) from exc
+                except Exception as exc:  # its words (paths …) go to the log only
+                    log.warning("loading %s failed: %s", record.id, exc)
+                    failed = f"Loading {record.id!r} failed."
+                    raise EngineError("model_load_failed", failed) from exc
                 cached = _Loaded(record.digest, model)
                 self._loaded[key] = cached
                 log.info("loaded %s (%d sequences)", record.id, self.sequences)

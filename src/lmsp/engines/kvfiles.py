@@ -35,6 +35,13 @@ a key. Recency is the file's mtime, touched on every save and hit: ``sweep`` del
 entries older than ``ttl`` and then the least recently used until the total fits
 ``max_bytes``.
 
+The cache never takes the room durable writes need: it leaves ``reserve`` bytes free on
+its disk (by default a tenth of the disk, at most 4 GiB). A save that would go below
+the reserve first evicts the least recently used entries, and is skipped if that is not
+enough; ``sweep`` evicts while the disk is below it (the database grew into it); and
+when a durable write fails for lack of space anyway, the writer calls :meth:`relieve`,
+which evicts until the reserve is free again (or the cache is empty), and retries.
+
 One instance serves one process (the engine saves and looks up, the retention pass
 sweeps) under one lock. Another instance on the same root stays correct: each index
 re-reads its directory when the directory's mtime changes, and every read is verified.
@@ -53,7 +60,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -68,6 +75,11 @@ SUFFIX = ".kv"
 TEMP_PREFIX = ".tmp-"
 # a temporary file this old is stray (its writer died), not one being written elsewhere
 TEMP_GRACE = 600.0
+# the default free-space reserve: this share of the disk, at most RESERVE_MOST bytes
+RESERVE_SHARE = 10
+RESERVE_MOST = 4 << 30
+# what :meth:`PrefixFiles.relieve` frees at least (even with no reserve set)
+RELIEF_LEAST = 8 << 20
 
 _FIXED = struct.Struct("<8sIH")  # magic, version, digest length
 _U16 = struct.Struct("<H")
@@ -177,10 +189,13 @@ class PrefixFiles:
     docstring). Thread-safe; every public method is safe to call at any time and none
     raises on an I/O error."""
 
-    def __init__(self, root: Path, *, max_bytes: int, ttl: float) -> None:
+    def __init__(
+        self, root: Path, *, max_bytes: int, ttl: float, reserve: int | None = None
+    ) -> None:
         self.root = root
         self.max_bytes = max_bytes
         self.ttl = ttl
+        self._reserve = reserve  # None: from the disk's size, once it is known
         # saved, hits, misses, corrupt, stale, evicted, errors: for metrics and tests
         self.counts: Counter[str] = Counter()
         self._lock = threading.RLock()
@@ -200,6 +215,10 @@ class PrefixFiles:
         size = len(header) + len(data)
         if size > self.max_bytes:
             return  # the cache is off, or one entry would not fit it
+        if not self._room_for(size):
+            with self._lock:
+                self.counts["no_room"] += 1
+            return  # the disk keeps its reserve for durable writes
         name = dir_name(model_digest)
         folder = self.root / name
         path = folder / f"{key}{SUFFIX}"
@@ -270,6 +289,63 @@ class PrefixFiles:
             if self._total is None:
                 self._total = self._usage()
             return self._total > self.max_bytes
+
+    # -- free space --------------------------------------------------------------------
+    @property
+    def reserve(self) -> int:
+        """Bytes the cache leaves free on its disk."""
+        if self._reserve is None:
+            disk = _disk(self.root)
+            if disk is None or disk[1] <= 0:
+                return 0  # the disk cannot be measured yet: try again next time
+            self._reserve = min(disk[1] // RESERVE_SHARE, RESERVE_MOST)
+        return self._reserve
+
+    def _room_for(self, size: int) -> bool:
+        """Whether ``size`` more bytes leave the reserve free, evicting the least
+        recently used entries as needed (``True`` if the disk cannot be measured)."""
+        if _free(self.root, default=size + self.reserve) - size >= self.reserve:
+            return True
+        self._evict_for(size + self.reserve)
+        return _free(self.root, default=0) - size >= self.reserve
+
+    def relieve(self) -> int:
+        """A durable write failed for lack of space: evict the least recently used
+        entries until the reserve is free again (at least :data:`RELIEF_LEAST` bytes;
+        all of them if need be); the bytes freed. Never raises."""
+        try:
+            freed = self._evict_for(max(self.reserve, RELIEF_LEAST))
+        except Exception:  # pragma: no cover - the writer's last resort must not raise
+            log.exception("prefix cache: relieving the disk failed")
+            return 0
+        if freed:
+            log.warning(
+                "prefix cache: %d bytes evicted, the disk was full",
+                freed,
+                extra={"event": "kv.relieved"},
+            )
+        return freed
+
+    def _evict_for(self, wanted: int) -> int:
+        """Evict in LRU order until ``wanted`` bytes are free on the disk."""
+        freed = 0
+        with self._lock:
+            for _, _, name, key in self._entries():
+                if _free(self.root, default=wanted) >= wanted:
+                    break
+                freed += self._remove(name, key)
+                self.counts["evicted_for_space"] += 1
+        return freed
+
+    def _entries(self) -> list[tuple[float, int, str, str]]:
+        """Every entry as ``(mtime, size, dir name, key)``, least recently used first."""
+        live: list[tuple[float, int, str, str]] = []
+        for folder, entry, st in _scan(self.root):
+            key = entry.name.removesuffix(SUFFIX)
+            if not entry.name.startswith(TEMP_PREFIX) and _KEY.match(key):
+                live.append((st.st_mtime, st.st_size, folder.name, key))
+        live.sort()
+        return live
 
     # -- looking up --------------------------------------------------------------------
     def best(
@@ -453,28 +529,19 @@ class PrefixFiles:
         freed = 0
         with self._lock:
             live: list[tuple[float, int, str, str]] = []  # mtime, size, dir name, key
-            for folder in _subdirs(self.root):
-                try:
-                    entries = list(os.scandir(folder))
-                except OSError:
+            for folder, entry, st in _scan(self.root):
+                if entry.name.startswith(TEMP_PREFIX):
+                    if entry.name not in self._writing and st.st_mtime < stamp - TEMP_GRACE:
+                        freed += self._unlink(Path(entry.path))
                     continue
-                for entry in entries:
-                    try:
-                        st = entry.stat()
-                    except OSError:
-                        continue
-                    if entry.name.startswith(TEMP_PREFIX):
-                        if entry.name not in self._writing and st.st_mtime < stamp - TEMP_GRACE:
-                            freed += self._unlink(Path(entry.path))
-                        continue
-                    key = entry.name.removesuffix(SUFFIX)
-                    if not entry.name.endswith(SUFFIX) or not _KEY.match(key):
-                        continue
-                    if st.st_mtime < stamp - self.ttl:
-                        freed += self._remove(folder.name, key)
-                        self.counts["expired"] += 1
-                    else:
-                        live.append((st.st_mtime, st.st_size, folder.name, key))
+                key = entry.name.removesuffix(SUFFIX)
+                if not entry.name.endswith(SUFFIX) or not _KEY.match(key):
+                    continue
+                if st.st_mtime < stamp - self.ttl:
+                    freed += self._remove(folder.name, key)
+                    self.counts["expired"] += 1
+                else:
+                    live.append((st.st_mtime, st.st_size, folder.name, key))
             total = sum(size for _, size, _, _ in live)
             live.sort()
             for _, size, name, key in live:
@@ -483,10 +550,13 @@ class PrefixFiles:
                 freed += self._remove(name, key)
                 total -= size
                 self.counts["evicted"] += 1
+            self._total = total
+            freed += self._evict_for(self.reserve)  # the disk went below it meanwhile
             for folder in _subdirs(self.root):
                 with contextlib.suppress(OSError):
                     folder.rmdir()  # only if empty
-            self._total = total
+            if freed:
+                self._total = self._usage()
         return freed
 
     def _usage(self) -> int:
@@ -504,6 +574,40 @@ class PrefixFiles:
         with self._lock:
             self._total = self._usage()
             return self._total
+
+
+def _disk(path: Path) -> tuple[int, int] | None:
+    """``(free bytes, total bytes)`` of the disk holding ``path`` (or the nearest
+    directory above it that exists); ``None`` if it cannot be read."""
+    for place in (path, *path.parents):
+        try:
+            st = os.statvfs(place)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return None
+
+
+def _free(path: Path, *, default: int) -> int:
+    disk = _disk(path)
+    return default if disk is None else disk[0]
+
+
+def _scan(root: Path) -> Iterator[tuple[Path, os.DirEntry[str], os.stat_result]]:
+    """Every file of every model directory, with its ``stat`` (unreadable ones left out)."""
+    for folder in _subdirs(root):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat()
+            except OSError:
+                continue
+            yield folder, entry, st
 
 
 def _subdirs(root: Path) -> list[Path]:

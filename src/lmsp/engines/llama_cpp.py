@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from lmsp.engines import markers
 from lmsp.engines.base import (
     Constraint,
     EngineError,
@@ -128,18 +129,8 @@ class LlamaTokenizer:
         raw = completions.raw_prompt(messages)
         if raw is not None:  # a text completion's prompt: as given, without the template
             return self.raw_tokens(raw)
-        if tools and self.template_tools:
-            formatted = self._formatter(
-                messages=messages,  # type: ignore[arg-type]
-                tools=toolprompt.template_tools(tools),  # type: ignore[arg-type]
-            )
-        else:
-            messages = toolprompt.with_tools(messages, tools or [])
-            formatted = self._formatter(messages=messages)  # type: ignore[arg-type]
-        tokens: list[int] = self.llm.tokenize(
-            formatted.prompt.encode("utf-8"), add_bos=False, special=True
-        )
-        return tokens
+        # content is plain text: only the template's own markers are control tokens
+        return markers.prompt_tokens(self, messages, tools)
 
     def raw_tokens(self, text: str) -> list[int]:
         """``text`` as the model reads a raw prompt: a BOS token if the model asks for one,
@@ -364,10 +355,9 @@ class LlamaEngine:
     def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> LlamaModel:
         try:
             return LlamaModel(path, n_ctx, options)
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise EngineError(
-                "model_load_failed", f"llama.cpp could not load the model: {exc}"
-            ) from exc
+        except (ValueError, RuntimeError, OSError) as exc:  # its words (paths) to the log
+            log.warning("llama.cpp could not load %s: %s", path.name, exc)
+            raise EngineError("model_load_failed", "llama.cpp could not load the model.") from exc
 
     def tokenizer(self, path: Path, n_ctx: int) -> LlamaTokenizer:
         return LlamaTokenizer(path, n_ctx)

@@ -17,6 +17,11 @@ is created, so nothing is written for a bad one; the normalized items (each with
 ``id``) are what the store keeps, what ``GET /v1/responses/{id}/input_items`` lists and
 what later turns of a conversation carry.
 
+A file's text is not read here: :func:`normalize` checks only what is cheap (base64, the
+size, a supported type), and the API then turns each file into text once, under limits
+(:mod:`lmsp.protocol.filetext`), and keeps it with the part as :data:`FILE_TEXT` —
+which rendering uses, every turn after.
+
 Chat templates differ in how they show tool calls, and small ones (SmolLM2's) have no
 tool role at all, so calls are rendered generically, in the Hermes/Qwen style the tools
 work generates: an assistant message holding
@@ -27,45 +32,27 @@ work generates: an assistant message holding
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 import json
-import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
-from lmsp.protocol import toolcalls
+from lmsp.protocol import filetext, toolcalls
+from lmsp.protocol.filetext import MAX_FILE_BYTES, MAX_FILE_TEXT, file_format
+
+__all__ = ["MAX_FILE_BYTES", "MAX_FILE_TEXT", "file_format"]
 
 Item = dict[str, Any]
 Message = dict[str, str]
 
-#: the largest file an ``input_file`` may carry (decoded), and the most text it may give
-MAX_FILE_BYTES = 1 << 20
-MAX_FILE_TEXT = 200_000
-#: text formats by file extension and by media type
-TEXT_EXTENSIONS = {
-    ".txt": "text",
-    ".text": "text",
-    ".md": "markdown",
-    ".markdown": "markdown",
-    ".json": "json",
-    ".csv": "csv",
-}
-TEXT_MEDIA = {
-    "text/plain": "text",
-    "text/markdown": "markdown",
-    "text/x-markdown": "markdown",
-    "application/json": "json",
-    "text/csv": "csv",
-}
 #: the stored request's key for the items of the conversation it continues (the
 #: context of ``previous_response_id``, resolved when the request is created)
 HISTORY = "lmsp_history"
+#: an ``input_file`` part's key for the text it gives the model, read once when the
+#: request was created (never sent by a client, never listed back)
+FILE_TEXT = "lmsp_text"
 ROLES = ("system", "developer", "user", "assistant")
-_DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),(.*)$", re.DOTALL)
 
 #: the fields each item and part type may carry (anything else is refused, never dropped)
 _MESSAGE_KEYS = {"type", "role", "content", "id", "status"}
@@ -272,47 +259,17 @@ def _file(part: Item, where: str) -> Item:
         raise _error(f"{where}.file_data", "an input_file needs file_data (base64 or a data: URL).")
     if not isinstance(filename, str) or not filename or len(filename) > 256:
         raise _error(f"{where}.filename", "an input_file needs a filename (up to 256 characters).")
-    # the text is extracted now, so an unreadable file is refused before anything is stored
-    file_text(data, filename, where)
+    file_bytes(data, filename, where)  # a file, of a type lmsp reads: its text comes later
     return {"type": "input_file", "filename": filename, "file_data": data}
 
 
-def _decode(data: str, where: str) -> tuple[bytes, str | None]:
-    """The bytes of ``file_data`` and the media type its ``data:`` URL names, if any."""
-    media: str | None = None
-    payload = data
-    matched = _DATA_URL.match(data)
-    if matched is not None:
-        media = matched.group(1).strip().lower() or None
-        if ";base64" not in matched.group(2).lower():
-            raise _error(f"{where}.file_data", "a data: URL must be base64 encoded.")
-        payload = matched.group(3)
-    if len(payload) > (MAX_FILE_BYTES * 4) // 3 + 8:
-        raise _error(f"{where}.file_data", f"the file is larger than {MAX_FILE_BYTES} bytes.")
+def file_bytes(data: str, filename: str, where: str = "input_file") -> tuple[bytes, str]:
+    """The bytes of an ``input_file`` and its format (``400`` naming ``where`` when it
+    is no file, or of a type lmsp does not read)."""
     try:
-        raw = base64.b64decode("".join(payload.split()), validate=True)
-    except (binascii.Error, ValueError):
-        raise _error(f"{where}.file_data", "is not valid base64.") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise _error(f"{where}.file_data", f"the file is larger than {MAX_FILE_BYTES} bytes.")
-    return raw, media
-
-
-def file_format(filename: str, media: str | None) -> str | None:
-    """``text``, ``markdown``, ``json``, ``csv``, ``pdf`` or ``None`` (not supported)."""
-    if media == "application/pdf":
-        return "pdf"
-    if media in TEXT_MEDIA:
-        return TEXT_MEDIA[media]
-    suffix = filename[filename.rfind(".") :].lower() if "." in filename else ""
-    if suffix == ".pdf":
-        return "pdf"
-    return TEXT_EXTENSIONS.get(suffix)
-
-
-def file_text(data: str, filename: str, where: str = "input_file") -> str:
-    """The text an ``input_file`` gives the model (``400`` when there is none)."""
-    raw, media = _decode(data, where)
+        raw, media = filetext.decode(data)
+    except filetext.BadData as exc:
+        raise _error(f"{where}.file_data", exc.message) from None
     kind = file_format(filename, media)
     if kind is None:
         raise _unsupported(
@@ -320,44 +277,38 @@ def file_text(data: str, filename: str, where: str = "input_file") -> str:
             f"the file {filename!r} is not a supported type: send plain text, Markdown, JSON,"
             " CSV or PDF (by extension or data: URL media type).",
         )
-    if kind == "pdf":
-        text = _pdf_text(raw, where)
-    else:
-        try:
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise _error(f"{where}.file_data", "a text file must be UTF-8.") from None
-        if kind == "json":
-            try:
-                json.loads(text)
-            except ValueError:
-                raise _error(f"{where}.file_data", "the file is not valid JSON.") from None
-    if len(text) > MAX_FILE_TEXT:
-        raise _error(
-            f"{where}.file_data", f"the file gives more than {MAX_FILE_TEXT} characters of text."
-        )
-    return text
+    return raw, kind
 
 
-def _pdf_text(raw: bytes, where: str) -> str:
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+def file_error(where: str, extracted: filetext.Extracted) -> LmspError:
+    """The refusal of a file that gave no text (``where`` names its part)."""
+    return LmspError(
+        extracted.code, f"{where}.file_data: {extracted.message}", param=f"{where}.file_data"
+    )
 
-    try:
-        reader = PdfReader(io.BytesIO(raw))
-        if reader.is_encrypted:
-            raise _unsupported(f"{where}.file_data", "encrypted PDFs are not supported.")
-        pages = [page.extract_text() or "" for page in reader.pages]
-    except LmspError:
-        raise
-    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-        raise _error(f"{where}.file_data", f"the PDF cannot be read ({exc}).") from None
-    text = "\n\n".join(page.strip() for page in pages).strip()
-    if not text:
-        raise _unsupported(
-            f"{where}.file_data", "the PDF has no extractable text (a scan needs OCR first)."
-        )
-    return text
+
+def files_of(items: list[Item]) -> list[tuple[str, Item]]:
+    """The ``input_file`` parts of normalized items whose text is not read yet, with
+    where each sits (``3.content.1``: prefix it with the input's own name)."""
+    found: list[tuple[str, Item]] = []
+    for index, item in enumerate(items):
+        if item.get("type") != "message":
+            continue
+        for at, part in enumerate(item["content"]):
+            if part["type"] == "input_file" and FILE_TEXT not in part:
+                found.append((f"{index}.content.{at}", part))
+    return found
+
+
+def file_text(data: str, filename: str, where: str = "input_file") -> str:
+    """The text an ``input_file`` gives the model, read in this process with no limits
+    but the output's (``400`` when there is none): for rows stored before the text was
+    kept with the part, whose files were read once already when they were created."""
+    raw, kind = file_bytes(data, filename, where)
+    extracted = filetext.extract(raw, kind)
+    if extracted.text is None:
+        raise file_error(where, extracted)
+    return extracted.text
 
 
 # -- rendering ----------------------------------------------------------------------------
@@ -377,7 +328,9 @@ def render_tool_response(output: str) -> str:
 
 
 def _file_block(part: Item) -> str:
-    text = file_text(part["file_data"], part["filename"])
+    text = part.get(FILE_TEXT)
+    if text is None:
+        text = file_text(part["file_data"], part["filename"])
     return f"[file: {part['filename']}]\n{text}\n[end of file: {part['filename']}]"
 
 

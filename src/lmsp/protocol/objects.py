@@ -206,7 +206,9 @@ def input_items_page(
     """``GET /v1/responses/{id}/input_items``: the items the model was given (the
     conversation's earlier turns, then the request's input), ``order`` ``asc`` (oldest
     first) or ``desc``, the page after the item ``after``."""
-    listed = [*(request.get(items.HISTORY) or []), *items.input_of(request)]
+    listed = [
+        _as_given(item) for item in (*(request.get(items.HISTORY) or []), *items.input_of(request))
+    ]
     if order == "desc":
         listed.reverse()
     start = 0
@@ -223,3 +225,13 @@ def input_items_page(
         "last_id": page[-1]["id"] if page else None,
         "has_more": start + limit < len(listed),
     }
+
+
+def _as_given(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as the client gave it: without the text lmsp read from its files."""
+    if item.get("type") != "message" or not any(
+        items.FILE_TEXT in part for part in item.get("content") or ()
+    ):
+        return item
+    content = [{k: v for k, v in part.items() if k != items.FILE_TEXT} for part in item["content"]]
+    return {**item, "content": content}

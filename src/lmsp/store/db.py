@@ -7,8 +7,10 @@ rolls back only itself. Callers are answered only after the ``COMMIT`` has retur
 so an answer means the write is on disk (``synchronous=FULL``).
 
 A full disk (``SQLITE_FULL``, ``ENOSPC``) anywhere in a transaction rolls the whole
-batch back, answers every job in it with ``LmspError("insufficient_storage")`` (``507``
-at the API) and marks :attr:`Database.health` degraded: nothing is half-written.
+batch back. If :attr:`Database.relief` frees space (the prefix cache evicts what it
+holds), the batch is run once more; otherwise every job in it is answered with
+``LmspError("insufficient_storage")`` (``507`` at the API) and :attr:`Database.health`
+marked degraded: nothing is half-written.
 
 Test seam: :attr:`Database.faults` is ``None`` and nothing in lmsp sets it. A test sets
 it to a :class:`Faults` to make chosen jobs or commits fail exactly as a full disk makes
@@ -210,6 +212,9 @@ class Database:
         create_private_file(self.path)  # 0600; the -wal and -shm files take its mode
         self.health = StorageHealth()
         self.faults: Faults | None = None  # test seam, see the module docstring
+        # called (in the writer thread) when a transaction failed for lack of space:
+        # frees what it can and says how many bytes (the prefix cache's ``relieve``)
+        self.relief: Callable[[], int] | None = None
         self.metrics: Metrics | None = None  # the service's, once it runs
         with_conn = connect(self.path)
         try:
@@ -299,7 +304,7 @@ class Database:
                 break
         conn.close()
 
-    def _commit_batch(self, conn: Connection, batch: list[_Request]) -> None:
+    def _commit_batch(self, conn: Connection, batch: list[_Request], again: bool = False) -> None:
         outcomes: list[tuple[_Request, bool, Any]] = []
         changes_before = conn.total_changes
         faults = self.faults
@@ -330,17 +335,20 @@ class Database:
         except BaseException as exc:
             cause = exc.cause if isinstance(exc, _StorageFull) else exc
             full = is_storage_error(cause)
-            if full:
-                log.warning("write transaction refused, the disk is full: %s", cause)
-                self.health.failed()
-            else:
-                log.exception("write transaction failed")
             if conn.in_transaction:
                 try:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:  # pragma: no cover - SQLite rolled back itself
                     log.exception("rollback failed")
             self._settle_changes()
+            if full and not again and self._relieved():
+                self._commit_batch(conn, batch, again=True)  # space was freed: once more
+                return
+            if full:
+                log.warning("write transaction refused, the disk is full: %s", cause)
+                self.health.failed()
+            else:
+                log.exception("write transaction failed")
             if self.metrics is not None:
                 self.metrics.transaction_failed()
             answer = insufficient_storage() if full else cause
@@ -365,6 +373,17 @@ class Database:
                 listener()
             except Exception:  # pragma: no cover - listeners must not break the writer
                 log.exception("commit listener failed")
+
+    def _relieved(self) -> bool:
+        """Did :attr:`relief` free any space?"""
+        relief = self.relief
+        if relief is None:
+            return False
+        try:
+            return relief() > 0
+        except Exception:  # pragma: no cover - relief must not break the writer
+            log.exception("relieving the disk failed")
+            return False
 
     def close(self) -> None:
         if self._closed:

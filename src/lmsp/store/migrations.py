@@ -179,6 +179,24 @@ MIGRATIONS: list[tuple[str, str]] = [
         ) STRICT, WITHOUT ROWID;
         """,
     ),
+    (
+        # a turn of a conversation names the response it continues instead of keeping a
+        # copy of the whole history (which grew by the history's size every turn, files
+        # included): ``previous_id``, followed back when the history is needed
+        # (store/responses.py). A row whose predecessor is still stored drops its copy;
+        # one whose predecessor is gone keeps it, so no conversation breaks here.
+        "m008_history_by_reference",
+        """
+        ALTER TABLE responses ADD COLUMN previous_id TEXT;
+        CREATE INDEX responses_previous ON responses(previous_id) WHERE previous_id IS NOT NULL;
+        UPDATE responses SET
+            previous_id = json_extract(request, '$.previous_response_id'),
+            request = json_remove(request, '$.lmsp_history')
+        WHERE json_extract(request, '$.previous_response_id') IS NOT NULL
+          AND EXISTS (SELECT 1 FROM responses p
+                      WHERE p.id = json_extract(responses.request, '$.previous_response_id'));
+        """,
+    ),
 ]
 
 

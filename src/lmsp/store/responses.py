@@ -1,4 +1,13 @@
-"""Responses: creating one (with its task, first events and idempotency key) atomically."""
+"""Responses: creating one (with its task, first events and idempotency key) atomically,
+and the history of a conversation.
+
+A turn of a conversation (``previous_response_id``) is stored with only its own input
+and a reference to the response it continues (``previous_id``); its history is the
+chain of those references, expanded when it is needed (:func:`history_of`). So a
+conversation's bytes grow by each turn's own size, not by the history's, and deleting a
+response removes its content from every later turn too: a turn whose history lost a
+response can no longer be run or continued (``history_deleted``).
+"""
 
 from __future__ import annotations
 
@@ -71,17 +80,19 @@ def create(
     stamp = _now()
     response_id = new_id("resp")
     task_id = new_id("task")
+    kept = {k: v for k, v in request.items() if k != items.HISTORY}  # history by reference
     conn.execute(
-        "INSERT INTO responses (id, client_id, model, created_at, request, background, store)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO responses (id, client_id, model, created_at, request, background, store,"
+        " previous_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (
             response_id,
             client_id,
             request["model"],
             stamp,
-            json.dumps(request, separators=(",", ":")),
+            json.dumps(kept, separators=(",", ":")),
             int(background),
             int(request.get("store", True)),
+            request.get("previous_response_id"),
         ),
     )
     conn.execute(
@@ -125,9 +136,17 @@ def conversation(
     own context (its history and input) and then its output. Only the caller's stored,
     finished responses can be continued: ``404 not_found`` for anything else (another
     client's, missing, deleted, swept, ``store: false``), ``409 response_in_progress``
-    while it is unfinished."""
+    while it is unfinished, ``409 history_deleted`` when a response of its history was
+    deleted."""
+    continuable(conn, previous_id, client_id)
+    return context_of(conn, previous_id)
+
+
+def continuable(conn: sqlite3.Connection, previous_id: str, client_id: str) -> None:
+    """Raise unless the caller may continue ``previous_id`` (see :func:`conversation`);
+    reads no content, only the chain of ids."""
     row = conn.execute(
-        "SELECT r.request, r.output, r.store, t.status FROM responses r"
+        "SELECT r.store, t.status FROM responses r"
         " JOIN tasks t ON t.response_id = r.id WHERE r.id = ? AND r.client_id = ?",
         (previous_id, client_id),
     ).fetchone()
@@ -144,9 +163,74 @@ def conversation(
             " a conversation continues from a finished response.",
             param="previous_response_id",
         )
-    request = json.loads(row["request"])
-    return [
-        *(request.get(items.HISTORY) or []),
-        *items.input_of(request),
-        *(json.loads(row["output"]) if row["output"] else []),
-    ]
+    _chain(conn, previous_id, ids_only=True)
+
+
+#: the responses a turn continues, newest first: ``depth`` 0 is the turn itself
+_CHAIN = """
+WITH RECURSIVE chain(id, previous_id, depth) AS (
+    SELECT id, previous_id, 0 FROM responses WHERE id = ?
+    UNION ALL
+    SELECT r.id, r.previous_id, chain.depth + 1 FROM responses r
+    JOIN chain ON r.id = chain.previous_id
+)
+"""
+
+
+def _chain(conn: sqlite3.Connection, response_id: str, *, ids_only: bool) -> list[sqlite3.Row]:
+    """The response and every response it continues, oldest first (with their request
+    and output unless ``ids_only``); ``history_deleted`` if one of them is gone."""
+    columns = "c.id, c.previous_id" + ("" if ids_only else ", r.request, r.output")
+    rows = conn.execute(
+        f"{_CHAIN} SELECT {columns} FROM chain c JOIN responses r ON r.id = c.id"
+        " ORDER BY c.depth DESC",
+        (response_id,),
+    ).fetchall()
+    if not rows:
+        raise history_deleted(response_id)
+    if rows[0]["previous_id"] is not None:  # the oldest continues a missing one
+        raise history_deleted(rows[0]["previous_id"])
+    return rows
+
+
+def history_deleted(gone: str) -> LmspError:
+    return LmspError(
+        "history_deleted",
+        f"previous_response_id: the response {gone!r}, part of this conversation's history,"
+        " was deleted (or expired): the history is gone, so the conversation cannot be"
+        " continued. Start a new conversation with the turns you need as input.",
+        param="previous_response_id",
+    )
+
+
+def context_of(conn: sqlite3.Connection, response_id: str) -> list[dict[str, Any]]:
+    """Everything of a stored response a later turn sees: its history, its input and
+    its output (``history_deleted`` if a response of its history is gone)."""
+    out: list[dict[str, Any]] = []
+    for row in _chain(conn, response_id, ids_only=False):
+        request = json.loads(row["request"])
+        if items.HISTORY in request:  # stored before history was kept by reference
+            out = list(request[items.HISTORY])
+        out.extend(items.input_of(request))
+        out.extend(json.loads(row["output"]) if row["output"] else [])
+    return out
+
+
+def history_of(conn: sqlite3.Connection, response: sqlite3.Row) -> list[dict[str, Any]]:
+    """The items before a stored response's own input (``history_deleted`` if a
+    response of them is gone)."""
+    request = json.loads(response["request"])
+    if items.HISTORY in request:  # stored before history was kept by reference
+        return list(request[items.HISTORY])
+    previous = response["previous_id"]
+    return [] if previous is None else context_of(conn, previous)
+
+
+def request_of(conn: sqlite3.Connection, response: sqlite3.Row) -> dict[str, Any]:
+    """A stored response's request with its history expanded (what the model is
+    given): the runner's one read of a task's request. ``history_deleted`` (an
+    :class:`LmspError`) if a response of its history was deleted meanwhile."""
+    request: dict[str, Any] = json.loads(response["request"])
+    if items.HISTORY not in request and response["previous_id"] is not None:
+        request[items.HISTORY] = context_of(conn, response["previous_id"])
+    return request

@@ -6,15 +6,19 @@ the row count says whether this caller won.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from typing import Any
 
+from lmsp.errors import client_message
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
 from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
 from lmsp.store import events, snapshots
+
+log = logging.getLogger(__name__)
 
 
 def get(conn: sqlite3.Connection, task_id: str) -> sqlite3.Row | None:
@@ -252,6 +256,12 @@ def fail(
     message: str,
     from_states: frozenset[Status] | None = None,
 ) -> sqlite3.Row | None:
+    """Move a task to ``failed`` with its error (a message that shows a library's
+    internals is logged and replaced: clients read it)."""
+    shown = client_message(message)
+    if shown != message:
+        log.warning("task %s failed: %s", task_id, message, extra={"task_id": task_id})
+    message = shown
     return move(
         conn,
         task_id,

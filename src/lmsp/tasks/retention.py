@@ -1,7 +1,8 @@
 """Retention (chapter 11.2): delete finished tasks, their events and stored responses
 older than the retention period, expired idempotency keys and expired pairing
 requests, in small batches. Every delete condition names the
-finished states, so no unfinished task can ever match. The same pass bounds the durable
+finished states, so no unfinished task can ever match; a response a later turn of its
+conversation continues stays as long as that turn does. The same pass bounds the durable
 prefix cache (:mod:`lmsp.engines.kvfiles`): entries of models no record names, entries
 unused for its ttl, then the least recently used past its size.
 """
@@ -29,11 +30,15 @@ class Swept:
 
 
 def delete_finished_batch(conn: sqlite3.Connection, cutoff: float, batch: int = BATCH) -> int:
-    """Delete up to ``batch`` finished responses (their tasks and events cascade)."""
+    """Delete up to ``batch`` finished responses (their tasks and events cascade). A
+    response a later stored turn continues is kept while that turn is (its history is
+    stored by reference): a conversation expires from its last turn back."""
     cur = conn.execute(
         "DELETE FROM responses WHERE id IN ("
-        f" SELECT response_id FROM tasks WHERE status IN ({FINISHED_SQL})"
-        "  AND finished_at IS NOT NULL AND finished_at < ? ORDER BY finished_at LIMIT ?)",
+        f" SELECT t.response_id FROM tasks t WHERE t.status IN ({FINISHED_SQL})"
+        "  AND t.finished_at IS NOT NULL AND t.finished_at < ?"
+        "  AND NOT EXISTS (SELECT 1 FROM responses later WHERE later.previous_id = t.response_id)"
+        "  ORDER BY t.finished_at LIMIT ?)",
         (int(cutoff), batch),
     )
     return cur.rowcount

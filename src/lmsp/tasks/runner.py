@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import logging
 import sqlite3
 import threading
@@ -24,10 +23,12 @@ from typing import Any
 
 from lmsp.engines.base import EngineError
 from lmsp.engines.host import ModelHost
+from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.states import Status
 from lmsp.store import events, models
+from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.store.health import is_storage_error
@@ -164,6 +165,9 @@ class Runner:
             if is_storage_error(exc):
                 self._interrupted(task_id)
                 return
+            if isinstance(exc, LmspError):  # a refusal, e.g. its history was deleted
+                self._fail(task_id, exc.code, exc.message)
+                return
             log.exception("task %s failed", task_id, extra={"task_id": task_id})
             self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
         finally:
@@ -203,7 +207,7 @@ class Runner:
             return
         response = task_store.get_response(conn, task["response_id"])
         assert response is not None
-        request = json.loads(response["request"])
+        request = response_store.request_of(conn, response)  # its history expanded
         record = models.get(conn, response["model"])
         if record is None:
             raise EngineError("model_load_failed", f"The model {response['model']!r} is gone.")

@@ -35,17 +35,26 @@ Writer = Annotated[Client, Depends(require("responses:write"))]
 REPLAYED = {"Idempotent-Replayed": "true"}
 
 
-def _input_items(body: ChatCompletionCreate) -> list[dict[str, Any]]:
-    """``messages`` as input items, each one checked as ``/v1/responses`` checks it."""
+def _translated(body: ChatCompletionCreate) -> chat.Translated:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     try:
-        translated = chat.items_from_messages(messages)
+        return chat.items_from_messages(messages)
     except chat.Untranslatable as exc:
         raise errors.LmspError(exc.code, exc.message, param=exc.param) from exc
+
+
+def _input_items(body: ChatCompletionCreate) -> list[dict[str, Any]]:
+    """``messages`` as input items, each one checked as ``/v1/responses`` checks it."""
+    translated = _translated(body)
     return [
         items.normalize_item(item, f"messages.{origin}")
         for item, origin in zip(translated.items, translated.origin, strict=True)
     ]
+
+
+def item_names(body: ChatCompletionCreate) -> list[str]:
+    """How errors name each input item: by the message it came from."""
+    return [f"messages.{origin}" for origin in _translated(body).origin]
 
 
 def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any]:
@@ -96,7 +105,14 @@ async def create_chat_completion(
     check_chat(body)
     stored = stored_request(body, svc.settings.default_on_restart)
     key = await idempotency_key(request, client)
-    created = await svc.create(client, stored, key, input_param="messages")
+    created = await svc.create(
+        client,
+        stored,
+        key,
+        input_param="messages",
+        item_names=item_names(body),
+        param=toolcheck.chat_param,
+    )
     headers = dict(REPLAYED) if created.replayed else {}
     forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:

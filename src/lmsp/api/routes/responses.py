@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Annotated, Any, Literal
 
@@ -155,11 +154,13 @@ async def list_input_items(
 ) -> dict[str, Any]:
     """The items the model was given (a conversation's earlier turns first), as a page."""
     svc = service(request)
-    response, _ = svc.owned_response(response_id, client)
+    response, _ = await svc.read(svc.owned_response, response_id, client)
     for value in _include(include):
         if value != "message.input_image.image_url":  # no images are ever stored
             raise unsupported("include", f"include {value!r} does not apply to input items.")
-    return objects.input_items_page(json.loads(response["request"]), order, after, limit)
+    # its history expanded (``409 history_deleted`` if a response of it was deleted)
+    stored = await svc.read(lambda: response_store.request_of(svc.db.reader(), response))
+    return objects.input_items_page(stored, order, after, limit)
 
 
 @router.post("/{response_id}/cancel")
