@@ -35,6 +35,7 @@ import click
 import httpx
 import pytest
 
+import lmsp
 from lmsp.cli import main
 from tests.helpers import free_port
 
@@ -374,3 +375,27 @@ def test_every_cli_line_of_the_readme_parses(
                 raise AssertionError(f"{command}: {exc.format_message()}") from None
             checked += 1
     assert checked >= 15
+
+
+#: settings read from the environment that are not the service's configuration
+NOT_SERVICE_SETTINGS = {
+    "LMSP_URL": "the CLI's and lmsp.Client's service address (the CLI section)",
+    "LMSP_TOKEN": "the CLI's and lmsp.Client's token (the CLI section)",
+    "LMSP_ENABLE_TEST_ENGINE": "the test suite's deterministic engine",
+    "LMSP_TEST_ENGINE_DELAY": "the test suite's deterministic engine",
+}
+
+
+def test_every_setting_is_in_the_configuration_table() -> None:
+    source = Path(lmsp.__file__).parent
+    read = {  # every quoted LMSP_* name in the code: what it reads from the environment
+        name
+        for path in source.rglob("*.py")
+        for name in re.findall(r"""["'](LMSP_[A-Z_]+)["']""", path.read_text())
+    }
+    table = set(re.findall(r"^\| `(LMSP_[A-Z_]+)` \|", section("Configuration"), re.MULTILINE))
+    assert "LMSP_GC_INTERVAL" in read and "LMSP_THREADS" in read  # the scan finds them
+    assert read - set(NOT_SERVICE_SETTINGS) - table == set(), "settings missing from README"
+    assert table - read == set(), "README lists settings nothing reads"
+    for name in ("LMSP_URL", "LMSP_TOKEN"):
+        assert name in section("CLI")
