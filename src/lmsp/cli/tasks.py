@@ -71,7 +71,7 @@ def _details(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
     type=click.IntRange(1, 100),
     default=20,
     show_default=True,
-    help="How many tasks to list (1 … 100).",
+    help="How many tasks to list.",
 )
 @click.option(
     "--client",
