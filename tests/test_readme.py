@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shlex
 import signal
 import subprocess
@@ -189,6 +190,11 @@ def events(lines: IO[str], until: Any) -> Iterator[dict[str, Any]]:
             return
 
 
+def _no_core_file() -> None:
+    """SIGQUIT dumps core where that is on: not a server's worth of memory, not here."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 class Service:
     """The first terminal: ``make serve`` (``lmsp serve`` of the checkout's venv)."""
 
@@ -201,7 +207,12 @@ class Service:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [str(VENV_BIN / "lmsp"), "serve"], env=self.env, stdout=out, stderr=out
+                [str(VENV_BIN / "lmsp"), "serve"],
+                env=self.env,
+                cwd=self.log.parent,
+                stdout=out,
+                stderr=out,
+                preexec_fn=_no_core_file,
             )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -265,6 +276,9 @@ def test_the_tour_works_as_written(newcomer: tuple[User, Service]) -> None:
     user, service = newcomer
     tour = section("A 60-second tour")
     service.start()  # `make serve`
+    banner = service.log.read_text()
+    assert f"on {service.url}, data in {user.env['HOME']}/.local/share/lmsp" in banner
+    assert f"the lmsp command is {VENV_BIN / 'lmsp'}" in banner  # it is not on PATH
     try:
         walk(user, service, [c for block in blocks(tour, "sh") for c in commands(block)])
         for block in blocks(tour, "python"):

@@ -132,7 +132,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     log = logging.getLogger("lmsp")
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     log.info(
-        "lmsp %s on http://%s:%d (serving once recovery is done), data in %s",
+        "lmsp %s on http://%s:%d, data in %s",
         __version__,
         host,
         settings.port,
