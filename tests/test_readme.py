@@ -38,7 +38,7 @@ import pytest
 
 import lmsp
 from lmsp.cli import main
-from tests.helpers import free_port
+from tests.helpers import Server, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -195,50 +195,31 @@ def _no_core_file() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-class Service:
-    """The first terminal: ``make serve`` (``lmsp serve`` of the checkout's venv)."""
+class Service(Server):
+    """The first terminal: ``make serve`` (``lmsp serve`` of the checkout's venv) in the
+    newcomer's environment, on the default data directory of their ``HOME``."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env = env
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"http://127.0.0.1:{env['LMSP_PORT']}"
+    def __init__(self, env: dict[str, str], data_dir: Path) -> None:
+        super().__init__(data_dir, env)
+        self.port = int(env["LMSP_PORT"])
 
-    def start(self) -> None:
-        with self.log.open("ab") as out:
+    def launch(self) -> subprocess.Popen[bytes]:
+        with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [str(VENV_BIN / "lmsp"), "serve"],
-                env=self.env,
-                cwd=self.log.parent,
+                env=self.extra_env,
+                cwd=self.log_path.parent,
                 stdout=out,
                 stderr=out,
                 preexec_fn=_no_core_file,
             )
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("lmsp serve did not come up")
+        return self.proc
 
     def quit(self) -> None:
         """Ctrl-\\ in its terminal: SIGQUIT, no shutdown code runs."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGQUIT)
         self.proc.wait(60)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
 
 
 @pytest.fixture
@@ -266,7 +247,7 @@ def newcomer(tmp_path: Path, blob_cache: Path) -> Iterator[tuple[User, Service]]
         if not k.startswith("LMSP_") and k not in ("VIRTUAL_ENV", "XDG_DATA_HOME")
     }
     env.update({"HOME": str(home), "PATH": path, "LMSP_PORT": str(port)})
-    service = Service(dict(env), tmp_path / "serve.log")
+    service = Service(dict(env), data_dir)
     user = User(checkout, env, port)
     yield user, service
     service.stop()
@@ -276,7 +257,7 @@ def test_the_tour_works_as_written(newcomer: tuple[User, Service]) -> None:
     user, service = newcomer
     tour = section("A 60-second tour")
     service.start()  # `make serve`
-    banner = service.log.read_text()
+    banner = service.log_path.read_text()
     assert f"on {service.url}, data in {user.env['HOME']}/.local/share/lmsp" in banner
     assert f"the lmsp command is {VENV_BIN / 'lmsp'}" in banner  # it is not on PATH
     try:
@@ -287,7 +268,7 @@ def test_the_tour_works_as_written(newcomer: tuple[User, Service]) -> None:
             out = user.run("python tour.py")
             assert out.strip(), "the SDK example printed nothing"
     except AssertionError:
-        print(service.log.read_text()[-4000:])
+        print(service.log_path.read_text()[-4000:])
         raise
     finally:
         print("\n".join(user.transcript))
