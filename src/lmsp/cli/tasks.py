@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from lmsp.client import Client
+from lmsp.protocol.states import Status
 
 from .remote import (
     connect,
@@ -20,7 +21,8 @@ from .remote import (
 )
 from .safe import clean
 
-STATUSES = ["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"]
+#: the task states (PROTOCOL.md section 5), the one vocabulary of STATUS and --status
+STATUSES = [status.value for status in Status]
 
 
 @click.group("tasks")
