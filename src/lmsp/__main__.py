@@ -2,4 +2,4 @@ from __future__ import annotations
 
 from lmsp.cli import main
 
-main()
+main(prog_name="lmsp")

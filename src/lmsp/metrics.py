@@ -121,7 +121,7 @@ class Metrics:
             registry=r,
         )
         self.model_loads = Counter(
-            "lmsp_model_loads", "Models loaded (one per runner slot).", ["model"], registry=r
+            "lmsp_model_loads", "Models loaded (one context each).", ["model"], registry=r
         )
         self.model_unloads = Counter(
             "lmsp_model_unloads", "Models unloaded.", ["model"], registry=r

@@ -255,14 +255,22 @@ def test_what_a_newcomer_tries(server: Server, tmp_path: Path) -> None:
     # help that is not cut mid-sentence
     helped = ok(lmsp(server, "pair", "--help"))
     assert "Approve a pending request by its CODE." in helped and "(e.g." not in helped
-    # a task stopped by max_output_tokens shows as incomplete, as its response does
+    # a task stopped by max_output_tokens: STATUS, --status and --json speak of the
+    # task (completed), DETAIL and `show` say its response is incomplete
     cut = as_json(
         lmsp(server, "run", "short", "-m", "lmsp-test", "--max-output-tokens", "2", "--json")
     )
-    assert cut["status"] == "incomplete"
-    table = ok(lmsp(server, "tasks", "ls", "--limit", "1"))
-    assert cut["task"]["id"] in table and "incomplete" in table
-    assert "incomplete" in ok(lmsp(server, "tasks", "show", cut["task"]["id"]))
+    assert cut["status"] == "incomplete" and cut["task"]["status"] == "completed"
+    listed = as_json(lmsp(server, "tasks", "ls", "--status", "completed", "--json"))
+    assert cut["task"]["id"] in [t["id"] for t in listed]
+    assert all(t["status"] == "completed" for t in listed)
+    table = ok(lmsp(server, "tasks", "ls", "--status", "completed", "--limit", "1"))
+    row = next(line for line in table.splitlines() if cut["task"]["id"] in line)
+    assert "│ completed" in row and "response incomplete (max_output_tokens)" in row
+    assert "DETAIL" in table
+    fails(lmsp(server, "tasks", "ls", "--status", "incomplete"), "(usage)")
+    shown = ok(lmsp(server, "tasks", "show", cut["task"]["id"]))
+    assert "response status" in shown and "incomplete" in shown
     # a token without models:read is told to name the model
     with server.client() as http:
         agent = http.post(

@@ -82,8 +82,10 @@ def test_every_command_as_a_subprocess(server: Server) -> None:
         timeout=60,
     )
     assert down.returncode == 1 and down.stdout == ""
-    hint = "(is it running? start it with `lmsp serve`)"
-    assert down.stderr.strip() == f"Error: cannot reach lmsp at http://127.0.0.1:9 {hint}"
+    hint = "is it running? start it with `lmsp serve`"
+    assert down.stderr.strip() == (
+        f"Error: cannot reach lmsp at http://127.0.0.1:9: {hint} (unreachable)"
+    )
 
 
 def text_of(events: list[dict[str, Any]]) -> str:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import resource
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -15,19 +16,22 @@ import click
 
 from lmsp import __version__, config, datadir
 
+from .common import DATA_DIR_HELP, TOKEN_HELP, URL_HELP
+from .errors import CliError, Root
+
 
 def _settings(data_dir: Path | None, **overrides: object) -> config.Settings:
     try:
         settings = config.from_env()
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CliError(str(exc), "invalid_setting") from exc
     return settings.with_overrides(data_dir=data_dir, **overrides)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="lmsp")
-@click.option("--url", help="Service address for every command (LMSP_URL).")
-@click.option("--token", help="Bearer token for every command (LMSP_TOKEN).")
+@click.option("--url", help=URL_HELP)
+@click.option("--token", help=TOKEN_HELP)
 @click.pass_context
 def main(ctx: click.Context, url: str | None, token: str | None) -> None:
     """lmsp — a local model service for AI agents whose work is durable.
@@ -44,9 +48,10 @@ def _lock(settings: config.Settings, command: str) -> datadir.DataDirLock:
     try:
         return datadir.acquire(settings.data_dir, command)
     except datadir.DataDirBusy as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CliError(str(exc), "data_dir_in_use") from None
     except OSError as exc:
-        raise click.ClickException(f"cannot use {settings.data_dir}: {exc.strerror}") from None
+        problem = f"cannot use {settings.data_dir}: {exc.strerror}"
+        raise CliError(problem, "data_dir_error") from None
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -55,7 +60,7 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror}", "listen_failed") from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -63,7 +68,7 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror}", "listen_failed") from None
     sock.set_inheritable(True)
     return sock
 
@@ -90,10 +95,23 @@ def _descriptor_budget(wanted: int) -> int:
     return wanted
 
 
+def _command_hint() -> str | None:
+    """Where the ``lmsp`` command is, when a shell would not find it (``make serve``
+    installs it in a virtual environment that is not on PATH)."""
+    here = Path(sys.executable).parent / "lmsp"
+    found = shutil.which("lmsp")
+    if not here.exists() or (found is not None and Path(found).resolve() == here.resolve()):
+        return None
+    activate = here.parent / "activate"
+    if not activate.exists():
+        return f"the lmsp command is {here} (not on PATH)"
+    return f"the lmsp command is {here}; `. {activate}` in another shell puts it on PATH"
+
+
 @main.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
-@click.option("--host", help="Address to bind (LMSP_HOST, default 127.0.0.1).")
-@click.option("--port", type=int, help="Port (LMSP_PORT, default 8430).")
+@click.option("--data-dir", type=click.Path(path_type=Path), help=DATA_DIR_HELP)
+@click.option("--host", help="Address to bind (LMSP_HOST; default 127.0.0.1).")
+@click.option("--port", type=int, help="Port (LMSP_PORT; default 8430).")
 def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     """Run the service in the foreground.
 
@@ -112,8 +130,14 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     sock = _listen(settings.host, settings.port)
     logs.configure(settings.log_format)
     log = logging.getLogger("lmsp")
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
     log.info(
-        "lmsp %s: data in %s", __version__, settings.data_dir, extra={"event": "service.start"}
+        "lmsp %s on http://%s:%d, data in %s",
+        __version__,
+        host,
+        settings.port,
+        settings.data_dir,
+        extra={"event": "service.start"},
     )
     log.info(
         "owner token (admin): %s — the lmsp command reads it from there; agents pair"
@@ -121,6 +145,9 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
         settings.owner_token_path,
         extra={"event": "service.owner_token"},
     )
+    hint = _command_hint()
+    if hint:
+        log.info(hint, extra={"event": "service.command"})
     protocol = guarded_protocol(
         settings.header_timeout,
         settings.body_timeout,
@@ -149,8 +176,10 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
 
 
 @main.command(short_help="Delete expired finished work and orphan blobs (server stopped).")
-@click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
-@click.option("--retention", help="Keep finished work this long (e.g. 30s, 12h, 7d).")
+@click.option("--data-dir", type=click.Path(path_type=Path), help=DATA_DIR_HELP)
+@click.option(
+    "--retention", help="Keep finished work this long: 30s, 12h, 7d (LMSP_RETENTION; default 7d)."
+)
 def gc(data_dir: Path | None, retention: str | None) -> None:
     """Delete finished tasks, events and responses past the retention period, model
     blobs no record names, and saved prompt prefixes past their age or size. Refused
@@ -169,7 +198,7 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
             raise click.BadParameter(str(exc), param_hint="--retention") from exc
     settings = _settings(data_dir, retention=keep)
     if not settings.db_path.exists():
-        raise click.ClickException(f"no lmsp database in {settings.data_dir}")
+        raise CliError(f"no lmsp database in {settings.data_dir}", "no_database")
     db = Database(settings.db_path, lock=_lock(settings, "lmsp gc"))
     try:
         kv = PrefixFiles(

@@ -11,7 +11,7 @@ import click
 from lmsp import config
 from lmsp.client import default_target
 
-from .safe import clean
+from .errors import CliError
 
 
 @dataclass(frozen=True)
@@ -20,10 +20,22 @@ class Target:
     token: str | None
     # where the token came from: "--token", "LMSP_TOKEN", the owner token file, or None
     token_source: str | None = None
+    # where the owner token was looked for when neither --token nor LMSP_TOKEN was given
+    token_file: Path | None = None
 
 
-#: the hint every "cannot reach" error ends with
+#: the help of the options many commands share: the same words everywhere
+URL_HELP = "Service address (LMSP_URL; default http://127.0.0.1:8430)."
+TOKEN_HELP = "Bearer token (LMSP_TOKEN; default: the data directory's owner token)."
+JSON_HELP = "Print JSON, for scripts."
+DATA_DIR_HELP = "Data directory (LMSP_DATA_DIR; default ~/.local/share/lmsp)."
+
+#: the hint every "cannot reach" error gives
 START_HINT = "is it running? start it with `lmsp serve`"
+
+
+def unreachable(url: str) -> CliError:
+    return CliError(f"cannot reach lmsp at {url}: {START_HINT}", "unreachable")
 
 
 def _global(name: str) -> str | None:
@@ -44,7 +56,7 @@ def target(url: str | None, token: str | None, data_dir: Path | None = None) -> 
         base, secret = default_target(url, token, data_dir)
         settings = config.from_env()
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CliError(str(exc), "invalid_setting") from exc
     if data_dir is not None:
         settings = settings.with_overrides(data_dir=data_dir)
     if token:
@@ -55,18 +67,24 @@ def target(url: str | None, token: str | None, data_dir: Path | None = None) -> 
         source = str(settings.owner_token_path)
     else:
         source = None
-    return Target(base.rstrip("/"), secret, source)
+    return Target(base.rstrip("/"), secret, source, settings.owner_token_path)
 
 
-def api_error_line(status: int, code: str, message: str, where: Target | None) -> str:
-    """The one error format of every command: ``<message> (<code>)``, and for a refused
-    token what to do about it."""
-    line = f"{clean(message)} ({clean(code)})"
+def api_error(status: int, code: str, message: str, where: Target | None) -> CliError:
+    """A refusal of the service as the one error line, ``<message> (<code>)``; for a
+    refused token the message says which token it was and what to do about it."""
     if status != 401 or where is None:
-        return line
+        return CliError(message, code)
     if where.token_source is None:
-        return f"{line} No token: pass --token or set LMSP_TOKEN."
-    tail = f"({clean(code)})"
+        looked = f"no owner token in {where.token_file}" if where.token_file else "no token"
+        return CliError(
+            f"No token: {looked} (is LMSP_DATA_DIR the service's data directory?);"
+            " pass --token or set LMSP_TOKEN",
+            code,
+        )
     if where.token_source in ("--token", "LMSP_TOKEN"):
-        return f"The token from {where.token_source} was refused: unknown or revoked {tail}"
-    return f"The owner token in {where.token_source} was refused: another data directory? {tail}"
+        refused = f"The token from {where.token_source} was refused: unknown or revoked"
+        return CliError(refused, code)
+    return CliError(
+        f"The owner token in {where.token_source} was refused: another data directory?", code
+    )

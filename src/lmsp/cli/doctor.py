@@ -21,7 +21,8 @@ from lmsp.store.blobs import orphans
 from lmsp.store.clients import hash_token
 from lmsp.store.migrations import MIGRATIONS
 
-from .common import target
+from .common import DATA_DIR_HELP, JSON_HELP, target
+from .errors import CliError
 from .remote import console, print_json, table
 
 CHUNK = 1 << 20
@@ -168,14 +169,14 @@ def diagnose(settings: config.Settings) -> list[Check]:
 
 
 @click.command("doctor", short_help="Check the data directory and the service.")
-@click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory (LMSP_DATA_DIR).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option("--data-dir", type=click.Path(path_type=Path), help=DATA_DIR_HELP)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 def doctor(data_dir: Path | None, as_json: bool) -> None:
     """Check the data directory: database, schema, model blobs, owner token file."""
     try:
         settings = config.from_env().with_overrides(data_dir=data_dir)
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CliError(str(exc), "invalid_setting") from None
     checks = diagnose(settings)
     failed = [c for c in checks if c.status == "fail"]
     if as_json:
@@ -192,11 +193,9 @@ def doctor(data_dir: Path | None, as_json: bool) -> None:
             [(c.name, marks[c.status], c.detail) for c in checks],
         )
         warned = [c for c in checks if c.status == "warn"]
-        if failed:
-            console().print(f"{len(failed)} check(s) failed")
-        elif warned:
+        if warned and not failed:
             console().print(f"no check failed; {len(warned)} warning(s) above")
         else:
             console().print("all checks passed")
     if failed:
-        raise SystemExit(1)
+        raise CliError(f"{len(failed)} check(s) failed", "checks_failed")

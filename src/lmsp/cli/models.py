@@ -11,15 +11,13 @@ outcome; it exits with status 1 if any model is corrupt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 import httpx
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -29,62 +27,21 @@ from rich.progress import (
     TimeElapsedColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
+from lmsp.client import APIError
 from lmsp.gguf import NotGGUF, check_structure
 from lmsp.store.blobs import hash_file
 
-from .common import START_HINT, Target, api_error_line, target
-from .safe import clean, clean_json
+from .errors import CliError
+from .remote import connect, print_json, remote_options, size, table
+from .safe import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
-console = Console(stderr=True)
 
-
-def _options(func: F) -> F:
-    func = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
-    func = click.option("--token", help="Bearer token (LMSP_TOKEN; default: the owner's).")(func)
-    func = click.option("--url", help="Service URL (LMSP_URL; default: this machine's).")(func)
-    return func
-
-
-class _Api(httpx.Client):
-    where: Target
-
-
-@contextmanager
-def _api(url: str | None, token: str | None) -> Iterator[_Api]:
-    where = target(url, token)
-    headers = {"Authorization": f"Bearer {where.token}"} if where.token else {}
-    with _Api(base_url=where.url, headers=headers, timeout=None) as http:
-        http.where = where
-        try:
-            yield http
-        except httpx.ConnectError as exc:
-            raise click.ClickException(f"cannot reach lmsp at {where.url} ({START_HINT})") from exc
-
-
-def _answer(reply: httpx.Response, where: Target | None = None) -> Any:
-    body: Any = reply.json() if reply.content else None
-    if reply.is_error:
-        error = body.get("error", {}) if isinstance(body, dict) else {}
-        code = str(error.get("code", reply.status_code))
-        message = str(error.get("message", reply.text))
-        raise click.ClickException(api_error_line(reply.status_code, code, message, where))
-    return body
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def _print_json(data: Any) -> None:
-    click.echo(clean_json(data))
+#: the progress bars go to stderr, so stdout stays the result alone
+progress_console = Console(stderr=True)
+#: copying a model into the blob store takes as long as the file is big
+NO_TIMEOUT = httpx.Timeout(None, connect=5.0)
 
 
 @click.group("models")
@@ -92,29 +49,30 @@ def models() -> None:
     """Models of the running service: list, import, delete, verify."""
 
 
-@models.command("ls")
-@_options
+@models.command("ls", short_help="List models: digest, size, status, loaded.")
+@remote_options
 def list_models(url: str | None, token: str | None, as_json: bool) -> None:
     """List models with their digest, size, status and whether they are loaded."""
-    with _api(url, token) as http:
-        data = _answer(http.get("/v1/models"), http.where)["data"]
+    with connect(url, token) as api:
+        data = api.models()
     if as_json:
-        _print_json(data)
+        print_json(data)
         return
-    table = Table("id", "digest", "size", "format", "status", "loaded", box=None)
+    rows = []
     for m in data:
-        short = m["digest"].split(":", 1)[-1][:12]
         meta = m.get("metadata") or {}
         kind = " ".join(str(meta[k]) for k in ("architecture", "quantization") if meta.get(k))
-        table.add_row(
-            escape(clean(m["id"])),
-            short,
-            _size(m["size_bytes"]),
-            escape(clean(f"{m['format']} {kind}".strip())),
-            escape(clean(m.get("status", "ready"))),
-            "yes" if m["loaded"] else "",
+        rows.append(
+            (
+                m["id"],
+                m["digest"].split(":", 1)[-1][:12],
+                size(m["size_bytes"]),
+                f"{m['format']} {kind}".strip(),
+                m.get("status", "ready"),
+                "yes" if m["loaded"] else "",
+            )
         )
-    Console().print(table)
+    table(None, ["ID", "DIGEST", "SIZE", "FORMAT", "STATUS", "LOADED"], rows)
 
 
 def _bar() -> Progress:
@@ -125,84 +83,87 @@ def _bar() -> Progress:
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeElapsedColumn(),
-        console=console,
+        console=progress_console,
         transient=False,
     )
 
 
-@models.command("add")
+@models.command("add", short_help="Import a local GGUF file into the blob store.")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--id", "model_id", required=True, help="The id to serve the model under.")
-@_options
+@remote_options
 def add_model(path: Path, model_id: str, url: str | None, token: str | None, as_json: bool) -> None:
     """Import a local GGUF file (copied into the service's blob store while hashed)."""
     source = path.resolve()
-    size = source.stat().st_size
+    file_size = source.stat().st_size
     # what the service would refuse is refused before a byte is hashed or copied
     try:
         with source.open("rb") as fh:
-            check_structure(fh, size)
+            check_structure(fh, file_size)
     except NotGGUF as exc:
-        raise click.ClickException(
-            f"Not a whole GGUF model file: {clean(exc)} (invalid_model_file)"
-        ) from None
-    with _api(url, token) as http:
-        taken = http.get(f"/v1/models/{model_id}")
-        if taken.status_code == 200:
-            raise click.ClickException(f"A model {clean(model_id)!r} exists. (model_exists)")
-        if taken.status_code in (401, 400):
-            _answer(taken, http.where)
-    with _api(url, token) as http, _bar() as progress:
-        hashing = progress.add_task("hashing", total=size)
-        digest, _ = hash_file(source, lambda n: progress.advance(hashing, n))
-        copying = progress.add_task("copying into the blob store", total=None)
-        body = {"id": model_id, "path": str(source), "digest": digest}
+        raise CliError(f"Not a whole GGUF model file: {exc}", "invalid_model_file") from None
+    with connect(url, token) as api:
         try:
-            model = _answer(http.post("/v1/models", json=body), http.where)
-        finally:
-            progress.update(copying, total=size, completed=size)
+            api.request("GET", f"/v1/models/{model_id}")
+        except APIError as exc:
+            if exc.status in (400, 401):  # a bad id or token: said before hashing
+                raise
+        else:
+            raise CliError(f"A model {model_id!r} exists.", "model_exists")
+        with _bar() as progress:
+            hashing = progress.add_task("hashing", total=file_size)
+            digest, _ = hash_file(source, lambda n: progress.advance(hashing, n))
+            copying = progress.add_task("copying into the blob store", total=None)
+            body = {"id": model_id, "path": str(source), "digest": digest}
+            try:
+                model = api.request("POST", "/v1/models", json=body, timeout=NO_TIMEOUT)
+            finally:
+                progress.update(copying, total=file_size, completed=file_size)
     if as_json:
-        _print_json(model)
+        print_json(model)
         return
-    click.echo(f"added {model['id']}: {model['digest']} ({_size(model['size_bytes'])})")
+    click.echo(f"added {model['id']}: {model['digest']} ({size(model['size_bytes'])})")
 
 
-@models.command("rm")
+@models.command("rm", short_help="Delete a model (refused while tasks use it).")
 @click.argument("model_id")
-@_options
+@remote_options
 def remove_model(model_id: str, url: str | None, token: str | None, as_json: bool) -> None:
     """Delete a model (refused while unfinished tasks use it); its blob goes too unless
     another model names the same file."""
-    with _api(url, token) as http:
-        result = _answer(http.delete(f"/v1/models/{model_id}"), http.where)
+    with connect(url, token) as api:
+        result = api.request("DELETE", f"/v1/models/{model_id}")
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
-    click.echo(f"deleted {model_id}")
+    click.echo(f"deleted {clean(model_id)}")
 
 
-@models.command("verify")
+@models.command("verify", short_help="Recompute models' SHA-256 and record the outcome.")
 @click.argument("model_id", required=False)
-@_options
+@remote_options
 def verify_models(model_id: str | None, url: str | None, token: str | None, as_json: bool) -> None:
     """Recompute the full SHA-256 of one model (or all) and record the outcome."""
     results: list[dict[str, Any]] = []
-    with _api(url, token) as http:
+    with connect(url, token) as api:
         if model_id is None:
-            ids = [m["id"] for m in _answer(http.get("/v1/models"), http.where)["data"]]
+            ids = [m["id"] for m in api.models()]
         else:
-            ids = [_answer(http.get(f"/v1/models/{model_id}"), http.where)["id"]]
+            ids = [api.request("GET", f"/v1/models/{model_id}")["id"]]
         for ident in ids:
-            with console.status(f"verifying {ident}"):
-                results.append(_answer(http.post(f"/v1/models/{ident}/verify"), http.where))
+            with progress_console.status(f"verifying {clean(ident)}"):
+                results.append(
+                    api.request("POST", f"/v1/models/{ident}/verify", timeout=NO_TIMEOUT)
+                )
     if as_json:
-        _print_json(results)
+        print_json(results)
     else:
         for r in results:
             verdict = "ok" if r["status"] == "ready" else f"CORRUPT: {r.get('problem')}"
             click.echo(clean(f"{r['id']}: {verdict}"))
-    if any(r["status"] != "ready" for r in results):
-        raise SystemExit(1)
+    corrupt = [r["id"] for r in results if r["status"] != "ready"]
+    if corrupt:
+        raise CliError(f"corrupt: {', '.join(corrupt)}", "model_corrupt")
 
 
 #: ``lmsp models set`` options: the sampling defaults a model may carry
@@ -230,10 +191,10 @@ def _default_options(func: F) -> F:
     return func
 
 
-@models.command("set")
+@models.command("set", short_help="Set a model's sampling defaults.")
 @click.argument("model_id")
 @_default_options
-@_options
+@remote_options
 def set_defaults(
     model_id: str,
     unset: tuple[str, ...],
@@ -248,10 +209,10 @@ def set_defaults(
     changes.update({name: None for name in unset})
     if not changes:
         raise click.UsageError("name at least one default to set (or --unset)")
-    with _api(url, token) as http:
-        model = _answer(http.patch(f"/v1/models/{model_id}", json={"defaults": changes}))
+    with connect(url, token) as api:
+        model = api.request("PATCH", f"/v1/models/{model_id}", json={"defaults": changes})
     if as_json:
-        _print_json(model)
+        print_json(model)
         return
     shown = ", ".join(f"{k}={v}" for k, v in sorted(model["defaults"].items())) or "none"
     click.echo(clean(f"{model['id']}: defaults {shown}"))

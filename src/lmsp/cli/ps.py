@@ -11,19 +11,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .remote import connect, console, handled, print_json, remote_options, when
+from .remote import connect, console, handled, print_json, remote_options, size, when
 from .safe import clean
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
@@ -43,9 +32,8 @@ def render(state: dict[str, Any]) -> Group:
     models = [
         [
             m["model"],
-            m["slot"],
             m["digest"][:12],
-            _size(m["memory_bytes"]),
+            size(m["memory_bytes"]),
             "in use" if m["busy"] else f"idle, unloads in {m['unloads_in']:.0f}s",
         ]
         for m in state["models"]
@@ -70,9 +58,9 @@ def render(state: dict[str, Any]) -> Group:
     ]
     oldest = when(queue["oldest_created_at"]) if queue["queued"] else "-"
     return Group(
-        _table("Models loaded", ["MODEL", "SLOT", "DIGEST", "MEMORY", "STATE"], models),
+        _table("Models loaded", ["MODEL", "DIGEST", "MEMORY", "STATE"], models),
         _table(
-            f"Sequences ({len(sequences)} of {state['parallel']} slots)",
+            f"Sequences ({len(sequences)} of {state['parallel']} at once)",
             ["TASK", "MODEL", "CLIENT", "STATUS", "PROMPT", "OUTPUT", "TOKENS/S", "STARTED"],
             sequences,
         ),
@@ -85,7 +73,7 @@ def render(state: dict[str, Any]) -> Group:
     )
 
 
-@click.command("ps")
+@click.command("ps", short_help="Loaded models, running sequences, the queue, busy clients.")
 @click.option("--watch", is_flag=True, help="Refresh live until Ctrl-C.")
 @click.option(
     "--interval",
@@ -108,7 +96,7 @@ def ps(watch: bool, interval: float, url: str | None, token: str | None, as_json
                 console().print(render(state))
             return
         if as_json:
-            raise click.UsageError("--watch shows tables; use --json without --watch")
+            raise click.UsageError("--watch shows tables: use --json without --watch")
         out = console()
         try:
             if not out.is_terminal:  # a pipe or a file: one snapshot after another

@@ -17,7 +17,8 @@ from rich.text import Text
 
 from lmsp.client import APIError, Client, ClientError, UnreachableError
 
-from .common import START_HINT, Target, api_error_line, target
+from .common import JSON_HELP, TOKEN_HELP, URL_HELP, Target, api_error, target, unreachable
+from .errors import CliError
 from .safe import clean, clean_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -25,24 +26,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def remote_options(func: F) -> F:
     """``--url``, ``--token`` and ``--json`` for a command that talks to the server."""
-    func = click.option(
-        "--json", "as_json", is_flag=True, help="Print JSON for scripts instead of tables."
-    )(func)
-    func = click.option(
-        "--token", help="Bearer token (LMSP_TOKEN; default: the data directory's owner token)."
-    )(func)
-    func = click.option("--url", help="Service address (LMSP_URL; default http://127.0.0.1:8430).")(
-        func
-    )
+    func = click.option("--json", "as_json", is_flag=True, help=JSON_HELP)(func)
+    func = click.option("--token", help=TOKEN_HELP)(func)
+    func = click.option("--url", help=URL_HELP)(func)
     return func
 
 
-def _message(exc: ClientError, where: Target | None) -> str:
+def _error(exc: ClientError, where: Target | None) -> CliError:
     if isinstance(exc, APIError):
-        return api_error_line(exc.status, exc.code, exc.message, where)
+        return api_error(exc.status, exc.code, exc.message, where)
     if isinstance(exc, UnreachableError):
-        return f"{clean(exc)} ({START_HINT})"
-    return clean(exc)
+        return unreachable(exc.url)
+    return CliError(str(exc), "client_error")
 
 
 @contextlib.contextmanager
@@ -51,9 +46,9 @@ def handled(where: Target | None = None) -> Iterator[None]:
     try:
         yield
     except ClientError as exc:
-        raise click.ClickException(_message(exc, where)) from None
+        raise _error(exc, where) from None
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CliError(str(exc), "invalid_value") from None
 
 
 @contextlib.contextmanager
@@ -79,6 +74,18 @@ def table(title: str | None, columns: Iterable[str], rows: Iterable[Iterable[Any
     for row in rows:
         out.add_row(*(v if isinstance(v, Text) else escape(clean(v)) for v in row))
     console().print(out)
+
+
+def size(n: int | None) -> str:
+    """Bytes as ``92.0 MiB``."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 def when(stamp: int | None) -> str:
@@ -138,15 +145,13 @@ def print_stream(events: Iterable[dict[str, Any]], as_json: bool) -> dict[str, A
 def finish(terminal: dict[str, Any] | None) -> None:
     """Exit non-zero for a failed or cancelled response, with one line saying why."""
     if terminal is None:
-        raise click.ClickException("the stream ended before the response finished")
+        raise CliError("the stream ended before the response finished", "stream_ended")
     kind = terminal["type"]
     if kind == "response.failed":
         error = (terminal.get("response") or {}).get("error") or {}
-        code = error.get("code", "failed")
-        raise click.ClickException(
-            f"the response failed: {clean(error.get('message', ''))} ({clean(code)})"
-        )
+        code = str(error.get("code") or "failed")
+        raise CliError(f"the response failed: {error.get('message', '')}", code)
     if kind == "response.cancelled":
-        raise click.ClickException("the response was cancelled")
+        raise CliError("the response was cancelled", "cancelled")
     if kind == "response.incomplete":
         note("stopped at max_output_tokens")

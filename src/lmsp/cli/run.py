@@ -9,6 +9,7 @@ import click
 from lmsp.client import APIError
 from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
 
+from .errors import CliError
 from .remote import connect, finish, handled, note, print_json, print_stream, remote_options
 
 
@@ -23,7 +24,7 @@ from .remote import connect, finish, handled, note, print_json, print_stream, re
 )
 @click.option("--instructions", help="System instructions.")
 @click.option("--max-output-tokens", type=click.IntRange(min=1), help="Stop after this many.")
-@click.option("--temperature", type=click.FloatRange(0, 2), help="Sampling temperature.")
+@click.option("--temperature", type=click.FloatRange(0, 2), help="Sampling temperature (0 … 2).")
 @click.option("--seed", type=click.IntRange(min=0), help="Sampling seed.")
 @remote_options
 def run(
@@ -59,12 +60,13 @@ def run(
             except APIError as exc:
                 if exc.status != 403:
                     raise
-                raise click.ClickException(
+                raise CliError(
                     "finding the default model needs the scope 'models:read', which this"
-                    " token lacks: name the model with -m MODEL"
+                    " token lacks: name the model with -m MODEL",
+                    exc.code,
                 ) from None
             if not models:
-                raise click.ClickException("the service has no model; add one first")
+                raise CliError("the service has no model; add one first", "no_model")
             model = str(models[0]["id"])
         created = api.create(model=model, input=prompt, background=True, **fields)
         if background:
@@ -86,5 +88,5 @@ def run(
         except KeyboardInterrupt:
             with handled():
                 api.cancel(created["id"])
-            raise click.ClickException("interrupted: the response was cancelled") from None
+            raise CliError("interrupted: the response was cancelled", "cancelled") from None
     finish(terminal)

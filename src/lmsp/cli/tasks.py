@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from lmsp.client import Client
+from lmsp.protocol.states import Status
 
 from .remote import (
     connect,
@@ -20,7 +21,8 @@ from .remote import (
 )
 from .safe import clean
 
-STATUSES = ["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"]
+#: the task states (PROTOCOL.md section 5), the one vocabulary of STATUS and --status
+STATUSES = [status.value for status in Status]
 
 
 @click.group("tasks")
@@ -40,20 +42,39 @@ def _client_names(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
     return {c["id"]: c["name"] for c in api.clients()}
 
 
-def _shown_status(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
-    """A completed task whose response stopped at ``max_output_tokens`` shows as
-    ``incomplete``, as its response does (the task object only says ``completed``)."""
+def _incomplete(response: dict[str, Any]) -> str:
+    """What a completed task's response says when it stopped short (its status
+    ``incomplete``), else ``""``."""
+    if response.get("status") != "incomplete":
+        return ""
+    reason = (response.get("incomplete_details") or {}).get("reason") or "stopped short"
+    return f"response incomplete ({reason})"
+
+
+def _details(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
+    """Task id → the DETAIL column: a failed task's error; for a completed task whose
+    response stopped at ``max_output_tokens``, that (the task itself only says
+    ``completed``: task states are one vocabulary, response states another)."""
     shown: dict[str, str] = {}
     for task in page:
         if task["status"] == "completed":
-            response = api.retrieve(task["response_id"])
-            shown[task["id"]] = str(response["status"])
+            shown[task["id"]] = _incomplete(api.retrieve(task["response_id"]))
+        else:
+            shown[task["id"]] = _error(task)
     return shown
 
 
-@tasks.command("ls")
-@click.option("--status", type=click.Choice(STATUSES), help="Only tasks in this state.")
-@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@tasks.command("ls", short_help="List tasks, newest first.")
+@click.option(
+    "--status", type=click.Choice(STATUSES), help="Only tasks in this state (the STATUS column)."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100),
+    default=20,
+    show_default=True,
+    help="How many tasks to list.",
+)
 @click.option(
     "--client",
     "client_id",
@@ -69,18 +90,22 @@ def list_tasks(
     token: str | None,
     as_json: bool,
 ) -> None:
-    """List tasks, newest first: your own, or every client's with the owner's token."""
+    """List tasks, newest first: your own, or every client's with the owner's token.
+
+    STATUS is the task's state, the one --status selects and --json prints; DETAIL
+    says why a task failed, or that its response stopped at max_output_tokens (the
+    response's status `incomplete`)."""
     with connect(url, token) as api:
         page = api.tasks(status=status, limit=limit, client_id=client_id)
         names = _client_names(api, page["data"])
-        shown = {} if as_json else _shown_status(api, page["data"])
+        details = {} if as_json else _details(api, page["data"])
     if as_json:
         print_json(page["data"])
         return
     owner_view = any("client_id" in t for t in page["data"])
     rows = []
     for t in page["data"]:
-        row: list[Any] = [t["id"], shown.get(t["id"], t["status"])]
+        row: list[Any] = [t["id"], t["status"]]
         if owner_view:
             row.append(names.get(t["client_id"], t["client_id"]))
         row += [
@@ -89,11 +114,11 @@ def list_tasks(
             t["on_restart"],
             when(t["created_at"]),
             t["queue_position"] or "",
-            _error(t),
+            details[t["id"]],
         ]
         rows.append(tuple(row))
     columns = ["TASK", "STATUS", *(["CLIENT"] if owner_view else [])]
-    columns += ["RESPONSE", "ATTEMPT", "ON RESTART", "CREATED", "QUEUE", "ERROR"]
+    columns += ["RESPONSE", "ATTEMPT", "ON RESTART", "CREATED", "QUEUE", "DETAIL"]
     table(None, columns, rows)
     if page.get("has_more"):
         click.echo("… more with --limit (up to 100)", err=True)
@@ -112,7 +137,7 @@ def _text(response: dict[str, Any]) -> str:
     )
 
 
-@tasks.command("show")
+@tasks.command("show", short_help="Show a task and its output so far.")
 @click.argument("task_id")
 @remote_options
 def show(task_id: str, url: str | None, token: str | None, as_json: bool) -> None:
@@ -126,7 +151,8 @@ def show(task_id: str, url: str | None, token: str | None, as_json: bool) -> Non
     fields = [
         ("task", task["id"]),
         ("response", task["response_id"]),
-        ("status", response["status"] if task["status"] == "completed" else task["status"]),
+        ("status", task["status"]),
+        ("response status", response["status"]),
         ("model", response["model"]),
         ("model digest", response.get("model_digest") or "-"),
         ("on restart", task["on_restart"]),
@@ -139,6 +165,8 @@ def show(task_id: str, url: str | None, token: str | None, as_json: bool) -> Non
         fields.append(("queue position", task["queue_position"]))
     if task.get("error"):
         fields.append(("error", _error(task)))
+    if _incomplete(response):
+        fields.append(("detail", _incomplete(response)))
     usage = response.get("usage")
     if usage:
         fields.append(("tokens", f"{usage['input_tokens']} in, {usage['output_tokens']} out"))
@@ -148,7 +176,7 @@ def show(task_id: str, url: str | None, token: str | None, as_json: bool) -> Non
         console().print(clean(text, multiline=True), markup=False, highlight=False)
 
 
-@tasks.command("follow")
+@tasks.command("follow", short_help="Print a task's text live until it finishes.")
 @click.argument("task_id")
 @click.option(
     "--after", type=click.IntRange(min=-1), default=-1, help="Start after this sequence number."
