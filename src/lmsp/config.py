@@ -54,6 +54,13 @@ class Settings:
     log_format: str = "text"  # or "json": one JSON object a line
     kv_cache_bytes: int = 2 << 30  # the durable prefix cache's size; 0 turns it off
     kv_cache_ttl: float = 7 * 86400.0  # a saved prefix unused this long is deleted
+    # a crashed engine is started again at most this many times within the window; the
+    # next crash marks its model failed (docs/operations.md)
+    engine_restarts: int = 5
+    engine_restart_window: float = 600.0
+    # engines run on a thread of the API process instead of a process of their own: for
+    # fast in-process tests of the test engine only (no environment variable sets it)
+    in_thread_engines: frozenset[str] = frozenset()
 
     @property
     def db_path(self) -> Path:
@@ -156,6 +163,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["kv_cache_ttl"] = ttl = parse_duration(v)
         if ttl <= 0:
             raise ValueError("LMSP_KV_CACHE_TTL must be more than 0s")
+    if v := env.get("LMSP_ENGINE_RESTARTS"):
+        changes["engine_restarts"] = int(v)
+        if int(v) < 0:
+            raise ValueError("LMSP_ENGINE_RESTARTS must be 0 or more")
+    if v := env.get("LMSP_ENGINE_RESTART_WINDOW"):
+        changes["engine_restart_window"] = window = parse_duration(v)
+        if window <= 0:
+            raise ValueError("LMSP_ENGINE_RESTART_WINDOW must be more than 0s")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

@@ -56,7 +56,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -187,6 +187,11 @@ class PrefixFiles:
         self._indexes: dict[str, _Index] = {}
         self._writing: set[str] = set()  # temporary file names this instance is writing
         self._total: int | None = None  # bytes of entries, once counted
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled for an engine process: the same directory and limits, a fresh
+        instance there (another instance on the same root stays correct)."""
+        return (_reopen, (self.root, self.max_bytes, self.ttl))
 
     # -- saving ------------------------------------------------------------------------
     def save(self, model_digest: str, tokens: Sequence[int], data: bytes, *, tag: str = "") -> None:
@@ -504,6 +509,10 @@ class PrefixFiles:
         with self._lock:
             self._total = self._usage()
             return self._total
+
+
+def _reopen(root: Path, max_bytes: int, ttl: float) -> PrefixFiles:
+    return PrefixFiles(root, max_bytes=max_bytes, ttl=ttl)
 
 
 def _subdirs(root: Path) -> list[Path]:

@@ -11,7 +11,6 @@ kernels are the ones whose results the batching relies on.
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,6 @@ import numpy as np
 
 from lmsp.engines.base import EngineError
 from lmsp.engines.batch import Request
-
-_LLAMA_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lmsp-llama")
 
 
 class LlamaContext:
@@ -76,13 +73,11 @@ class LlamaContext:
         """Evaluate every request's tokens in one ``llama_decode``; give each request
         that asked for them its last token's logits.
 
-        Every ``llama_decode`` of the process runs on one thread: llama.cpp's CPU backend
-        keeps a team of worker threads per calling thread, and with two contexts stepped
-        from two threads the teams fought over the two cores and a test saw the results
-        of a sequence change in the last bits."""
-        _LLAMA_THREAD.submit(self._decode, step).result()
-
-    def _decode(self, step: list[Request]) -> None:
+        Call it from one thread only, the engine's loop: llama.cpp's CPU backend keeps a
+        team of worker threads per calling thread; steps led by changing threads left
+        several teams spinning against each other (3x slower), and with two contexts
+        stepped from two threads of one process a test saw a sequence's results change
+        in the last bits. An engine process holds one context, stepped by its loop."""
         batch = self.batch
         n = 0
         wanted: list[tuple[Request, int]] = []
