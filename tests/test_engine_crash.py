@@ -24,7 +24,14 @@ import httpx
 import pytest
 
 from tests.campaigns.invariants import deltas_since_reset
-from tests.helpers import Server, check_log_invariants, open_db, task_log
+from tests.helpers import (
+    Server,
+    check_log_invariants,
+    children,
+    open_db,
+    task_log,
+    wait_exited,
+)
 from tests.test_resume import text_of
 
 MODEL = "smollm2-135m-instruct"
@@ -47,20 +54,8 @@ def body(job: dict[str, Any], model: str = MODEL) -> dict[str, Any]:
     return {"model": model, "max_output_tokens": 96, "background": True, **job}
 
 
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting for its reaper counts)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def wait_gone(pid: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not gone(pid):
-        assert time.monotonic() < deadline, f"engine process {pid} outlived its service"
-        time.sleep(0.05)
+    assert wait_exited(pid, timeout), f"engine process {pid} outlived its service"
 
 
 def engine(http: httpx.Client, model: str) -> dict[str, Any]:
@@ -261,10 +256,13 @@ def test_no_engine_outlives_its_service(tmp_path: Path) -> None:
         server.extra_env.pop("LMSP_KEEP_ALIVE")
         server.start()
         with server.client() as http:
-            made = http.post("/v1/responses", json=body({"input": "slow " * 50}, TEST_MODEL)).json()
+            http.post("/v1/responses", json=body({"input": "slow " * 50}, TEST_MODEL))
             wait_engine(http, TEST_MODEL, state="ready")
             pid = engine(http, TEST_MODEL)["pid"]
-        server.kill()  # kill -9 of the API process: its engine follows
-        wait_gone(pid, timeout=10)
+        assert server.proc is not None and pid in children(server.proc.pid)
+        started = children(server.proc.pid)  # its engine, and multiprocessing's helper
+        server.kill()  # kill -9 of the API process: they follow
+        for child in started:
+            wait_gone(child, timeout=10)
     finally:
         server.stop()
