@@ -5,7 +5,8 @@ prompt the sequence holding its longest prefix. The loop that uses them is teste
 
 from __future__ import annotations
 
-from lmsp.engines.batch import CHUNK, ExactSteps, SequencePool, common_prefix
+from lmsp.engines.batch import CHUNK, ExactSteps, Request, SequencePool, common_prefix
+from lmsp.engines.llama_cpp import SPLIT_KV_CELLS, single_step_fillers
 
 
 def test_a_prompt_chunk_runs_alone_and_is_at_most_a_chunk() -> None:
@@ -20,6 +21,26 @@ def test_single_tokens_run_together_and_a_chunk_waits_its_turn() -> None:
     assert policy.form([1, 40, 1, 1], 512) == [(0, 1), (2, 1), (3, 1)]
     assert policy.form([1, 1, 1], 2) == [(0, 1), (1, 1)]  # the budget
     assert policy.form([], 512) == []
+
+
+def test_single_token_steps_get_fillers_for_gaps_and_for_a_long_lone_sequence() -> None:
+    held = {0: 10, 1: 900, 2: 0, 3: 40, 4: 7}
+
+    def fill(seqs: list[int], pos: int = 5) -> list[tuple[int, int]]:
+        step = [Request(s, [1], pos, True) for s in seqs]
+        return [(f.seq, f.pos) for f in single_step_fillers(step, 5, held.__getitem__)]
+
+    assert fill([0, 1, 2]) == []  # one run already
+    assert fill([0, 3]) == [(1, 900), (2, 0)]  # one pass instead of two
+    assert fill([3]) == []  # a short lone sequence: the usual kernel anyway
+    assert fill([3], SPLIT_KV_CELLS) == [(2, 0)]  # the neighbour holding less
+    assert fill([0], SPLIT_KV_CELLS) == [(1, 900)]  # the only neighbour
+    assert all(
+        f.tokens == [0] and not f.logits
+        for f in single_step_fillers(
+            [Request(0, [1], 0, True), Request(2, [1], 0, True)], 5, held.__getitem__
+        )
+    )
 
 
 def test_the_pool_reuses_the_longest_prefix_and_evicts_the_least_recently_used() -> None:

@@ -256,3 +256,15 @@ def test_a_resume_from_a_saved_generation_gives_the_uninterrupted_tokens(
     assert rest == whole[130:]
     assert cached == len(p)  # the prompt came from the saved generation
     assert hits >= 1
+
+
+def test_a_long_context_resume_gives_the_uninterrupted_tokens(solo: EngineClient) -> None:
+    """Past 256 cached tokens llama.cpp decodes a lone token with another attention
+    kernel than a chunk: the engine never lets it, so a resume that re-evaluates a long
+    prompt and snapshot in chunks still gives the uninterrupted tokens."""
+    p = prompt(solo, QUESTIONS[3], SYSTEM)
+    assert len(p) > 300
+    whole = run(solo, p, EVERY, 48)[0]
+    run(solo, prompt(solo, QUESTIONS[0]), GREEDY, 1)  # its one sequence holds another prompt
+    rest, cached = run(solo, p, EVERY, 8, resume=whole[:40])
+    assert cached == 0 and rest == whole[40:]

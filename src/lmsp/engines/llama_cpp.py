@@ -14,6 +14,7 @@ import concurrent.futures
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,10 +76,16 @@ def _tag() -> str:
     version) and the cache layout lmsp creates."""
     from importlib.metadata import version
 
-    return f"llama-cpp-python {version('llama-cpp-python')}; f16 kv; flash attention"
+    # "no split-kv": since single tokens never take the split-KV kernel (LlamaModel.decode)
+    return f"llama-cpp-python {version('llama-cpp-python')}; f16 kv; flash attention; no split-kv"
 
 
 TAG = _tag()
+
+#: a lone stream's cache size from which llama.cpp's CPU flash attention may decode a
+#: single token with its split-KV kernel (it does from 512 padded cells, i.e. more
+#: than 256 used; a margin below that)
+SPLIT_KV_CELLS = 192
 
 
 def _threads() -> int:
@@ -254,6 +261,27 @@ class LlamaModel(LlamaTokenizer):
         return keep, saved is not None
 
     def decode(self, step: list[Request]) -> None:
+        """Run a step. A step of single tokens gets filler tokens (appended to other
+        sequences' caches and removed right after) so that its sequences form one run
+        of consecutive ids of at least two streams when that matters:
+
+        - llama.cpp's CPU flash attention decodes a lone query token of a lone stream
+          over 512 or more cache cells with another kernel (``use_split_kv_path``:
+          the cells split across threads, partial sums merged) than every other shape,
+          so a token generated alone would differ in its last bits from the same token
+          generated beside others, or re-evaluated in a chunk on resume (measured);
+        - the sequences of a step form one micro-batch, one forward pass, only when
+          their ids are consecutive: a filler in a gap costs one token, a second pass
+          costs the whole model."""
+        if all(len(r.tokens) == 1 for r in step):
+            fillers = single_step_fillers(step, self.context.streams, self.context.positions)
+            if fillers:
+                try:
+                    self.context.decode(step + fillers)
+                finally:
+                    for filler in fillers:
+                        self.context.trim(filler.seq, filler.pos)
+                return
         self.context.decode(step)
 
     def evaluated(self, seq: Seq) -> None:
@@ -334,6 +362,22 @@ class LlamaModel(LlamaTokenizer):
         self._saver.shutdown(wait=True)
         self.context.close()
         super().close()
+
+
+def single_step_fillers(
+    step: list[Request], streams: int, positions: Callable[[int], int]
+) -> list[Request]:
+    """The filler tokens a step of single tokens needs (see :meth:`LlamaModel.decode`):
+    one in every gap between its sequence ids, and beside a lone sequence whose cache
+    reaches :data:`SPLIT_KV_CELLS` one in the neighbouring stream holding the least.
+    ``positions(seq)``: how many positions a stream holds (a filler goes after them)."""
+    seqs = {r.seq for r in step}
+    low, high = min(seqs), max(seqs)
+    missing = [s for s in range(low, high + 1) if s not in seqs]
+    if len(seqs) == 1 and step[0].pos + 1 >= SPLIT_KV_CELLS:
+        around = [s for s in (low - 1, high + 1) if 0 <= s < streams]
+        missing.append(min(around, key=positions))
+    return [Request(s, [0], positions(s), False) for s in missing]
 
 
 class LlamaEngine:
