@@ -94,15 +94,9 @@ def drain(generation: Generation, limit: int | None = None) -> tuple[list[int], 
     return out, generation.cached_tokens
 
 
-def run(
-    m: EngineClient,
-    tokens: list[int],
-    sampling: Sampling,
-    limit: int,
-    resume: list[int] | None = None,
-    grammar_text: str | None = None,
-) -> tuple[list[int], int]:
-    return drain(start(m, tokens, sampling, limit, resume, grammar_text))
+def run(m: EngineClient, *args: Any, **kwargs: Any) -> tuple[list[int], int]:
+    """:func:`start` a sequence, then :func:`drain` it."""
+    return drain(start(m, *args, **kwargs))
 
 
 QUESTIONS = [
