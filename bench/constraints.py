@@ -1,4 +1,5 @@
-"""The cost of constrained decoding, in process on the bundled model.
+"""The cost of constrained decoding on the bundled model, in an engine process (as the
+service runs it; the mask and compile costs are measured in this process).
 
     .venv/bin/python bench/constraints.py [--tokens 128] [--reps 5]
 
@@ -25,8 +26,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from lmsp.bootstrap import bundled_model_path  # noqa: E402
 from lmsp.constraints import grammar, matcher  # noqa: E402
-from lmsp.engines.base import Sampling  # noqa: E402
-from lmsp.engines.llama_cpp import LlamaModel  # noqa: E402
+from lmsp.engines.base import LoadOptions, Sampling  # noqa: E402
+from lmsp.engines.client import EngineClient  # noqa: E402
+from lmsp.engines.llama_cpp import LlamaEngine, LlamaModel, LlamaTokenizer  # noqa: E402
+from lmsp.engines.worker import EngineSpec  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper, as JSON."
 #: a schema whose answer is long enough to fill the token budget, like the free text
@@ -52,25 +55,23 @@ def twenty_properties(salt: int) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": sorted(props)}
 
 
-def run(model: LlamaModel, prompt: list[int], tokens: int, schema: Any) -> tuple[int, float]:
-    constraint = None
-    if schema is not None:
-        constraint = matcher.grammar_constraint(grammar.json_grammar(schema))(model)
+def run(engine: EngineClient, prompt: list[int], tokens: int, schema: Any) -> tuple[int, float]:
+    text = None if schema is None else grammar.json_grammar(schema)
     sampling = Sampling(temperature=1.0, seed=7)
     began = 0.0
     count = 0
-    for _ in model.generate(prompt, [], sampling, constraint):
+    generation = engine.generate(prompt, [], sampling, text, max_tokens=tokens)
+    for _ in generation:
         if count == 0:  # the clock starts after the prompt is read: generation only
             began = time.perf_counter()
         count += 1
-        if count >= tokens:
-            break
+    generation.close()
     return count - 1, time.perf_counter() - began
 
 
 def mask_cost(model: LlamaModel, reps: int = 200) -> float:
     """Seconds per token of the mask alone (compute, unpack, consume)."""
-    constraint = matcher.grammar_constraint(grammar.json_grammar(STORY))(model)
+    constraint = model.constraint(grammar.json_grammar(STORY))
     text = '{"title": "The Keeper", "story": "' + "It was a dark night and the sea" * 20
     ids = model.guidance_tokenizer().tokenize_str(text)[:reps]
     began = time.perf_counter()
@@ -81,17 +82,23 @@ def mask_cost(model: LlamaModel, reps: int = 200) -> float:
 
 
 def bench_constraints(tokens: int, reps: int) -> list[list[str]]:
-    model = LlamaModel(bundled_model_path(), 2048)
+    path = bundled_model_path()
+    spec = EngineSpec(LlamaEngine(), path, 2048, LoadOptions(), "bench")
+    engine = EngineClient(spec, LlamaTokenizer(path, 2048)).start()
     try:
-        prompt = model.prompt_tokens([{"role": "user", "content": PROMPT}])
-        run(model, prompt, 8, STORY)  # warm: the tokenizer and the cached matcher
+        prompt = engine.prompt_tokens([{"role": "user", "content": PROMPT}])
+        run(engine, prompt, 8, STORY)  # warm: the tokenizer and the cached matcher
         free: list[float] = []
         held: list[float] = []
         for _ in range(reps):
-            n, seconds = run(model, prompt, tokens, None)
+            n, seconds = run(engine, prompt, tokens, None)
             free.append(n / seconds)
-            n, seconds = run(model, prompt, tokens, STORY)
+            n, seconds = run(engine, prompt, tokens, STORY)
             held.append(n / seconds)
+    finally:
+        engine.close()
+    model = LlamaModel(path, 2048)
+    try:
         per_token = mask_cost(model)
         to_grammar: list[float] = []
         to_matcher: list[float] = []

@@ -32,9 +32,15 @@ def settings(tmp_path: Path, blob_cache: Path) -> Settings:
     blobs.mkdir(parents=True)
     for blob in blob_cache.iterdir():  # a link, not a 92 MB copy, for every test
         os.link(blob, blobs / blob.name)
-    # TestClient calls itself "testserver": a Host the service answers only when told
+    # TestClient calls itself "testserver": a Host the service answers only when told;
+    # the test engine runs on a thread (same protocol and loop, no process to spawn) in
+    # in-process tests; `lmsp serve` (tests.helpers.Server) always runs engine processes
     return Settings(
-        data_dir=data_dir, enable_test_engine=True, gc_interval=3600, allowed_hosts=("testserver",)
+        data_dir=data_dir,
+        enable_test_engine=True,
+        gc_interval=3600,
+        allowed_hosts=("testserver",),
+        in_thread_engines=frozenset({"test"}),
     )
 
 

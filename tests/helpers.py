@@ -123,6 +123,35 @@ class Server:
         return self.start()
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run (its engine processes, …)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def exited(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its reaper counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def wait_exited(pid: int, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not exited(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def open_db(data_dir: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(data_dir / "lmsp.db"), timeout=30)
     conn.row_factory = sqlite3.Row

@@ -71,6 +71,13 @@ class Settings:
     file_cpu_time: float = 5.0
     schema_cpu_time: float = 2.0
     max_schema_bytes: int = 256 << 10
+    # a crashed engine is started again at most this many times within the window; the
+    # next crash marks its model failed (docs/operations.md)
+    engine_restarts: int = 5
+    engine_restart_window: float = 600.0
+    # engines run on a thread of the API process instead of a process of their own: for
+    # fast in-process tests of the test engine only (no environment variable sets it)
+    in_thread_engines: frozenset[str] = frozenset()
 
     @property
     def db_path(self) -> Path:
@@ -219,6 +226,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
             changes[key] = seconds = parse_duration(v)
             if seconds <= 0:
                 raise ValueError(f"{name} must be more than 0s")
+    if v := env.get("LMSP_ENGINE_RESTARTS"):
+        changes["engine_restarts"] = int(v)
+        if int(v) < 0:
+            raise ValueError("LMSP_ENGINE_RESTARTS must be 0 or more")
+    if v := env.get("LMSP_ENGINE_RESTART_WINDOW"):
+        changes["engine_restart_window"] = window = parse_duration(v)
+        if window <= 0:
+            raise ValueError("LMSP_ENGINE_RESTART_WINDOW must be more than 0s")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

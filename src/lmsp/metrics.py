@@ -4,7 +4,8 @@ One :class:`Metrics` per service, with its own ``CollectorRegistry`` (never the 
 default: tests build many apps in one process). The parts of the service report into it
 through a few calls: the writer (:meth:`Metrics.transaction`), the runner
 (:meth:`begin` / :meth:`prompt` / :meth:`token` / :meth:`end`), the model host
-(:meth:`model_loaded` / :meth:`model_unloaded`), startup recovery (:meth:`recovered`)
+(:meth:`model_loaded` / :meth:`model_unloaded` / :meth:`engine_crashed` /
+:meth:`engine_restarted`), startup recovery (:meth:`recovered`)
 and the HTTP middleware (:meth:`http`). Figures that live in the database (tasks by
 status, the queue) are read from it when scraped, through :meth:`add_collector`.
 
@@ -126,6 +127,18 @@ class Metrics:
         self.model_unloads = Counter(
             "lmsp_model_unloads", "Models unloaded.", ["model"], registry=r
         )
+        self.engine_crashes = Counter(
+            "lmsp_engine_crashes",
+            "Engine processes that ended unasked (a segfault, kill -9, out of memory).",
+            ["model"],
+            registry=r,
+        )
+        self.engine_restarts = Counter(
+            "lmsp_engine_restarts",
+            "Engine processes started again after a crash.",
+            ["model"],
+            registry=r,
+        )
         self.http_requests = Counter(
             "lmsp_http_requests",
             "HTTP requests answered, by route template, method and status.",
@@ -198,6 +211,12 @@ class Metrics:
 
     def model_unloaded(self, model: str) -> None:
         self.model_unloads.labels(model).inc()
+
+    def engine_crashed(self, model: str) -> None:
+        self.engine_crashes.labels(model).inc()
+
+    def engine_restarted(self, model: str) -> None:
+        self.engine_restarts.labels(model).inc()
 
     def recovered(self, outcomes: Iterable[tuple[str, str]]) -> None:
         """``(policy, outcome)`` for every task startup recovery moved or kept."""

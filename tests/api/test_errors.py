@@ -153,7 +153,7 @@ def test_missing_or_invalid_token_gets_401(client: TestClient, headers: dict[str
 
 def test_open_endpoints_need_no_token(client: TestClient) -> None:
     client.headers.pop("Authorization")
-    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/healthz").json() == {"status": "ok", "engines": []}
     service = client.get("/v1/service").json()
     assert service["object"] == "service" and service["protocol"] == "lmsp/1.0"
     assert service["id"].startswith("svc_")

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import Server, free_port, seeded_data_dir
+from tests.helpers import Server, children, free_port, seeded_data_dir, wait_exited
 
 from .invariants import (
     Ledger,
@@ -79,6 +79,7 @@ class Figures:
     deletes: int = 0
     swept: int = 0
     witnessed: int = 0
+    engines: int = 0  # processes of a killed server (its engines) seen to exit after it
     cells: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
@@ -302,6 +303,17 @@ def retry_pending_keys(server: Server, load: Load, figs: Figures) -> None:
                 figs.keys_retried_after_crash += 1
 
 
+def kill(server: Server, figs: Figures) -> None:
+    """``kill -9`` the server; every process it had started (its engine processes)
+    must exit after it: none outlives the service."""
+    started = children(server.proc.pid) if server.proc is not None else []
+    server.kill()
+    for pid in started:
+        figs.engines += 1
+        if not wait_exited(pid, 15):
+            figs.violations.append(f"process {pid} of a killed server outlived it")
+
+
 def run(base: Path, blob_cache: Path, kills: int, seed: int, race_every: int = 1) -> Figures:
     """``kills`` rounds; every ``race_every``-th restart is a race of two servers."""
     rng = random.Random(seed)
@@ -322,7 +334,7 @@ def run(base: Path, blob_cache: Path, kills: int, seed: int, race_every: int = 1
             load = Load(server, ledger, rng, figs)
             if leftovers and figs.kills % 3 == 0:
                 time.sleep(0.3)  # let some recovered tasks run before the load starts
-            load.run_for(rng.uniform(0.15, 1.5), server.kill)
+            load.run_for(rng.uniform(0.15, 1.5), lambda s=server: kill(s, figs))
             figs.kills += 1
             leftovers = unfinished(data_dir)
             figs.violations += check(data_dir, ledger)
@@ -365,5 +377,6 @@ def summary(figs: Figures, seconds: float) -> str:
         f" {figs.key_retries} key retries (+{figs.keys_retried_after_crash} across a crash),"
         f" {figs.imports} imports, {figs.deletes} deletes, {figs.swept} swept by retention;"
         f" {figs.races} races for the directory ({figs.race_refusals} losers refused);"
+        f" {figs.engines} engine processes ended after their server;"
         f" recovery: {cells}; {len(figs.violations)} violations"
     )

@@ -1,106 +1,46 @@
-"""The batching machinery without a model: steps gather the ready sequences, a failed
-step fails exactly its requests, ``exclusive`` keeps steps out, and the pool hands a new
-prompt the sequence holding its longest prefix."""
+"""The batching pieces without a model: the exact step policy (a prompt chunk alone,
+single tokens together, turns alternating, the budget kept), and the pool handing a new
+prompt the sequence holding its longest prefix. The loop that uses them is tested in
+``test_core.py``."""
 
 from __future__ import annotations
 
-import threading
-import time
-
-import numpy as np
-import pytest
-
-from lmsp.engines.batch import CHUNK, Batcher, Request, SequencePool, common_prefix
+from lmsp.engines.batch import CHUNK, ExactSteps, Request, SequencePool, common_prefix
+from lmsp.engines.llama_cpp import SPLIT_KV_CELLS, single_step_fillers
 
 
-class Recorder:
-    def __init__(self, delay: float = 0.01, fail_on: int | None = None) -> None:
-        self.steps: list[list[tuple[int, int]]] = []
-        self.delay = delay
-        self.fail_on = fail_on
-        self.running = 0
-        self.overlap = False
-
-    def __call__(self, step: list[Request]) -> None:
-        self.running += 1
-        self.overlap |= self.running > 1
-        try:
-            time.sleep(self.delay)
-            self.steps.append([(r.seq, len(r.tokens)) for r in step])
-            if self.fail_on is not None and any(r.seq == self.fail_on for r in step):
-                raise RuntimeError("decode failed")
-            for r in step:
-                if r.logits:
-                    r.result = np.full(4, r.seq * 1000 + r.pos + len(r.tokens), np.float32)
-        finally:
-            self.running -= 1
+def test_a_prompt_chunk_runs_alone_and_is_at_most_a_chunk() -> None:
+    policy = ExactSteps()
+    assert policy.form([100, 1, 1], 512) == [(0, CHUNK)]
+    assert policy.form([5, 1], 512) == [(0, 5)]
+    assert policy.form([100], 10) == [(0, 10)]  # the budget
 
 
-def drive(batcher: Batcher, seq: int, steps: int, out: dict[int, list[float]]) -> None:
-    with batcher.sequence():
-        for pos in range(steps):
-            logits = batcher.decode(seq, [1], pos, True)
-            assert logits is not None
-            out.setdefault(seq, []).append(float(logits[0]))
+def test_single_tokens_run_together_and_a_chunk_waits_its_turn() -> None:
+    policy = ExactSteps()
+    assert policy.form([1, 40, 1, 1], 512) == [(0, 1), (2, 1), (3, 1)]
+    assert policy.form([1, 1, 1], 2) == [(0, 1), (1, 1)]  # the budget
+    assert policy.form([], 512) == []
 
 
-def test_ready_sequences_share_each_step() -> None:
-    record = Recorder()
-    batcher = Batcher(record, gather=0.05)
-    out: dict[int, list[float]] = {}
-    threads = [threading.Thread(target=drive, args=(batcher, s, 20, out)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    for seq in range(4):  # each got its own logits, in order
-        assert out[seq] == [seq * 1000 + pos + 1 for pos in range(20)]
-    assert not record.overlap  # one step at a time
-    assert batcher.tokens == 80
-    assert batcher.steps <= 30  # mostly four sequences a step (80 alone)
-    assert max(len(step) for step in record.steps) == 4
+def test_single_token_steps_get_fillers_for_gaps_and_for_a_long_lone_sequence() -> None:
+    held = {0: 10, 1: 900, 2: 0, 3: 40, 4: 7}
 
+    def fill(seqs: list[int], pos: int = 5) -> list[tuple[int, int]]:
+        step = [Request(s, [1], pos, True) for s in seqs]
+        return [(f.seq, f.pos) for f in single_step_fillers(step, 5, held.__getitem__)]
 
-def test_a_failed_step_fails_its_requests_only() -> None:
-    record = Recorder(fail_on=1)
-    batcher = Batcher(record, gather=0.0)
-    with pytest.raises(RuntimeError):
-        batcher.decode(1, [5], 0, True)
-    assert batcher.decode(2, [5], 0, True) is not None  # the next step is fine
-
-
-def test_steps_respect_the_token_budget() -> None:
-    record = Recorder(delay=0.0)
-    batcher = Batcher(record, max_tokens=CHUNK + 1, gather=0.05)
-    out: list[object] = []
-
-    def prefill(seq: int) -> None:
-        with batcher.sequence():
-            out.append(batcher.decode(seq, [1] * CHUNK, 0, True))
-
-    threads = [threading.Thread(target=prefill, args=(s,)) for s in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert len(out) == 3 and all(sum(n for _, n in step) <= CHUNK + 1 for step in record.steps)
-
-
-def test_exclusive_keeps_steps_out() -> None:
-    record = Recorder(delay=0.0)
-    batcher = Batcher(record, gather=0.0)
-    done = threading.Event()
-
-    def step() -> None:
-        batcher.decode(0, [1], 0, False)
-        done.set()
-
-    with batcher.exclusive():
-        thread = threading.Thread(target=step)
-        thread.start()
-        assert not done.wait(0.2)  # waits for the exclusive section
-    thread.join(10)
-    assert done.is_set()
+    assert fill([0, 1, 2]) == []  # one run already
+    assert fill([0, 3]) == [(1, 900), (2, 0)]  # one pass instead of two
+    assert fill([3]) == []  # a short lone sequence: the usual kernel anyway
+    assert fill([3], SPLIT_KV_CELLS) == [(2, 0)]  # the neighbour holding less
+    assert fill([0], SPLIT_KV_CELLS) == [(1, 900)]  # the only neighbour
+    assert all(
+        f.tokens == [0] and not f.logits
+        for f in single_step_fillers(
+            [Request(0, [1], 0, True), Request(2, [1], 0, True)], 5, held.__getitem__
+        )
+    )
 
 
 def test_the_pool_reuses_the_longest_prefix_and_evicts_the_least_recently_used() -> None:

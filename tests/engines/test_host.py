@@ -1,35 +1,77 @@
-"""The model host: blob checks before a load, keep-alive, and the loaded-models limit."""
+"""The model host: blob checks before a load, keep-alive, the loaded-models limit, and
+the supervision of engines (restarted after a crash, a crash loop bounded); engines run
+on threads here, with a fake model behind the real loop and protocol."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from lmsp.engines.base import EngineError, LoadOptions, Piece, Sampling
+from lmsp.engines.base import EngineCrashed, EngineError, LoadOptions, Piece, Sampling
+from lmsp.engines.batch import Logits, Request
+from lmsp.engines.client import EngineClient
+from lmsp.engines.core import Seq
 from lmsp.engines.host import ModelHost
+from lmsp.engines.worker import die
 from lmsp.store.blobs import store_blob
 from lmsp.store.models import ModelRecord
 
 
-class FakeModel:
-    n_ctx = 64
+class FakeBackend:
+    """A model in its engine (on a thread here): one piece per sequence."""
 
-    def __init__(self, name: str) -> None:
+    n_ctx = 64
+    max_step_tokens = 64
+
+    def __init__(self, name: str, sequences: int) -> None:
         self.name = name
+        self.sequences = sequences
         self.closed = False
 
-    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        return [ord(c) for m in messages for c in m["content"]]
+    def memory_bytes(self) -> int:
+        return 0
 
-    def generate(self, prompt: list[int], resume: list[int], sampling: Sampling) -> Iterator[Piece]:
-        yield Piece(1, "x")
+    def open(self, seq: Seq) -> None:
+        seq.slot = 0
+
+    def decode(self, step: list[Request]) -> None:
+        for r in step:
+            r.result = np.zeros(1, np.float32)
+
+    def evaluated(self, seq: Seq) -> None:
+        return None
+
+    def pick(self, seq: Seq, logits: Logits) -> Piece | None:
+        if b"crash" in bytes(seq.prompt):
+            die()
+        return Piece(1, "x") if seq.produced == 0 else None
+
+    def release(self, seq: Seq, intact: bool) -> None:
+        return None
+
+    def figures(self) -> dict[str, Any]:
+        return {}
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakeTokenizer:
+    n_ctx = 64
+
+    def prompt_tokens(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        return [ord(c) for m in messages for c in m["content"]]
+
+    def close(self) -> None:
+        return None
 
 
 class FakeEngine:
@@ -38,16 +80,23 @@ class FakeEngine:
     def __init__(self) -> None:
         self.loads: list[str] = []
         self.options: list[LoadOptions | None] = []
+        self.backends: list[FakeBackend] = []
 
-    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> FakeModel:
+    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> FakeBackend:
         if path.read_bytes().startswith(b"broken"):
             raise RuntimeError("cannot parse")
         self.loads.append(path.read_bytes().decode())
         self.options.append(options)
-        return FakeModel(path.read_bytes().decode())
+        backend = FakeBackend(path.read_bytes().decode(), (options or LoadOptions()).sequences)
+        self.backends.append(backend)
+        return backend
 
-    def tokenizer(self, path: Path, n_ctx: int) -> FakeModel:
-        return FakeModel("tokenizer")
+    def tokenizer(self, path: Path, n_ctx: int) -> FakeTokenizer:
+        return FakeTokenizer()
+
+
+def text(client: EngineClient, prompt: str) -> str:
+    return "".join(p.text for p in client.generate(list(prompt.encode()), [], Sampling()))
 
 
 def record(blobs: Path, name: str, content: bytes | None = None) -> ModelRecord:
@@ -60,8 +109,15 @@ def blobs(tmp_path: Path) -> Path:
     return tmp_path / "blobs"
 
 
-def host(blobs: Path, engine: FakeEngine, **kw: float) -> ModelHost:
-    return ModelHost(blobs, {"fake": engine}, 64, **kw)  # type: ignore[dict-item]
+def host(blobs: Path, engine: FakeEngine, **kw: Any) -> ModelHost:
+    return ModelHost(blobs, {"fake": engine}, 64, in_thread={"fake"}, **kw)  # type: ignore[dict-item]
+
+
+def wait(condition: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
 
 def test_load_keep_and_reuse(blobs: Path) -> None:
@@ -73,35 +129,39 @@ def test_load_keep_and_reuse(blobs: Path) -> None:
     h.release(0)
     assert h.get(a, 0) is model and engine.loads == ["a"]
     assert h.is_loaded("a") and h.loaded_ids() == {"a"}
+    assert text(model, "hi") == "x" and model.prompt_tokens([{"content": "hi"}]) == [104, 105]
+    h.close()
 
 
 def test_every_slot_shares_one_context_of_a_model(blobs: Path) -> None:
     engine = FakeEngine()
-    h = ModelHost(blobs, {"fake": engine}, 64, sequences=4)  # type: ignore[dict-item]
+    h = host(blobs, engine, sequences=4)
     a = record(blobs, "a")
     first, second = h.get(a, 0), h.get(a, 1)  # two tasks at once
-    assert first is second and engine.loads == ["a"]
+    assert first is second and engine.loads == ["a"] and first.sequences == 4
     options = engine.options[0]
     assert options is not None and options.sequences == 4 and options.digest == a.digest
     h.release(0)
     assert h.reap(now=1e12) == []  # slot 1 still generates with it
     h.release(1)
-    assert h.reap(now=1e12) == ["a"] and first.closed
+    assert h.reap(now=1e12) == ["a"] and engine.backends[0].closed and not first.alive
 
 
 def test_keep_alive_unloads_idle_models_only(blobs: Path) -> None:
-    h = host(blobs, FakeEngine(), keep_alive=10, max_loaded=2)
+    engine = FakeEngine()
+    h = host(blobs, engine, keep_alive=10, max_loaded=2)
     a, b = record(blobs, "a"), record(blobs, "b")
-    model_a = h.get(a, 0)
+    h.get(a, 0)
     h.release(0)
-    h2 = h.get(b, 1)  # another slot, still busy
+    h.get(b, 1)  # another slot, still busy
     assert h.reap() == []  # within keep-alive
     far = 1e12
     assert h.reap(now=far) == ["a"]  # b is in use by slot 1: kept
-    assert model_a.closed and not h.is_loaded("a") and h.is_loaded("b")
+    assert engine.backends[0].closed and not h.is_loaded("a") and h.is_loaded("b")
     h.release(1)
     assert h.reap(now=far) == ["b"]
-    assert isinstance(h2, FakeModel) and h2.closed
+    assert engine.backends[1].closed
+    assert {e["model"]: e["state"] for e in h.engine_status()} == {"a": "stopped", "b": "stopped"}
 
 
 def test_another_model_takes_the_memory_of_the_least_recently_used(blobs: Path) -> None:
@@ -115,6 +175,7 @@ def test_another_model_takes_the_memory_of_the_least_recently_used(blobs: Path) 
     h.get(c, 0)
     h.release(0)
     assert h.loaded_ids() == {"a", "c"}
+    h.close()
 
 
 def test_a_busy_model_is_unloaded_only_once_released(blobs: Path) -> None:
@@ -134,6 +195,7 @@ def test_a_busy_model_is_unloaded_only_once_released(blobs: Path) -> None:
     h.release(0)
     thread.join(10)
     assert got.is_set() and h.loaded_ids() == {"b"}
+    h.close()
 
 
 def test_size_is_checked_before_every_load(blobs: Path) -> None:
@@ -144,6 +206,7 @@ def test_size_is_checked_before_every_load(blobs: Path) -> None:
     with pytest.raises(EngineError) as err:
         h.get(replace(a, size_bytes=a.size_bytes + 1), 0)
     assert err.value.code == "model_corrupt"
+    h.close()
 
 
 def test_the_digest_is_checked_on_first_use(blobs: Path) -> None:
@@ -179,3 +242,45 @@ def test_prompt_size_uses_the_model_tokenizer(blobs: Path) -> None:
     h = host(blobs, FakeEngine())
     a = record(blobs, "a")
     assert h.prompt_size(a, [{"role": "user", "content": "hello"}]) == (5, 64)
+
+
+def test_a_crashed_engine_is_restarted_and_its_streams_hear_of_it(blobs: Path) -> None:
+    engine = FakeEngine()
+    h = host(blobs, engine, max_restarts=5)
+    a = record(blobs, "a")
+    first = h.get(a, 0)
+    with pytest.raises(EngineCrashed) as crash:
+        text(first, "crash")
+    assert crash.value.code == "engine_crashed"
+    h.release(0)
+    wait(lambda: h.is_loaded("a") and h.engine_status()[0]["state"] == "ready")
+    again = h.get(a, 0)  # started again by the host, not by this call
+    assert again is not first and len(engine.loads) == 2 and text(again, "hi") == "x"
+    (status,) = h.engine_status()
+    assert (status["restarts"], status["crashes"]) == (1, 1) and "thread" in status["last_exit"]
+    h.close()
+
+
+def test_a_crash_loop_marks_the_model_failed_until_verified(blobs: Path) -> None:
+    engine = FakeEngine()
+    h = host(blobs, engine, max_restarts=2, restart_window=600)
+    a, b = record(blobs, "a"), record(blobs, "b")
+    for crash in range(3):
+        client = h.get(a, 0)
+        with pytest.raises(EngineCrashed):
+            text(client, "crash")
+        h.release(0)
+        if crash < 2:
+            wait(lambda: h.is_loaded("a"))
+    wait(lambda: h.engine_status()[0]["state"] == "failed")
+    with pytest.raises(EngineError) as err:
+        h.get(a, 0)
+    assert err.value.code == "engine_crashed" and "crashed 3 times" in err.value.message
+    assert not isinstance(err.value, EngineCrashed)  # no policy: the task fails
+    (status,) = h.engine_status()
+    assert (status["restarts"], status["crashes"], status["pid"]) == (2, 3, None)
+    assert text(h.get(b, 1), "hi") == "x"  # another model goes on
+    h.release(1)
+    h.verified(a.digest, True)  # an intact blob: it may be started again
+    assert text(h.get(a, 0), "hi") == "x"
+    h.close()

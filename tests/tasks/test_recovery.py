@@ -62,13 +62,12 @@ class Prepared:
 
 def engine_pieces(request: dict[str, Any]) -> list[Piece]:
     """What an uninterrupted run of ``request`` writes (the test engine is deterministic)."""
-    model = test_engine.TestModel(0)
-    prompt = model.prompt_tokens(messages_of(request))
+    prompt = test_engine.TestModel().prompt_tokens(messages_of(request))
     temperature = request.get("temperature")
     sampling = Sampling(
         temperature=1.0 if temperature is None else float(temperature), seed=int(request["seed"])
     )
-    return list(model.generate(prompt, [], sampling))
+    return test_engine.reference(prompt, sampling)
 
 
 def engine_text(request: dict[str, Any]) -> str:

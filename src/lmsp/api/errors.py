@@ -51,6 +51,7 @@ STATUS: dict[str, int] = {
     "insufficient_storage": 507,
     # a chat completion whose response failed answers with its task's error
     "engine_error": 500,
+    "engine_crashed": 500,
     "model_corrupt": 500,
     "model_load_failed": 500,
     "server_restarted": 500,

@@ -339,6 +339,10 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         max_loaded=settings.max_loaded_models,
         sequences=settings.parallel,
         prefix_files=kv,
+        in_thread=settings.in_thread_engines,
+        max_restarts=settings.engine_restarts,
+        restart_window=settings.engine_restart_window,
+        log_format=settings.log_format,
     )
     host.metrics = metrics
     runner = Runner(
@@ -349,7 +353,26 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         metrics=metrics,
     )
     metrics.add_collector(lambda: database_figures(db))
+    metrics.add_collector(lambda: engine_figures(host))
     return Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
+
+
+def engine_figures(host: ModelHost) -> list[Metric]:
+    """Each model's engine process: its pid while it runs, and whether its crash loop
+    marked the model failed."""
+    pid = GaugeMetricFamily(
+        "lmsp_engine_pid", "The process id of a model's engine.", labels=["model"]
+    )
+    failed = GaugeMetricFamily(
+        "lmsp_engine_failed",
+        "1 when a model's engine crashed too often and is not started again.",
+        labels=["model"],
+    )
+    for status in host.engine_status():
+        if status["pid"] is not None:
+            pid.add_metric([status["model"]], status["pid"])
+        failed.add_metric([status["model"]], 1 if status["state"] == "failed" else 0)
+    return [pid, failed]
 
 
 def database_figures(db: Database) -> list[Metric]:

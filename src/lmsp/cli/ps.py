@@ -32,6 +32,8 @@ def render(state: dict[str, Any]) -> Group:
     models = [
         [
             m["model"],
+            "-" if m.get("pid") is None else m["pid"],
+            m.get("restarts", 0),
             m["digest"][:12],
             size(m["memory_bytes"]),
             "in use" if m["busy"] else f"idle, unloads in {m['unloads_in']:.0f}s",
@@ -57,8 +59,10 @@ def render(state: dict[str, Any]) -> Group:
         for c in state["clients"]
     ]
     oldest = when(queue["oldest_created_at"]) if queue["queued"] else "-"
+    failed = [e for e in state.get("engines", []) if e["state"] == "failed"]
     return Group(
-        _table("Models loaded", ["MODEL", "DIGEST", "MEMORY", "STATE"], models),
+        _table("Models loaded", ["MODEL", "PID", "RESTARTS", "DIGEST", "MEMORY", "STATE"], models),
+        *(escape(clean(f"Failed: {e['model']}: {e['error']}")) for e in failed),
         _table(
             f"Sequences ({len(sequences)} of {state['parallel']} at once)",
             ["TASK", "MODEL", "CLIENT", "STATUS", "PROMPT", "OUTPUT", "TOKENS/S", "STARTED"],
@@ -84,7 +88,8 @@ def render(state: dict[str, Any]) -> Group:
 )
 @remote_options
 def ps(watch: bool, interval: float, url: str | None, token: str | None, as_json: bool) -> None:
-    """What the service is doing now: loaded models and their memory, the sequences
+    """What the service is doing now: loaded models with their engine process and
+    memory (and models whose engine kept crashing), the sequences
     being generated and their speed, the queue, and the clients with unfinished work
     (needs the owner's token)."""
     with connect(url, token) as api:

@@ -1,11 +1,13 @@
 """The engine interface.
 
-An engine loads a model file into a :class:`LoadedModel`, which turns messages into
-prompt tokens and yields generated tokens one at a time. ``generate`` takes the tokens
-already produced (from a snapshot) and continues after them, so a resumed task picks
-up exactly where its last persisted event left off. Sampling is keyed by
-``(seed, position)``, never by hidden RNG state, so a resumed run draws the same
-tokens an uninterrupted one would.
+An engine loads a model file in an engine process of its own (:mod:`lmsp.engines.
+worker`, driven by :mod:`lmsp.engines.core`); the API process sees it as a
+:class:`LoadedModel` (:class:`lmsp.engines.client.EngineClient`), which turns messages
+into prompt tokens (with a tokenizer that loads no weights) and yields generated tokens
+one at a time. ``generate`` takes the tokens already produced (from a snapshot) and
+continues after them, so a resumed task picks up exactly where its last persisted event
+left off. Sampling is keyed by ``(seed, position)``, never by hidden RNG state, so a
+resumed run draws the same tokens an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from lmsp.engines.core import Backend
 
 
 class EngineError(Exception):
@@ -26,6 +31,14 @@ class EngineError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class EngineCrashed(EngineError):
+    """The engine process died (a segfault, ``kill -9``, out of memory) while it held
+    the sequence: the task follows its ``on_restart`` policy, as after a restart."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("engine_crashed", message)
 
 
 @dataclass(frozen=True)
@@ -77,23 +90,25 @@ class Piece:
 class Generation(Iterator[Piece]):
     """The pieces of one generation, and how many of its prompt's tokens came from a
     cache instead of being evaluated (known once the first piece is asked for).
-    ``close`` gives its sequence back; the runner closes every generation it starts."""
+    ``close`` gives its sequence back; the runner closes every generation it starts.
+    ``cancel`` asks the engine to stop it (the iteration then ends), ``interrupt`` ends
+    the iteration at once (the service is shutting down)."""
 
     def __init__(self, pieces: Iterator[Piece] | None = None) -> None:
         self.cached_tokens = 0
         self._pieces: Iterator[Piece] = iter(()) if pieces is None else pieces
 
-    def run(self, pieces: Iterator[Piece]) -> Generation:
-        self._pieces = pieces
-        return self
-
     def __next__(self) -> Piece:
         return next(self._pieces)
 
+    def cancel(self) -> None:
+        return None
+
+    def interrupt(self) -> None:
+        return None
+
     def close(self) -> None:
-        close = getattr(self._pieces, "close", None)
-        if close is not None:
-            close()
+        return None
 
 
 class Tokenizer(Protocol):
@@ -110,6 +125,8 @@ class Tokenizer(Protocol):
 
 
 class LoadedModel(Protocol):
+    """A model loaded in an engine, as the API process uses it."""
+
     n_ctx: int
 
     def prompt_tokens(
@@ -125,10 +142,12 @@ class LoadedModel(Protocol):
         prompt: list[int],
         resume: list[int],
         sampling: Sampling,
-        constraint: Constraint | None = None,
+        grammar: str | None = None,
+        max_tokens: int | None = None,
     ) -> Generation:
-        """Tokens after ``prompt + resume``; with a ``constraint``, which is first fed
-        ``resume``, only tokens it allows, ending when it is finished."""
+        """At most ``max_tokens`` tokens after ``prompt + resume``; with a ``grammar``
+        (llguidance's, first fed ``resume``), only tokens it allows, ending when it is
+        finished."""
         ...
 
     def close(self) -> None: ...
@@ -142,11 +161,14 @@ class LoadOptions:
 
 
 class Engine(Protocol):
+    """An engine kind (llama.cpp, the test engine). It must pickle (a plain class): an
+    engine process receives it and calls :meth:`load` there."""
+
     name: str
 
-    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> LoadedModel:
-        """``n_ctx``: one sequence's context; ``options``: how many sequences run
-        together and where saved prefixes live."""
+    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Backend:
+        """Load the model, in the engine process. ``n_ctx``: one sequence's context;
+        ``options``: how many sequences run together and where saved prefixes live."""
         ...
 
     def tokenizer(self, path: Path, n_ctx: int) -> Tokenizer: ...

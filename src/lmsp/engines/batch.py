@@ -1,28 +1,26 @@
 """Continuous batching: many sequences, one decode per step.
 
-Each running task steps its own sequence from its runner thread (its sampler, its
-constraint, its flushes), but the expensive part — running the model over the next
-tokens — is shared: :class:`Batcher`'s step thread gathers the decode requests of every
-sequence that is ready (waiting a moment for the other active sequences to hand in
-their tokens), runs them as one batch, and hands each request its logits; a request
-that arrives while a step runs joins the next one. A new task's prompt joins the same steps
-in chunks (:data:`CHUNK` tokens a step), so it never stalls the sequences generating.
+The engine's scheduling loop (:mod:`lmsp.engines.core`) runs the model over the next
+tokens of every ready sequence as one batch per step. What goes into a step is decided
+by a :class:`StepPolicy`, the one replaceable piece of the scheduler; :class:`ExactSteps`
+is the schedule whose results do not depend on what else is in the batch (a prompt
+chunk of at most :data:`CHUNK` tokens alone, the generating sequences' single tokens
+together).
 
 :class:`SequencePool` says which sequence of the context a new task takes: the free one
 whose cached tokens share the longest prefix with the new prompt (prompt-prefix reuse),
 else the least recently used. A finished task's tokens stay in its sequence until
 another task needs the room, so the next turn of an agent loop evaluates only what is
-new. Neither class knows llama.cpp: the engine supplies the decode function.
+new. Nothing here knows llama.cpp.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -49,134 +47,33 @@ class Request:
     pos: int  # the position of tokens[0]
     logits: bool  # the last token's logits are wanted
     result: Logits | None = None
-    error: BaseException | None = None
-    done: bool = False
 
 
-DecodeFn = Callable[[list[Request]], None]
+class StepPolicy(Protocol):
+    """What goes into the next step: the one replaceable piece of the scheduler."""
+
+    def form(self, todo: Sequence[int], budget: int) -> list[tuple[int, int]]:
+        """``todo``: how many tokens each ready sequence has left to evaluate, oldest
+        turn first (a prompt's rest, or the one token just drawn); ``budget``: the most
+        tokens a step holds. The step, as ``(index into todo, tokens to take)``."""
+        ...
 
 
-class Batcher:
-    """Runs the decode requests of several threads as one batch per step, always from
-    the same thread: llama.cpp's CPU backend keeps a team of worker threads per calling
-    thread, and steps led by changing threads left several teams spinning against each
-    other on two cores (a 3x slowdown, measured)."""
+class ExactSteps:
+    """The schedule that keeps every sequence's arithmetic independent of the others: a
+    prompt chunk (at most :data:`CHUNK` tokens) runs in a step of its own, and the single
+    tokens of every generating sequence run together. Turns alternate, so a long prompt
+    never stalls the sequences generating. (Mixing a chunk with other sequences' tokens
+    changed the later tokens of a sequence in about half of the runs of a test,
+    ``test_two_sequences_sharing_a_prefix_at_once_stay_exact``.)"""
 
-    def __init__(self, decode: DecodeFn, *, max_tokens: int = 512, gather: float = 0.002):
-        self._decode = decode
-        self.max_tokens = max_tokens
-        self.gather = gather  # how long a step waits for the other active sequences
-        self._cond = threading.Condition()
-        self._pending: list[Request] = []
-        self._stepping = False
-        self._exclusive = 0
-        self._alone = threading.Lock()  # one exclusive section at a time
-        self._closed = False
-        self.active = 0  # sequences that will submit again soon
-        self.steps = 0
-        self.tokens = 0
-        self._thread = threading.Thread(target=self._run, name="lmsp-step", daemon=True)
-        self._thread.start()
-
-    # -- sequences ---------------------------------------------------------------------
-    @contextmanager
-    def sequence(self) -> Iterator[None]:
-        """While a sequence generates, a step waits a moment for its requests."""
-        with self._cond:
-            self.active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self.active -= 1
-                self._cond.notify_all()
-
-    def decode(self, seq: int, tokens: list[int], pos: int, logits: bool) -> Logits | None:
-        """Evaluate ``tokens`` of ``seq`` from ``pos`` in the next step; the last token's
-        logits (a copy) when ``logits``."""
-        assert 0 < len(tokens) <= CHUNK
-        request = Request(seq, tokens, pos, logits)
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the model is closed")
-            self._pending.append(request)
-            self._cond.notify_all()
-            while not request.done:
-                self._cond.wait()
-        if request.error is not None:
-            raise request.error
-        return request.result
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and (not self._pending or self._exclusive):
-                    self._cond.wait()
-                if self._closed:
-                    for request in self._pending:
-                        request.error, request.done = RuntimeError("the model is closed"), True
-                    self._cond.notify_all()
-                    return
-                deadline = time.monotonic() + self.gather
-                while len(self._pending) < self.active and not self._exclusive:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                if self._exclusive:
-                    continue
-                step = self._step()
-                size = sum(len(r.tokens) for r in step)
-                self._stepping = True
-            try:
-                self._decode(step)
-            except BaseException as exc:  # every request of the step fails with it
-                for request in step:
-                    request.error = exc
-            with self._cond:
-                self.steps += 1
-                self.tokens += size
-                for request in step:
-                    request.done = True
-                self._stepping = False
-                self._cond.notify_all()
-
-    def _step(self) -> list[Request]:
-        """The next step's requests (with the lock held): a prompt chunk runs alone;
-        single tokens of every sequence run together. (Mixing a chunk with other
-        sequences' tokens changed the later tokens of a sequence in about half of the
-        runs of a test, ``test_two_sequences_sharing_a_prefix_at_once_stay_exact``.)"""
-        first = self._pending[0]
-        if len(first.tokens) > 1:
-            step = [first]
-        else:
-            step = [r for r in self._pending if len(r.tokens) == 1][: self.max_tokens]
-        for request in step:
-            self._pending.remove(request)
-        return step
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Neither a step nor another exclusive section runs meanwhile (trimming,
-        copying, saving or restoring a sequence's cache)."""
-        with self._alone:
-            with self._cond:
-                self._exclusive += 1
-                while self._stepping:
-                    self._cond.wait()
-            try:
-                yield
-            finally:
-                with self._cond:
-                    self._exclusive -= 1
-                    self._cond.notify_all()
-
-    def close(self) -> None:
-        """Stop the step thread (requests still waiting fail)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(30)
+    def form(self, todo: Sequence[int], budget: int) -> list[tuple[int, int]]:
+        if not todo:
+            return []
+        if todo[0] > 1:
+            return [(0, min(CHUNK, todo[0], budget))]
+        singles = [i for i, n in enumerate(todo) if n == 1]
+        return [(i, 1) for i in singles[: max(1, budget)]]
 
 
 @dataclass

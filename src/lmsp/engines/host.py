@@ -1,11 +1,20 @@
-"""Which engine runs a model record, whether its blob is intact, and which models are
-loaded.
+"""Which engine runs a model record, whether its blob is intact, which models are
+loaded, and the supervision of their engine processes.
 
 Before a blob is handed to an engine it is checked against its record: the size every
-time, the full SHA-256 the first time this process uses it. Loaded models stay for
-``keep_alive`` seconds after their last use and are unloaded sooner when another model
-needs the memory: at most ``max_loaded`` distinct models are loaded at once. A loaded
-model is one context whose ``sequences`` sequences the runner's slots step together.
+time, the full SHA-256 the first time this process uses it. A loaded model is one engine
+process (:class:`~lmsp.engines.client.EngineClient`, as ollama's runners are) whose
+``sequences`` sequences the runner's slots step together. Loaded models stay for
+``keep_alive`` seconds after their last use and are stopped sooner when another model
+needs the memory: at most ``max_loaded`` models are loaded at once.
+
+An engine process that dies (a segfault, ``kill -9``, out of memory) is started again at
+once, and its tasks follow their ``on_restart`` policy (the runner sees
+:class:`~lmsp.engines.base.EngineCrashed`). An engine that keeps dying is not restarted
+forever: after ``max_restarts`` restarts within ``restart_window`` seconds, the next
+crash marks its model failed — tasks on it fail with ``engine_crashed`` and a message
+saying so, tasks on other models go on — until the service restarts, the model's blob
+changes, or ``POST /v1/models/{id}/verify`` finds the blob intact.
 """
 
 from __future__ import annotations
@@ -13,11 +22,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmsp.engines.base import Engine, EngineError, LoadedModel, LoadOptions, Tokenizer
+from lmsp.engines.base import Engine, EngineCrashed, EngineError, LoadOptions, Tokenizer
+from lmsp.engines.client import EngineClient
+from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size
 from lmsp.store.models import ModelRecord
@@ -29,13 +41,60 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Loaded:
-    digest: str
-    model: LoadedModel
+    record: ModelRecord
+    client: EngineClient
     last_used: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class EngineStatus:
+    """One model's engine as ``lmsp ps``, ``/healthz`` and ``/metrics`` show it."""
+
+    model: str
+    digest: str
+    state: str = "starting"  # starting, ready, restarting, failed, stopped
+    pid: int | None = None
+    restarts: int = 0  # started again after a crash, since the service started
+    crashes: int = 0
+    last_exit: str | None = None  # how its last process ended unasked
+    error: str | None = None  # why it is failed
+    crash_times: deque[float] = field(default_factory=deque)
+
+    def shown(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "state": self.state,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "crashes": self.crashes,
+            "last_exit": self.last_exit,
+            "error": self.error,
+        }
+
+
+class _LockedTokenizer:
+    """A shared vocabulary-only tokenizer, used by one thread at a time."""
+
+    def __init__(self, tokenizer: Tokenizer, lock: threading.Lock) -> None:
+        self.tokenizer = tokenizer
+        self.n_ctx = tokenizer.n_ctx
+        self._lock = lock
+
+    def prompt_tokens(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        with self._lock:
+            if tools:
+                return self.tokenizer.prompt_tokens(messages, tools)
+            return self.tokenizer.prompt_tokens(messages)
+
+    def close(self) -> None:
+        return None
+
+
 class ModelHost:
-    """Loads models on demand, verifies their blobs, and unloads idle ones."""
+    """Loads models on demand in engines of their own, verifies their blobs, unloads idle
+    ones, and restarts engines that die (see the module docstring)."""
 
     def __init__(
         self,
@@ -47,6 +106,10 @@ class ModelHost:
         max_loaded: int = 1,
         sequences: int = 1,
         prefix_files: Any = None,
+        in_thread: frozenset[str] | set[str] = frozenset(),
+        max_restarts: int = 5,
+        restart_window: float = 600.0,
+        log_format: str = "text",
     ) -> None:
         self.blobs_dir = blobs_dir
         self.engines = engines
@@ -55,49 +118,74 @@ class ModelHost:
         self.max_loaded = max(1, max_loaded)
         self.sequences = max(1, sequences)
         self.prefix_files = prefix_files  # a PrefixFiles: saved prompt prefixes
-        self._loaded: dict[tuple[str, int], _Loaded] = {}  # (model id, 0): one context
-        self._busy: dict[int, str] = {}  # slot → model id it is using
+        self.in_thread = frozenset(in_thread)  # engine names run on a thread (tests)
+        self.max_restarts = max(0, max_restarts)
+        self.restart_window = restart_window
+        self.log_format = log_format
+        self._loaded: dict[str, _Loaded] = {}  # model id → its running engine
+        self._starting: set[str] = set()  # model ids whose engine is being started
+        self._busy: dict[int, str] = {}  # runner slot → model id it is using
         self._cond = threading.Condition()
+        self._closed = False
+        self._status: dict[str, EngineStatus] = {}  # read by /healthz: its own lock
+        self._status_lock = threading.Lock()
         self._verified: set[str] = set()  # digests fully hashed by this process
         self._verify_lock = threading.Lock()
         self._tokenizers: dict[str, Tokenizer] = {}
         self._tokenizer_lock = threading.Lock()
-        self.metrics: Metrics | None = None  # the service's: loads and unloads
+        self.metrics: Metrics | None = None  # the service's: loads, unloads, crashes
 
     # -- what is loaded ----------------------------------------------------------------
     def is_loaded(self, model_id: str) -> bool:
-        return any(key[0] == model_id for key in list(self._loaded))
+        return model_id in self._loaded
 
     def loaded_ids(self) -> set[str]:
-        return {key[0] for key in list(self._loaded)}
+        return set(self._loaded)
 
     def loaded(self, now: float | None = None) -> list[dict[str, object]]:
-        """Every loaded context: model, slot, digest, memory, whether a task uses it, and
-        for an idle one the seconds until its keep-alive unloads it."""
+        """Every loaded model: its digest, engine process, memory, whether a task uses
+        it, and for an idle one the seconds until its keep-alive unloads it."""
         now = time.monotonic() if now is None else now
         with self._cond:
             entries = sorted(self._loaded.items())
-            busy = set(self._busy.items())
+            busy = set(self._busy.values())
+        statuses = {s["model"]: s for s in self.engine_status()}
         shown: list[dict[str, object]] = []
-        for (model_id, slot), entry in entries:
-            measure = getattr(entry.model, "memory_bytes", None)
-            memory = measure() if callable(measure) else None
-            if memory is None:
-                path = blob_path(self.blobs_dir, entry.digest)
+        for model_id, entry in entries:
+            memory = entry.client.memory
+            if not memory:
+                path = blob_path(self.blobs_dir, entry.record.digest)
                 memory = path.stat().st_size if path.exists() else 0
-            in_use = model_id in {m for _, m in busy}
+            in_use = model_id in busy
             left = None if in_use else max(0.0, self.keep_alive - (now - entry.last_used))
+            status = statuses.get(model_id, {})
             shown.append(
                 {
                     "model": model_id,
-                    "slot": slot,
-                    "digest": entry.digest,
+                    "digest": entry.record.digest,
+                    "pid": entry.client.pid,
+                    "restarts": status.get("restarts", 0),
                     "memory_bytes": int(memory),
                     "busy": in_use,
                     "unloads_in": None if left is None else round(left, 1),
                 }
             )
         return shown
+
+    def engine_status(self) -> list[dict[str, Any]]:
+        """Every model's engine this service started (running, restarting, failed or
+        stopped), without waiting for a load in progress."""
+        with self._status_lock:
+            return [s.shown() for _, s in sorted(self._status.items())]
+
+    def _set_status(self, record: ModelRecord, **changes: Any) -> EngineStatus:
+        with self._status_lock:
+            status = self._status.get(record.id)
+            if status is None or status.digest != record.digest:
+                status = self._status[record.id] = EngineStatus(record.id, record.digest)
+            for name, value in changes.items():
+                setattr(status, name, value)
+            return status
 
     # -- integrity ---------------------------------------------------------------------
     def check(self, record: ModelRecord, full: bool | None = None) -> None:
@@ -121,114 +209,294 @@ class ModelHost:
             raise EngineError("model_corrupt", problem)
 
     def verified(self, digest: str, ok: bool) -> None:
-        """Record the outcome of a full check done elsewhere (``lmsp models verify``)."""
+        """Record the outcome of a full check done elsewhere (``lmsp models verify``).
+        An intact blob clears a crash loop's mark: its model may be started again."""
         with self._verify_lock:
             if ok:
                 self._verified.add(digest)
             else:
                 self._verified.discard(digest)
+        if ok:
+            with self._status_lock:
+                for status in self._status.values():
+                    if status.digest == digest and status.state == "failed":
+                        status.state, status.error = "stopped", None
+                        status.crash_times.clear()
 
     # -- loading -----------------------------------------------------------------------
-    def get(self, record: ModelRecord, slot: int = 0) -> LoadedModel:
-        """The model, loaded once for every runner slot, marked in use by ``slot`` until
-        :meth:`release`. Raises ``EngineError`` (``model_corrupt``, ``model_load_failed``)."""
+    def get(self, record: ModelRecord, slot: int = 0) -> EngineClient:
+        """The model's engine, started once for every runner slot, marked in use by
+        ``slot`` until :meth:`release`. Raises ``EngineError`` (``model_corrupt``,
+        ``model_load_failed``, ``engine_crashed`` for a model its crash loop failed)
+        and :class:`EngineCrashed` when the engine died while starting."""
         engine = self.engines.get(record.engine)
         if engine is None:
             raise EngineError("model_load_failed", f"No engine {record.engine!r} here.")
         self.check(record)
-        key = (record.id, 0)
+        self._closed = False  # a task wants it: loading works again after close()
+        return self._ensure(record, engine, slot)
+
+    def _ensure(self, record: ModelRecord, engine: Engine, slot: int | None) -> EngineClient:
+        """The running engine of ``record`` (started if need be, by this thread or by
+        the one already starting it); marked in use by ``slot`` unless ``None``."""
+        stopped: list[EngineClient] = []
+        try:
+            with self._cond:
+                while True:
+                    self._refuse_failed(record)
+                    entry = self._loaded.get(record.id)
+                    if entry is not None and not entry.client.alive:
+                        self._cond.wait(0.1)  # it died: its exit is being handled
+                        continue
+                    if entry is not None and entry.record.digest != record.digest:
+                        if any(m == record.id for m in self._busy.values()):
+                            self._cond.wait(1.0)  # the id names another blob: when idle
+                            continue
+                        stopped += self._unload(record.id)
+                        entry = None
+                    if entry is not None:
+                        if slot is not None:
+                            self._busy[slot] = record.id
+                        entry.last_used = time.monotonic()
+                        return entry.client
+                    if record.id in self._starting:
+                        self._cond.wait(1.0)  # another thread starts it
+                        continue
+                    if self._closed and slot is None:
+                        raise EngineError("model_load_failed", "The service is shutting down.")
+                    stopped += self._make_room(record.id)
+                    self._starting.add(record.id)
+                    break
+        finally:
+            _stop(stopped)  # their memory is free before another model loads
+        try:
+            client = self._launch(record, engine)
+        finally:
+            with self._cond:
+                self._starting.discard(record.id)
+                self._cond.notify_all()
         with self._cond:
-            cached = self._loaded.get(key)
-            if cached is not None and cached.digest != record.digest:
-                while any(m == record.id for m in self._busy.values()):
-                    self._cond.wait(1.0)  # the id now names another blob: unload when idle
-                self._unload(key)
-                cached = None
-            if cached is None:
-                self._make_room(record.id, slot)
-                path = blob_path(self.blobs_dir, record.digest)
-                options = LoadOptions(self.sequences, record.digest, self.prefix_files)
-                try:
-                    model = engine.load(path, self.n_ctx, options)
-                except EngineError:
-                    raise
-                except Exception as exc:  # its words (paths …) go to the log only
-                    log.warning("loading %s failed: %s", record.id, exc)
-                    failed = f"Loading {record.id!r} failed."
-                    raise EngineError("model_load_failed", failed) from exc
-                cached = _Loaded(record.digest, model)
-                self._loaded[key] = cached
-                log.info("loaded %s (%d sequences)", record.id, self.sequences)
-                if self.metrics is not None:
-                    self.metrics.model_loaded(record.id)
-            self._busy[slot] = record.id
-            cached.last_used = time.monotonic()
-            return cached.model
+            late = self._closed and slot is None  # a restart the shutdown overtook
+            if not late:
+                self._loaded[record.id] = _Loaded(record, client)
+                if slot is not None:
+                    self._busy[slot] = record.id
+            self._cond.notify_all()
+        if late:
+            client.close()
+            raise EngineError("model_load_failed", "The service is shutting down.")
+        return client
+
+    def _refuse_failed(self, record: ModelRecord) -> None:
+        with self._status_lock:
+            status = self._status.get(record.id)
+            if status is None or status.state != "failed" or status.digest != record.digest:
+                return
+            message = status.error or "Its engine kept crashing."
+        raise EngineError("engine_crashed", message)
+
+    def _launch(self, record: ModelRecord, engine: Engine) -> EngineClient:
+        """Start an engine process for ``record`` and wait for its model to load."""
+        path = blob_path(self.blobs_dir, record.digest)
+        options = LoadOptions(self.sequences, record.digest, self.prefix_files)
+        spec = EngineSpec(
+            engine,
+            path,
+            self.n_ctx,
+            options,
+            model=record.id,
+            log_format=self.log_format,
+            log_level=logging.getLogger("lmsp").getEffectiveLevel(),
+        )
+        try:
+            tokenizer = _LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
+        except Exception as exc:  # its vocabulary cannot be read: neither can the model
+            log.warning("reading the vocabulary of %s failed: %s", record.id, exc)
+            raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
+        client = EngineClient(
+            spec,
+            tokenizer,
+            in_thread=engine.name in self.in_thread,
+            on_exit=lambda c, reason: self._exited(record, c, reason),
+        )
+        with self._status_lock:
+            again = record.id in self._status
+        self._set_status(record, state="restarting" if again else "starting", pid=None)
+        try:
+            client.start()
+        except EngineCrashed as exc:
+            self._crashed(record, exc.message, restart=False)
+            raise
+        except EngineError:
+            self._set_status(record, state="stopped", pid=None)
+            raise
+        except Exception as exc:  # its words (paths …) go to the log only
+            self._set_status(record, state="stopped", pid=None)
+            log.warning("loading %s failed: %s", record.id, exc)
+            raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
+        self._set_status(record, state="ready", pid=client.pid)
+        log.info(
+            "loaded %s (%d sequences, engine pid %s)",
+            record.id,
+            client.sequences,
+            client.pid,
+            extra={"event": "engine.started", "model": record.id},
+        )
+        if self.metrics is not None:
+            self.metrics.model_loaded(record.id)
+        return client
+
+    # -- engines that die --------------------------------------------------------------
+    def _exited(self, record: ModelRecord, client: EngineClient, reason: str) -> None:
+        """An engine ended unasked (called from its reader thread, before its streams
+        hear of it): forget it, count the crash, start it again unless it keeps
+        crashing."""
+        with self._cond:
+            entry = self._loaded.get(record.id)
+            if entry is None or entry.client is not client:
+                return  # it was still starting (its starter counts it) or is replaced
+            del self._loaded[record.id]
+            self._cond.notify_all()
+        message = f"The engine process of {record.id!r} stopped unexpectedly ({reason})."
+        if self._crashed(record, message, restart=True):
+            engine = self.engines[record.engine]
+            threading.Thread(
+                target=self._restart, args=(record, engine), name="lmsp-restart", daemon=True
+            ).start()
+
+    def _crashed(self, record: ModelRecord, message: str, restart: bool) -> bool:
+        """Count a crash; whether the engine may be started again (else its model is
+        now failed)."""
+        now = time.monotonic()
+        with self._status_lock:
+            status = self._status.get(record.id)
+            if status is None or status.digest != record.digest:
+                status = self._status[record.id] = EngineStatus(record.id, record.digest)
+            status.crashes += 1
+            status.last_exit = message
+            status.pid = None
+            status.crash_times.append(now)
+            while status.crash_times and status.crash_times[0] < now - self.restart_window:
+                status.crash_times.popleft()
+            loop = len(status.crash_times) > self.max_restarts
+            if loop:
+                status.state = "failed"
+                status.error = (
+                    f"The engine of {record.id!r} crashed {len(status.crash_times)} times "
+                    f"within {self.restart_window:.0f} s and is not started again; the last "
+                    f"time: {message} Check the model file (`lmsp models verify`) or "
+                    "restart the service."
+                )
+            else:
+                status.state = "restarting" if restart else "stopped"
+        if self.metrics is not None:
+            self.metrics.engine_crashed(record.id)
+        if loop:
+            log.error(
+                "model %s is failed: its engine crashed %d times within %.0f s",
+                record.id,
+                self.max_restarts + 1,
+                self.restart_window,
+                extra={"event": "engine.failed", "model": record.id},
+            )
+        with self._cond:
+            self._cond.notify_all()  # waiters see the failure
+        return not loop
+
+    def _restart(self, record: ModelRecord, engine: Engine) -> None:
+        """Start a crashed engine again (in the background: the API keeps answering)."""
+        while not self._closed:
+            with self._status_lock:
+                status = self._status.get(record.id)
+                if status is not None:
+                    status.restarts += 1
+            if self.metrics is not None:
+                self.metrics.engine_restarted(record.id)
+            try:
+                self._ensure(record, engine, None)
+            except EngineCrashed:
+                continue  # it died while loading: counted; the crash loop bounds this
+            except EngineError as exc:
+                log.warning("the engine of %s did not start again: %s", record.id, exc.message)
+            return
 
     def release(self, slot: int) -> None:
         """The slot's task is over: its model starts its keep-alive."""
         with self._cond:
             model_id = self._busy.pop(slot, None)
-            entry = self._loaded.get((model_id, 0)) if model_id is not None else None
+            entry = self._loaded.get(model_id) if model_id is not None else None
             if entry is not None:
                 entry.last_used = time.monotonic()
             self._cond.notify_all()
 
-    def _make_room(self, model_id: str, slot: int) -> None:
+    def _make_room(self, model_id: str) -> list[EngineClient]:
         """Unload least recently used idle models until ``model_id`` fits; wait for a
-        busy one to finish when no idle one is left (called with the lock held)."""
+        busy one to finish when no idle one is left (called with the lock held). The
+        engines to stop."""
+        stopped: list[EngineClient] = []
         while True:
-            others = self.loaded_ids() - {model_id}
+            others = (set(self._loaded) | self._starting) - {model_id}
             if len(others) < self.max_loaded:
-                return
+                return stopped
             busy = set(self._busy.values())
-            idle = [m for m in others if m not in busy]
+            idle = [m for m in others if m not in busy and m in self._loaded]
             if idle:
-                victim = min(idle, key=self._last_used)
-                for key in [k for k in self._loaded if k[0] == victim]:
-                    self._unload(key)
+                victim = min(idle, key=lambda m: self._loaded[m].last_used)
+                stopped += self._unload(victim)
                 log.info("unloaded %s to make room for %s", victim, model_id)
                 continue
             self._cond.wait(1.0)
 
-    def _last_used(self, model_id: str) -> float:
-        return max(e.last_used for k, e in self._loaded.items() if k[0] == model_id)
-
-    def _unload(self, key: tuple[str, int]) -> None:
-        entry = self._loaded.pop(key, None)
-        if entry is not None:
-            entry.model.close()
-            if self.metrics is not None:
-                self.metrics.model_unloaded(key[0])
+    def _unload(self, model_id: str) -> list[EngineClient]:
+        """Forget a model's engine (called with the lock held); the caller stops it
+        (:func:`_stop`) once the lock is released."""
+        entry = self._loaded.pop(model_id, None)
+        if entry is None:
+            return []
+        entry.client.stopping()
+        self._set_status(entry.record, state="stopped", pid=None)
+        if self.metrics is not None:
+            self.metrics.model_unloaded(model_id)
+        return [entry.client]
 
     def reap(self, now: float | None = None) -> list[str]:
         """Unload models idle for longer than ``keep_alive``; the ids unloaded."""
         now = time.monotonic() if now is None else now
         gone: list[str] = []
+        stopped: list[EngineClient] = []
         with self._cond:
             busy = set(self._busy.values())
-            for key, entry in list(self._loaded.items()):
-                if key[0] in busy or now - entry.last_used < self.keep_alive:
+            for model_id, entry in list(self._loaded.items()):
+                if model_id in busy or now - entry.last_used < self.keep_alive:
                     continue
-                self._unload(key)
-                gone.append(key[0])
-        for model_id in sorted(set(gone)):
+                stopped += self._unload(model_id)
+                gone.append(model_id)
+        _stop(stopped)
+        for model_id in gone:
             log.info("unloaded %s after its keep-alive", model_id)
-        return sorted(set(gone))
+        return sorted(gone)
 
     def evict(self, record: ModelRecord) -> None:
-        """Unload every idle context of a model (deleted, or found corrupt)."""
+        """Unload a model whose engine is idle (deleted, or found corrupt)."""
         with self._cond:
-            busy = set(self._busy.values())
-            for key in [k for k in self._loaded if k[0] == record.id]:
-                if key[0] not in busy:
-                    self._unload(key)
+            stopped = [] if record.id in self._busy.values() else self._unload(record.id)
+        _stop(stopped)
         with self._tokenizer_lock:
             tokenizer = self._tokenizers.pop(record.digest, None)
             if tokenizer is not None:
                 tokenizer.close()
 
     # -- prompt length before queueing ---------------------------------------------------
+    def _tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
+        """The model's vocabulary-only tokenizer (loads no weights), made once."""
+        with self._tokenizer_lock:
+            tokenizer = self._tokenizers.get(record.digest)
+            if tokenizer is None:
+                path = blob_path(self.blobs_dir, record.digest)
+                tokenizer = engine.tokenizer(path, self.n_ctx)
+                self._tokenizers[record.digest] = tokenizer
+            return tokenizer
+
     def prompt_size(
         self,
         record: ModelRecord,
@@ -243,27 +511,28 @@ class ModelHost:
             return None
         try:
             self.check(record)
-            with self._tokenizer_lock:
-                tokenizer = self._tokenizers.get(record.digest)
-                if tokenizer is None:
-                    path = blob_path(self.blobs_dir, record.digest)
-                    tokenizer = engine.tokenizer(path, self.n_ctx)
-                    self._tokenizers[record.digest] = tokenizer
-                prompt = (
-                    tokenizer.prompt_tokens(messages, tools)
-                    if tools
-                    else tokenizer.prompt_tokens(messages)
-                )
-                return len(prompt), tokenizer.n_ctx
+            tokenizer = _LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
+            prompt = tokenizer.prompt_tokens(messages, tools)
+            return len(prompt), tokenizer.n_ctx
         except Exception as exc:
             log.info("no prompt size for %s before queueing: %s", record.id, exc)
             return None
 
     def close(self) -> None:
+        """Stop every engine (the service is shutting down); a later :meth:`get`
+        starts one again."""
+        stopped: list[EngineClient] = []
         with self._cond:
-            for key in list(self._loaded):
-                self._unload(key)
+            self._closed = True
+            for model_id in list(self._loaded):
+                stopped += self._unload(model_id)
+        _stop(stopped)
         with self._tokenizer_lock:
             for tokenizer in self._tokenizers.values():
                 tokenizer.close()
             self._tokenizers.clear()
+
+
+def _stop(clients: list[EngineClient]) -> None:
+    for client in clients:
+        client.close()

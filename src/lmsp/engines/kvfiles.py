@@ -63,7 +63,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -202,6 +202,11 @@ class PrefixFiles:
         self._indexes: dict[str, _Index] = {}
         self._writing: set[str] = set()  # temporary file names this instance is writing
         self._total: int | None = None  # bytes of entries, once counted
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled for an engine process: the same directory and limits, a fresh
+        instance there (another instance on the same root stays correct)."""
+        return (_reopen, (self.root, self.max_bytes, self.ttl, self._reserve))
 
     # -- saving ------------------------------------------------------------------------
     def save(self, model_digest: str, tokens: Sequence[int], data: bytes, *, tag: str = "") -> None:
@@ -608,6 +613,10 @@ def _scan(root: Path) -> Iterator[tuple[Path, os.DirEntry[str], os.stat_result]]
             except OSError:
                 continue
             yield folder, entry, st
+
+
+def _reopen(root: Path, max_bytes: int, ttl: float, reserve: int | None) -> PrefixFiles:
+    return PrefixFiles(root, max_bytes=max_bytes, ttl=ttl, reserve=reserve)
 
 
 def _subdirs(root: Path) -> list[Path]:

@@ -11,7 +11,6 @@ kernels are the ones whose results the batching relies on.
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,13 @@ import numpy as np
 from lmsp.engines.base import EngineError
 from lmsp.engines.batch import Request
 
-_LLAMA_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lmsp-llama")
-
 
 class LlamaContext:
+    """``sequences`` sequences, each with a KV stream of its own, plus a spare stream
+    when there is only one (see :meth:`LlamaModel.decode
+    <lmsp.engines.llama_cpp.LlamaModel.decode>`: a lone sequence's single token is
+    decoded beside a filler token of a neighbouring stream)."""
+
     def __init__(self, path: Path, n_ctx: int, sequences: int, threads: int) -> None:
         import llama_cpp
 
@@ -39,12 +41,13 @@ class LlamaContext:
         if n_ctx <= 0:
             n_ctx = int(llama_cpp.llama_model_n_ctx_train(self.model))
         self.sequences = max(1, sequences)
+        self.streams = self.sequences + 1 if self.sequences == 1 else self.sequences
         self.max_tokens = 512
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx * self.sequences
+        cparams.n_ctx = n_ctx * self.streams
         cparams.n_batch = self.max_tokens
         cparams.n_ubatch = self.max_tokens
-        cparams.n_seq_max = self.sequences
+        cparams.n_seq_max = self.streams
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = False
@@ -69,24 +72,27 @@ class LlamaContext:
     def memory_bytes(self) -> int:
         """The weights plus the KV cache of every sequence."""
         weights = int(self._lib.llama_model_size(self.model))
-        return weights + self.kv_bytes_per_token * self.n_ctx * self.sequences
+        return weights + self.kv_bytes_per_token * self.n_ctx * self.streams
 
     # -- one step ----------------------------------------------------------------------
     def decode(self, step: list[Request]) -> None:
         """Evaluate every request's tokens in one ``llama_decode``; give each request
         that asked for them its last token's logits.
 
-        Every ``llama_decode`` of the process runs on one thread: llama.cpp's CPU backend
-        keeps a team of worker threads per calling thread, and with two contexts stepped
-        from two threads the teams fought over the two cores and a test saw the results
-        of a sequence change in the last bits."""
-        _LLAMA_THREAD.submit(self._decode, step).result()
+        Call it from one thread only, the engine's loop: llama.cpp's CPU backend keeps a
+        team of worker threads per calling thread; steps led by changing threads left
+        several teams spinning against each other (3x slower), and with two contexts
+        stepped from two threads of one process a test saw a sequence's results change
+        in the last bits. An engine process holds one context, stepped by its loop.
 
-    def _decode(self, step: list[Request]) -> None:
+        The requests go in by sequence id: llama.cpp splits a batch of several KV
+        streams into micro-batches of consecutive, increasing sequence ids, one forward
+        pass each, so in any other order one step can cost several passes (and a lone
+        sequence's attention takes another kernel, see ``LlamaModel.decode``)."""
         batch = self.batch
         n = 0
         wanted: list[tuple[Request, int]] = []
-        for request in step:
+        for request in sorted(step, key=lambda r: r.seq):
             last = len(request.tokens) - 1
             for i, token in enumerate(request.tokens):
                 batch.token[n] = token

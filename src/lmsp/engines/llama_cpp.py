@@ -1,9 +1,11 @@
 """The real engine: llama-cpp-python running a GGUF model on the CPU.
 
-Prompts are formatted with the model's own chat template. Tokens are sampled here
-(:func:`lmsp.engines.base.sample`) from the logits llama.cpp computes, so sampling is
-keyed by ``(seed, position)`` and a resumed task re-evaluates its prompt plus the tokens
-of its snapshot and draws exactly what an uninterrupted run would.
+Prompts are formatted with the model's own chat template (:class:`LlamaTokenizer`, in
+the API process: it loads the vocabulary only). The model itself (:class:`LlamaModel`)
+lives in an engine process. Tokens are sampled there (:func:`lmsp.engines.base.sample`)
+from the logits llama.cpp computes, so sampling is keyed by ``(seed, position)`` and a
+resumed task re-evaluates its prompt plus the tokens of its snapshot and draws exactly
+what an uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import concurrent.futures
 import logging
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +25,14 @@ from lmsp.engines import markers
 from lmsp.engines.base import (
     Constraint,
     EngineError,
-    Generation,
     LoadOptions,
     Piece,
-    Sampling,
     Utf8Stream,
     sample,
     top_logprobs,
 )
-from lmsp.engines.batch import CHUNK, Batcher, Logits, SequencePool, Slot
+from lmsp.engines.batch import CHUNK, Logits, Request, SequencePool, Slot
+from lmsp.engines.core import Seq
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_context import LlamaContext
 from lmsp.protocol import completions, toolprompt
@@ -75,10 +77,16 @@ def _tag() -> str:
     version) and the cache layout lmsp creates."""
     from importlib.metadata import version
 
-    return f"llama-cpp-python {version('llama-cpp-python')}; f16 kv; flash attention"
+    # "no split-kv": since single tokens never take the split-KV kernel (LlamaModel.decode)
+    return f"llama-cpp-python {version('llama-cpp-python')}; f16 kv; flash attention; no split-kv"
 
 
 TAG = _tag()
+
+#: a lone stream's cache size from which llama.cpp's CPU flash attention may decode a
+#: single token with its split-KV kernel (it does from 512 padded cells, i.e. more
+#: than 256 used; a margin below that)
+SPLIT_KV_CELLS = 192
 
 
 def _threads() -> int:
@@ -142,17 +150,31 @@ class LlamaTokenizer:
         self.llm.close()
 
 
-class LlamaModel(LlamaTokenizer):
-    """A loaded model: one llama.cpp context whose sequences several tasks step
-    together (:mod:`lmsp.engines.batch`). Each task samples its own tokens in its own
-    thread; the model's forward passes are shared.
+@dataclass(eq=False)
+class _Sequence:
+    """What the llama backend keeps of one sequence."""
 
-    A task's prompt starts from the longest prefix already in a free sequence (a
-    finished task's), else from the longest saved on disk
-    (:class:`lmsp.engines.kvfiles.PrefixFiles`), and evaluates only the rest, in chunks
-    of :data:`CHUNK` tokens. Saved to disk, for the next turn or for after a restart: a
-    long prefix two prompts share (a system prompt, tool definitions), a long prompt
-    once evaluated, and a long generation every ``save_every`` tokens (its resume).
+    slot: Slot
+    constraint: Constraint | None
+    decoder: Utf8Stream
+    generated: list[int]  # the snapshot's tokens and those drawn since: what penalties count
+    kept: int  # tokens its cache held when it started
+    generating: bool = False
+    saved_at: int = 0  # ``held`` length at the last save
+
+
+class LlamaModel(LlamaTokenizer):
+    """A loaded model in its engine process: one llama.cpp context whose sequences the
+    engine core steps together (:mod:`lmsp.engines.core`), and what each sequence needs
+    between steps — its sampler keyed by ``(seed, position)``, its grammar's mask
+    (llguidance, compiled here from the grammar text and cached by it), its text.
+
+    A sequence starts from the longest prefix already in a free sequence of the context
+    (a finished task's), else from the longest saved on disk
+    (:class:`lmsp.engines.kvfiles.PrefixFiles`), and evaluates only the rest. Saved to
+    disk, for the next turn or for after a restart: a long prefix two prompts share (a
+    system prompt, tool definitions), a long prompt once evaluated, and a long generation
+    every ``save_every`` tokens (its resume).
     """
 
     #: tokens evaluated before a prompt is worth saving; tokens between saves of a
@@ -166,7 +188,8 @@ class LlamaModel(LlamaTokenizer):
         self.context = LlamaContext(path, n_ctx, options.sequences, _threads())
         self.n_ctx = self.context.n_ctx
         self.n_vocab = self.context.n_vocab
-        self.batcher = Batcher(self.context.decode, max_tokens=self.context.max_tokens)
+        self.sequences = self.context.sequences
+        self.max_step_tokens = self.context.max_tokens
         self.pool = SequencePool(self.context.sequences)
         self.digest = options.digest
         self.prefix_files: PrefixFiles | None = options.prefix_files if options.digest else None
@@ -186,21 +209,37 @@ class LlamaModel(LlamaTokenizer):
                 )
         return self._guidance
 
+    def constraint(self, grammar: str) -> Constraint:
+        """A fresh matcher of ``grammar`` (compiled once per grammar text, then copied)."""
+        from lmsp.constraints.matcher import GrammarConstraint, compiled
+
+        return GrammarConstraint(compiled(self.guidance_tokenizer(), grammar), self.n_vocab)
+
     def memory_bytes(self) -> int:
         """The model's tensors plus the KV cache of every sequence, as ``lmsp ps`` shows."""
         return self.context.memory_bytes()
 
-    def generate(
-        self,
-        prompt: list[int],
-        resume: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None = None,
-    ) -> Generation:
-        if len(prompt) + len(resume) >= self.n_ctx:
+    # -- the engine core's calls (one thread) -----------------------------------------
+    def open(self, seq: Seq) -> None:
+        context = seq.context
+        if len(context) >= self.n_ctx:
             raise EngineError("context_length_exceeded", "The conversation fills the context.")
-        generation = Generation()
-        return generation.run(self._pieces(generation, prompt, resume, sampling, constraint))
+        constraint = None if seq.grammar is None else self.constraint(seq.grammar)
+        if constraint is not None:
+            for token in seq.resume:
+                constraint.advance(token)
+        decoder = Utf8Stream()
+        if seq.resume:  # hold back the bytes of a character the snapshot had not completed
+            decoder.feed(bytes(self.llm.detokenize(seq.resume)))
+        choice = self.pool.take(context)
+        keep, from_disk = self._start(choice.slot, choice.cached, context)
+        seq.slot = choice.slot.seq
+        seq.held = context[:keep]
+        self.pool.hold(choice.slot, seq.held)  # grows as the sequence is evaluated
+        seq.cached = min(keep, len(seq.prompt))
+        seq.state = _Sequence(choice.slot, constraint, decoder, list(seq.resume), keep)
+        if keep >= self.save_after and not from_disk:
+            self._save(seq.slot, seq.held)  # a prefix two prompts share: a hot one
 
     def _start(self, slot: Slot, choice_cached: int, context: list[int]) -> tuple[int, bool]:
         """Make ``slot`` hold the longest available prefix of ``context``, at most all
@@ -211,65 +250,88 @@ class LlamaModel(LlamaTokenizer):
         saved = None
         if files is not None and len(context) - cached > 2 * CHUNK:
             saved = files.best(self.digest, context, min_tokens=cached + 2 * CHUNK, tag=TAG)
-        with self.batcher.exclusive():
-            if saved is not None:
-                if self.context.restore(slot.seq, saved[1]):
-                    cached = saved[0]
-                else:
-                    log.warning("a saved prefix of %d tokens was refused", saved[0])
-                    cached, saved = 0, None
-            keep = min(cached, len(context) - 1)
-            self.context.trim(slot.seq, keep)
+        if saved is not None:
+            if self.context.restore(slot.seq, saved[1]):
+                cached = saved[0]
+            else:
+                log.warning("a saved prefix of %d tokens was refused", saved[0])
+                cached, saved = 0, None
+        keep = min(cached, len(context) - 1)
+        self.context.trim(slot.seq, keep)
         return keep, saved is not None
 
-    def _pieces(
-        self,
-        generation: Generation,
-        prompt: list[int],
-        resume: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None,
-    ) -> Iterator[Piece]:
-        context = prompt + resume
-        choice = self.pool.take(context)
-        slot = choice.slot
-        held: list[int] = []  # what the sequence's cache holds, position by position
-        try:
-            with self.batcher.sequence():
-                keep, from_disk = self._start(slot, choice.cached, context)
-                held = context[:keep]
-                self.pool.hold(slot, held)  # grows as the sequence is evaluated
-                generation.cached_tokens = min(keep, len(prompt))
-                if keep >= self.save_after and not from_disk:
-                    self._save(slot.seq, held)  # a prefix two prompts share: a hot one
-                logits = self._evaluate(slot.seq, context, held)
-                if len(context) - keep >= self.save_after:
-                    self._save(slot.seq, held)  # the next turn starts with all of it
-                yield from self._sample(slot.seq, logits, held, resume, sampling, constraint)
-        except Exception:
-            held = []  # the cache may hold a half-evaluated step: trust none of it
-            self.pool.hold(slot, held)
-            raise
-        finally:
-            if not held:
-                with self.batcher.exclusive():
-                    self.context.trim(slot.seq, 0)
-            self.pool.give_back(slot, held)
+    def decode(self, step: list[Request]) -> None:
+        """Run a step. A step of single tokens gets filler tokens (appended to other
+        sequences' caches and removed right after) so that its sequences form one run
+        of consecutive ids of at least two streams when that matters:
 
-    def _evaluate(self, seq: int, context: list[int], held: list[int]) -> Logits:
-        """Evaluate ``context`` after what ``held`` has, chunk by chunk; the logits of
-        its last token."""
-        logits: Logits | None = None
-        while len(held) < len(context):
-            part = context[len(held) : len(held) + CHUNK]
-            last = len(held) + len(part) == len(context)
-            logits = self.batcher.decode(seq, part, len(held), last)
-            held.extend(part)
-        assert logits is not None
-        return logits
+        - llama.cpp's CPU flash attention decodes a lone query token of a lone stream
+          over 512 or more cache cells with another kernel (``use_split_kv_path``:
+          the cells split across threads, partial sums merged) than every other shape,
+          so a token generated alone would differ in its last bits from the same token
+          generated beside others, or re-evaluated in a chunk on resume (measured);
+        - the sequences of a step form one micro-batch, one forward pass, only when
+          their ids are consecutive: a filler in a gap costs one token, a second pass
+          costs the whole model."""
+        if all(len(r.tokens) == 1 for r in step):
+            fillers = single_step_fillers(step, self.context.streams, self.context.positions)
+            if fillers:
+                try:
+                    self.context.decode(step + fillers)
+                finally:
+                    for filler in fillers:
+                        self.context.trim(filler.seq, filler.pos)
+                return
+        self.context.decode(step)
+
+    def evaluated(self, seq: Seq) -> None:
+        state: _Sequence = seq.state
+        if not state.generating:
+            if seq.todo:
+                return  # more of the prompt to come
+            state.generating = True
+            if len(seq.context) - state.kept >= self.save_after:
+                self._save(seq.slot, seq.held)  # the next turn starts with all of it
+            state.saved_at = len(seq.held)
+        elif self.prefix_files is not None and len(seq.held) - state.saved_at >= self.save_every:
+            self._save(seq.slot, seq.held)
+            state.saved_at = len(seq.held)
+
+    def pick(self, seq: Seq, logits: Logits) -> Piece | None:
+        state: _Sequence = seq.state
+        constraint = state.constraint
+        if constraint is not None and constraint.finished():
+            return None
+        mask = None if constraint is None else constraint.allowed()
+        if mask is not None:
+            logits = np.where(mask, logits, np.float32(-np.inf))
+        token = sample(logits, seq.sampling, len(state.generated), state.generated)
+        if token in self.stop_ids:
+            return None
+        if constraint is not None:
+            constraint.advance(token)
+        raw = bytes(self.llm.detokenize([token]))
+        state.generated.append(token)
+        return Piece(token, state.decoder.feed(raw), self._logprobs(logits, token, raw, seq))
+
+    def release(self, seq: Seq, intact: bool) -> None:
+        state: _Sequence | None = seq.state
+        if state is None:
+            return
+        held = seq.held if intact else []  # after a failed step: trust none of it
+        if not held:
+            self.context.trim(state.slot.seq, 0)
+        self.pool.give_back(state.slot, held)
+
+    def figures(self) -> dict[str, Any]:
+        files = self.prefix_files
+        return {
+            "sequences": self.pool.snapshot(),
+            "prefix_cache": dict(files.counts) if files is not None else {},
+        }
 
     def _save(self, seq: int, held: list[int]) -> None:
-        """Save the sequence's cache for ``held`` to disk, written off this thread."""
+        """Save the sequence's cache for ``held`` to disk, written off the loop."""
         files = self.prefix_files
         key = (len(held), hash(tuple(held)))
         if files is None or key in self._saved:
@@ -277,57 +339,11 @@ class LlamaModel(LlamaTokenizer):
         if len(self._saved) >= 4096:  # a guard against saving again, not a record: bounded
             self._saved.clear()
         self._saved.add(key)
-        with self.batcher.exclusive():
-            data = self.context.save(seq)
+        data = self.context.save(seq)
         self._saver.submit(files.save, self.digest, list(held), data, tag=TAG)
 
-    def _sample(
-        self,
-        seq: int,
-        logits: Logits,
-        held: list[int],
-        resume: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None,
-    ) -> Iterator[Piece]:
-        if constraint is not None:
-            for token in resume:
-                constraint.advance(token)
-        decoder = Utf8Stream()
-        if resume:  # hold back the bytes of a character the snapshot had not completed
-            decoder.feed(bytes(self.llm.detokenize(resume)))
-        position = len(resume)
-        generated = list(resume)  # what the penalties count
-        saved_at = len(held)
-        while len(held) < self.n_ctx:
-            if constraint is not None and constraint.finished():
-                return
-            mask = None if constraint is None else constraint.allowed()
-            if mask is not None:
-                logits = np.where(mask, logits, np.float32(-np.inf))
-            token = sample(logits, sampling, position, generated)
-            if token in self.stop_ids:
-                return
-            if constraint is not None:
-                constraint.advance(token)
-            raw = bytes(self.llm.detokenize([token]))
-            text = decoder.feed(raw)
-            yield Piece(token, text, self._logprobs(logits, token, raw, sampling))
-            position += 1
-            generated.append(token)
-            if len(held) + 1 > self.n_ctx:  # no room for the token just drawn
-                return
-            result = self.batcher.decode(seq, [token], len(held), True)
-            assert result is not None
-            logits = result
-            held.append(token)
-            if self.prefix_files is not None and len(held) - saved_at >= self.save_every:
-                self._save(seq, held)
-                saved_at = len(held)
-
-    def _logprobs(
-        self, logits: Logits, token: int, raw: bytes, sampling: Sampling
-    ) -> dict[str, Any] | None:
+    def _logprobs(self, logits: Logits, token: int, raw: bytes, seq: Seq) -> dict[str, Any] | None:
+        sampling = seq.sampling
         if not sampling.logprobs:
             return None
         chosen, best = top_logprobs(logits, token, sampling.top_logprobs)
@@ -343,10 +359,25 @@ class LlamaModel(LlamaTokenizer):
         }
 
     def close(self) -> None:
-        self.batcher.close()
         self._saver.shutdown(wait=True)
         self.context.close()
         super().close()
+
+
+def single_step_fillers(
+    step: list[Request], streams: int, positions: Callable[[int], int]
+) -> list[Request]:
+    """The filler tokens a step of single tokens needs (see :meth:`LlamaModel.decode`):
+    one in every gap between its sequence ids, and beside a lone sequence whose cache
+    reaches :data:`SPLIT_KV_CELLS` one in the neighbouring stream holding the least.
+    ``positions(seq)``: how many positions a stream holds (a filler goes after them)."""
+    seqs = {r.seq for r in step}
+    low, high = min(seqs), max(seqs)
+    missing = [s for s in range(low, high + 1) if s not in seqs]
+    if len(seqs) == 1 and step[0].pos + 1 >= SPLIT_KV_CELLS:
+        around = [s for s in (low - 1, high + 1) if 0 <= s < streams]
+        missing.append(min(around, key=positions))
+    return [Request(s, [0], positions(s), False) for s in missing]
 
 
 class LlamaEngine:

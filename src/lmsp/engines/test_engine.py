@@ -1,9 +1,12 @@
 """A deterministic fast engine for tests. Never the default model.
 
-It "reads" the prompt and writes words chosen by ``(seed, position)``, one token a
-word, after an optional delay per token (``LMSP_TEST_ENGINE_DELAY`` seconds). A
-prompt containing ``[engine-error]`` fails after the first tokens, for tests of the
-failure path.
+It runs in an engine process like the real one (the same core, protocol and
+supervision). It "reads" the prompt and writes words chosen by ``(seed, position)``, one
+token a word, after an optional delay per step (``LMSP_TEST_ENGINE_DELAY`` seconds).
+Fault seams, after the first three words: a prompt containing ``[engine-error]`` fails
+its sequence (``engine_error``), one containing ``[engine-crash]`` kills its engine
+process (``SIGKILL``, as a segfault would), and ``[context-overflow]`` is refused as too
+long for the context.
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lmsp.engines.base import Constraint, EngineError, Generation, LoadOptions, Piece, Sampling
+import numpy as np
+
+from lmsp.engines.base import EngineError, LoadOptions, Piece, Sampling
+from lmsp.engines.batch import Logits, Request
+from lmsp.engines.core import Seq
+from lmsp.engines.worker import die
 from lmsp.protocol import completions, toolprompt
 
 WORDS = [
@@ -53,15 +60,15 @@ WORDS = [
 ]
 EOS = len(WORDS)
 DEFAULT_LENGTH = 24
+N_CTX = 4096
 TEST_MODEL_ID = "lmsp-test"
 TEST_MODEL_BYTES = b"lmsp deterministic test engine v1\n"
 
 
 class TestModel:
-    n_ctx = 4096
+    """The test engine's tokenizer (the API side): a prompt's tokens are its bytes."""
 
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
+    n_ctx = N_CTX
 
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
@@ -73,43 +80,92 @@ class TestModel:
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
         return list(text.encode())
 
-    def generate(
-        self,
-        prompt: list[int],
-        resume: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None = None,
-    ) -> Generation:
-        return Generation(self._pieces(prompt, resume, sampling, constraint))
-
-    def _pieces(
-        self,
-        prompt: list[int],
-        resume: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None,
-    ) -> Iterator[Piece]:
-        if constraint is not None:
-            raise EngineError("engine_error", "The test engine cannot constrain its output.")
-        text = bytes(prompt).decode(errors="replace")
-        if "[context-overflow]" in text:
-            raise EngineError("context_length_exceeded", "The prompt does not fit the context.")
-        key = hashlib.sha256(bytes(prompt)).digest()
-        length = DEFAULT_LENGTH
-        for position in range(len(resume), length + 1):
-            if "[engine-error]" in text and position >= 3:
-                raise EngineError("engine_error", "The test engine failed on request.")
-            if self.delay:
-                time.sleep(self.delay)
-            if position == length:
-                return
-            salt = sampling.seed if sampling.temperature > 0 else 0
-            digest = hashlib.sha256(key + f"{salt}:{position}".encode()).digest()
-            token = digest[0] % len(WORDS)
-            yield Piece(token, WORDS[token] + " ", _logprobs(token, sampling))
-
     def close(self) -> None:
         return None
+
+
+def word(prompt: list[int], sampling: Sampling, position: int) -> Piece | None:
+    """The piece at ``position`` (``None``: the end) — a pure function of the prompt,
+    the seed (when sampling) and the position."""
+    if position >= DEFAULT_LENGTH:
+        return None
+    key = hashlib.sha256(bytes(prompt)).digest()
+    salt = sampling.seed if sampling.temperature > 0 else 0
+    digest = hashlib.sha256(key + f"{salt}:{position}".encode()).digest()
+    token = digest[0] % len(WORDS)
+    return Piece(token, WORDS[token] + " ", _logprobs(token, sampling))
+
+
+def reference(prompt: list[int], sampling: Sampling) -> list[Piece]:
+    """What an uninterrupted run of ``prompt`` writes (for tests)."""
+    pieces: list[Piece] = []
+    while (piece := word(prompt, sampling, len(pieces))) is not None:
+        pieces.append(piece)
+    return pieces
+
+
+class TestBackend:
+    """The test engine in its engine process: one step sleeps ``delay`` seconds and
+    advances every sequence by one word; a prompt is "evaluated" in one step."""
+
+    n_ctx = N_CTX
+    max_step_tokens = 512
+
+    def __init__(self, delay: float, sequences: int) -> None:
+        self.delay = delay
+        self.sequences = max(1, sequences)
+        self._free = list(range(self.sequences))
+        self.closed = False
+
+    def memory_bytes(self) -> int:
+        return 0
+
+    def open(self, seq: Seq) -> None:
+        if seq.grammar is not None:
+            raise EngineError("engine_error", "The test engine cannot constrain its output.")
+        if "[context-overflow]" in _text(seq.prompt):
+            raise EngineError("context_length_exceeded", "The prompt does not fit the context.")
+        seq.slot = self._free.pop()
+        seq.held = seq.context[:-1]  # nothing to compute: all but the last token "cached"
+        seq.state = seq.slot
+
+    def decode(self, step: list[Request]) -> None:
+        if self.delay:
+            time.sleep(self.delay)
+        for request in step:
+            if request.logits:
+                request.result = _NO_LOGITS
+
+    def evaluated(self, seq: Seq) -> None:
+        return None
+
+    def pick(self, seq: Seq, logits: Logits) -> Piece | None:
+        position = len(seq.resume) + seq.produced
+        text = _text(seq.prompt)
+        if position >= 3 and position < DEFAULT_LENGTH:
+            if "[engine-error]" in text:
+                raise EngineError("engine_error", "The test engine failed on request.")
+            if "[engine-crash]" in text:
+                die()  # as a segfault would: the engine process is gone
+        return word(seq.prompt, seq.sampling, position)
+
+    def release(self, seq: Seq, intact: bool) -> None:
+        if seq.state is not None:
+            self._free.append(seq.state)
+            seq.state = None
+
+    def figures(self) -> dict[str, Any]:
+        return {"sequences": self.sequences - len(self._free)}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _text(prompt: list[int]) -> str:
+    return bytes(prompt).decode(errors="replace")
+
+
+_NO_LOGITS: Logits = np.zeros(0, dtype=np.float32)
 
 
 def _logprobs(token: int, sampling: Sampling) -> dict[str, Any] | None:
@@ -129,10 +185,11 @@ def _logprobs(token: int, sampling: Sampling) -> dict[str, Any] | None:
 class TestEngine:
     name = "test"
 
-    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestModel:
+    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestBackend:
         if path.read_bytes() != TEST_MODEL_BYTES:
             raise EngineError("model_load_failed", "Not a test-engine model file.")
-        return TestModel(float(os.environ.get("LMSP_TEST_ENGINE_DELAY", "0.002")))
+        delay = float(os.environ.get("LMSP_TEST_ENGINE_DELAY", "0.002"))
+        return TestBackend(delay, (options or LoadOptions()).sequences)
 
     def tokenizer(self, path: Path, n_ctx: int) -> TestModel:
-        return TestModel(0.0)
+        return TestModel()

@@ -9,9 +9,10 @@ the data directory's :class:`lmsp.store.health.StorageHealth` is ``degraded`` (t
 writer says so), the runner takes no new task and probes the storage with
 :func:`probe` instead, and ``/healthz`` reports it.
 
-A task whose run broke off because a write failed is settled by
-:func:`settle_interrupted`: its ``on_restart`` policy decides, exactly as startup
-recovery would (chapter 11.3), without waiting for a restart.
+A task whose run broke off because a write failed, or because its engine process died
+(``engine_crashed``), is settled by :func:`settle_interrupted`: its ``on_restart``
+policy decides, exactly as startup recovery would (chapter 11.3), without waiting for a
+restart.
 """
 
 from __future__ import annotations
@@ -86,16 +87,22 @@ def write_until_done(
             db.health.retry_ended()
 
 
-def settle_interrupted(conn: sqlite3.Connection, task_id: str) -> str:
-    """A task whose run broke off (a write of it failed): apply its ``on_restart``
-    policy as startup recovery does, in the caller's transaction. Returns what became
-    of it: ``failed``, ``cancelled``, ``requeued``, ``resume`` (still ``running``: run
-    it again from its snapshot), ``queued`` or ``finished`` (nothing left to do)."""
+def settle_interrupted(
+    conn: sqlite3.Connection,
+    task_id: str,
+    code: str = "insufficient_storage",
+    message: str = STORAGE_MESSAGE,
+) -> str:
+    """A task whose run broke off (a write of it failed, its engine process died):
+    apply its ``on_restart`` policy as startup recovery does, in the caller's
+    transaction; a task the policy fails gets ``code`` and ``message``. Returns what
+    became of it: ``failed``, ``cancelled``, ``requeued``, ``resume`` (still ``running``:
+    run it again from its snapshot), ``queued`` or ``finished`` (nothing left to do)."""
     task = task_store.get(conn, task_id)
     if task is None or Status(task["status"]).terminal:
         return "finished"
     report = Report()
-    recover_task(conn, task_id, report, "insufficient_storage", STORAGE_MESSAGE)
+    recover_task(conn, task_id, report, code, message)
     for outcome, ids in (
         ("failed", report.failed),
         ("cancelled", report.cancelled),

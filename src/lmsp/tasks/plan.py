@@ -11,20 +11,16 @@ task gets exactly the plan it started with.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from lmsp.constraints import grammar
-from lmsp.constraints.matcher import grammar_constraint
-from lmsp.engines.base import Constraint, LoadedModel, Sampling
+from lmsp.engines.base import Sampling
 from lmsp.protocol import completions, items, objects
 from lmsp.protocol.assembler import Event, OutputAssembler
 from lmsp.protocol.toolcalls import CallAssembler
 
-#: builds a fresh constraint for one sequence of a loaded model (and again on resume,
-#: where it is then fed the snapshot's tokens)
-ConstraintFactory = Callable[[LoadedModel], Constraint]
 #: the ``include`` value that asks for log probabilities in the output
 LOGPROBS = "message.output_text.logprobs"
 Item = dict[str, Any]
@@ -73,7 +69,9 @@ class Plan:
     sampling: Sampling
     stop: tuple[str, ...] = ()
     max_output_tokens: int | None = None
-    constraint: ConstraintFactory | None = None
+    #: the grammar the output is held to (llguidance's; the engine compiles it and feeds
+    #: a resumed task's snapshot to it), ``None`` for free text
+    grammar: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     #: function definitions the prompt shows (``{name, description, parameters}``)
     tools: list[dict[str, Any]] = field(default_factory=list)
@@ -164,7 +162,7 @@ def plan_for(request: dict[str, Any]) -> Plan:
         sampling=sampling_of(request),
         stop=tuple(request.get("stop") or ()),
         max_output_tokens=None if limit is None else int(limit),
-        constraint=None if text_grammar is None else grammar_constraint(text_grammar),
+        grammar=text_grammar,
         tools=tools_of(request),
         calls=calls,
     )

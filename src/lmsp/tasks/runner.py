@@ -4,10 +4,15 @@ and events.
 ``parallel`` worker threads take queued tasks in FIFO order (tasks recovered in
 ``running`` with ``on_restart: resume`` first), move them ``loading → running →``
 terminal, and log text deltas in batches: a worker hands a batch to the group-commit
-writer at least every ``flush_interval`` seconds and goes on generating while it
-commits. Each batch carries the snapshot that covers it. Each worker steps one
-sequence of the model's shared context (its sampler, its constraint, its flushes); the
-engine decodes the sequences of all workers together (:mod:`lmsp.engines.batch`).
+writer at least every ``flush_interval`` seconds while the engine goes on generating.
+Each batch carries the snapshot that covers it. The engine runs in a process of its own
+(:mod:`lmsp.engines.client`); each worker submits its task's sequence there and reads
+its pieces, checking each one against a committed cancel before it is shown.
+
+When the engine process dies, the worker keeps the pieces that came before, logs them,
+and its task follows its ``on_restart`` policy with the error code ``engine_crashed``
+(:func:`lmsp.tasks.durable.settle_interrupted`, the recovery table); the model host
+starts the engine again.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from collections import deque
 from typing import Any
 
-from lmsp.engines.base import EngineError
+from lmsp.engines.base import EngineCrashed, EngineError, Generation
 from lmsp.engines.host import ModelHost
 from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
@@ -58,6 +63,7 @@ class Runner:
         self._stop = threading.Event()  # workers take no more tasks
         self._shutdown = threading.Event()  # tasks in flight stop where they are
         self._cancels: set[str] = set()
+        self._live: dict[str, Generation] = {}  # task id → its generation in the engine
         self._resume: deque[str] = deque()
         self._threads: list[threading.Thread] = []
         self.busy = 0
@@ -78,8 +84,12 @@ class Runner:
             self._wake.notify()
 
     def request_cancel(self, task_id: str) -> None:
-        """A cancel committed: stop generating for ``task_id`` at the next token."""
+        """A cancel committed: show no more of ``task_id``'s tokens, and have the engine
+        stop its sequence (its iteration then ends, even inside a long prompt)."""
         self._cancels.add(task_id)
+        generation = self._live.get(task_id)
+        if generation is not None:
+            generation.cancel()
 
     def pause(self, timeout: float = 30) -> None:
         """Stop the worker threads once their current task ends (``run_next`` still works)."""
@@ -94,6 +104,8 @@ class Runner:
         """Shut down: tasks in flight persist what they have and keep their state, for
         startup recovery to apply their ``on_restart`` policy."""
         self._shutdown.set()
+        for generation in list(self._live.values()):
+            generation.interrupt()
         self.pause(timeout)
 
     # -- the test helper: run the next task in this thread ---------------------------------
@@ -142,12 +154,24 @@ class Runner:
         """A terminal write: retried while the disk is full (``None`` at shutdown)."""
         return durable.write_until_done(self.db, job, self._shutdown, f"task {task_id}")[1]
 
-    def _interrupted(self, task_id: str) -> None:
-        """A write of the task failed for lack of space: its ``on_restart`` policy
-        decides, as after a restart (failed, requeued, or resumed from its snapshot)."""
-        outcome = self._durably(task_id, lambda c: durable.settle_interrupted(c, task_id))
+    def _interrupted(self, task_id: str, crash: EngineCrashed | None = None) -> None:
+        """A write of the task failed for lack of space, or its engine died: its
+        ``on_restart`` policy decides, as after a restart (failed, requeued, or resumed
+        from its snapshot)."""
+        if crash is None:
+            why = "the disk is full"
+            outcome = self._durably(task_id, lambda c: durable.settle_interrupted(c, task_id))
+        else:
+            why = "its engine stopped"
+            outcome = self._durably(
+                task_id, lambda c: durable.settle_interrupted(c, task_id, crash.code, crash.message)
+            )
         log.warning(
-            "task %s broke off, the disk is full: %s", task_id, outcome, extra={"task_id": task_id}
+            "task %s broke off, %s: %s",
+            task_id,
+            why,
+            outcome,
+            extra={"task_id": task_id, "event": "task.interrupted"},
         )
         if outcome == "resume":
             self._resume.append(task_id)
@@ -159,6 +183,9 @@ class Runner:
         self.busy += 1
         try:
             self._execute(task_id, slot, resumed)
+        except EngineCrashed as exc:
+            if not self._shutdown.is_set():  # at shutdown, startup recovery decides
+                self._interrupted(task_id, exc)
         except EngineError as exc:
             self._fail(task_id, exc.code, exc.message)
         except Exception as exc:
@@ -172,6 +199,7 @@ class Runner:
             self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
         finally:
             self.metrics.end(task_id)
+            self._live.pop(task_id, None)
             self.host.release(slot)
             self._cancels.discard(task_id)
             log_outcome(self.db, task_id)
@@ -236,7 +264,6 @@ class Runner:
             if plan.tools
             else model.prompt_tokens(plan.messages)
         )
-        constraint = None if plan.constraint is None else plan.constraint(model)
         if len(prompt) >= model.n_ctx:
             raise EngineError(
                 "context_length_exceeded",
@@ -260,44 +287,55 @@ class Runner:
 
         cached = 0
         resumed_at = len(tokens)
+        crash: EngineCrashed | None = None
         if len(tokens) >= cap:
             incomplete = "max_output_tokens"
             self.metrics.prompt(task_id, len(prompt))
         else:
-            generation = (
-                model.generate(prompt, tokens, sampling)
-                if constraint is None
-                else model.generate(prompt, tokens, sampling, constraint)
-            )
             logprobs: list[dict[str, Any]] = []
-            with contextlib.closing(generation):
-                for piece in generation:
-                    if len(tokens) == resumed_at:  # the prompt is in: how much was cached
-                        self.metrics.prompt(task_id, len(prompt), generation.cached_tokens)
-                    tokens.append(piece.token)
-                    self.metrics.token(task_id)
-                    if piece.logprobs is not None:  # a token inside a character waits for it
-                        logprobs.append(piece.logprobs)
-                    if piece.text:
-                        pending.extend(assembler.feed(TextDelta(piece.text, tuple(logprobs))))
-                        logprobs.clear()
-                    if task_id in self._cancels or self._shutdown.is_set():
-                        stopped = True
-                        break
-                    if assembler.stopped:  # a stop sequence: the answer is complete
-                        break
-                    if len(tokens) >= cap:
-                        incomplete = "max_output_tokens"
-                        break
-                    if pending and time.monotonic() - last_flush >= self.flush_interval:
-                        if inflight is not None and not inflight.result():
-                            stopped = True  # the task left `running`: a cancel won
+            try:
+                generation = model.generate(
+                    prompt, tokens, sampling, grammar=plan.grammar, max_tokens=cap - len(tokens)
+                )
+                self._live[task_id] = generation
+                if task_id in self._cancels:  # committed while it was being submitted
+                    generation.cancel()
+                with contextlib.closing(generation):
+                    for piece in generation:
+                        if len(tokens) == resumed_at:  # the prompt is in: how much was cached
+                            self.metrics.prompt(task_id, len(prompt), generation.cached_tokens)
+                        tokens.append(piece.token)
+                        self.metrics.token(task_id)
+                        if piece.logprobs is not None:  # a token inside a character waits
+                            logprobs.append(piece.logprobs)
+                        if piece.text:
+                            pending.extend(assembler.feed(TextDelta(piece.text, tuple(logprobs))))
+                            logprobs.clear()
+                        if task_id in self._cancels or self._shutdown.is_set():
+                            stopped = True
                             break
-                        inflight = flush()
-                        last_flush = time.monotonic()
-                cached = generation.cached_tokens
-                if len(tokens) == resumed_at:
-                    self.metrics.prompt(task_id, len(prompt), cached)
+                        if assembler.stopped:  # a stop sequence: the answer is complete
+                            break
+                        if len(tokens) >= cap:
+                            incomplete = "max_output_tokens"
+                            break
+                        if pending and time.monotonic() - last_flush >= self.flush_interval:
+                            if inflight is not None and not inflight.result():
+                                stopped = True  # the task left `running`: a cancel won
+                                break
+                            inflight = flush()
+                            last_flush = time.monotonic()
+                    cached = generation.cached_tokens
+                    if len(tokens) == resumed_at:
+                        self.metrics.prompt(task_id, len(prompt), cached)
+            except EngineCrashed as exc:
+                crash = exc  # what came before it is kept: logged below, then the policy
+        if crash is not None:
+            if inflight is not None:
+                inflight.result()
+            if pending and task_id not in self._cancels:
+                flush().result()  # guarded: nothing is written once a cancel won
+            raise crash
         if inflight is not None and not inflight.result():
             stopped = True
         if self._shutdown.is_set() and task_id not in self._cancels:

@@ -1,7 +1,8 @@
 """``GET /v1/service/activity`` (``admin``): what the service is doing now, for
-``lmsp ps`` and the console: loaded models with their memory, the sequences being
-generated with their speed, the queue, and the clients with unfinished work. Counts,
-ids and names only: no prompt or output text."""
+``lmsp ps`` and the console: loaded models with their memory, their engine processes
+(pid, restarts, a crash loop's failure), the sequences being generated with their
+speed, the queue, and the clients with unfinished work. Counts, ids and names only: no
+prompt or output text."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
         "started_at": svc.started_at,
         "parallel": svc.settings.parallel,
         "models": svc.host.loaded(now),
+        "engines": svc.host.engine_status(),
         "sequences": sequences,
         "queue": {"queued": int(queued[0]), "oldest_created_at": queued[1]},
         "clients": clients,

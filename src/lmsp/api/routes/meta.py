@@ -22,11 +22,14 @@ async def healthz(request: Request) -> JSONResponse:
     """``200 {"status": "ok"}`` once startup recovery is done; ``503`` with ``"status":
     "degraded"`` while the storage refuses writes (a full disk): reads work, new work is
     refused with ``507``, and the runner retries its tasks' last writes until they
-    commit."""
-    report = service(request).db.health.report()
+    commit. ``engines`` lists each model's engine process (``state``, ``pid``,
+    ``restarts``, ``crashes``): an engine crash leaves the service up, restarting it."""
+    svc = service(request)
+    report = svc.db.health.report()
+    engines = svc.host.engine_status()
     if report.status == "ok":
-        return JSONResponse({"status": "ok"})
-    return JSONResponse(report.as_dict(), 503, headers={"Retry-After": "5"})
+        return JSONResponse({"status": "ok", "engines": engines})
+    return JSONResponse({**report.as_dict(), "engines": engines}, 503, headers={"Retry-After": "5"})
 
 
 @router.get("/v1/service")

@@ -1,0 +1,366 @@
+"""The API process's end of one engine: start it, submit sequences, read what comes back.
+
+:class:`EngineClient` spawns the engine process (:func:`lmsp.engines.worker.
+process_main`, with :mod:`multiprocessing`'s *spawn* start method: a fresh interpreter
+that inherits no thread, lock or open database of the API process) and keeps one
+channel to it (:mod:`lmsp.engines.protocol`). Callers get a :class:`Stream` per
+sequence: an iterator of pieces, fed by the client's one reader thread, which routes
+every frame the engine sends to its streams.
+
+When the engine dies (a segfault, ``kill -9``, the kernel's out-of-memory killer) the
+channel closes: the reader thread marks the client dead, tells its owner
+(``on_exit``: the model host, which restarts the engine) and then ends every open
+stream with :class:`~lmsp.engines.base.EngineCrashed` after the pieces already
+received — so a task keeps every token the engine produced before it died, and its
+``on_restart`` policy decides the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from lmsp.engines.base import EngineCrashed, EngineError, Generation, Piece, Sampling, Tokenizer
+from lmsp.engines.protocol import (
+    Cancel,
+    Done,
+    Error,
+    Ready,
+    Shutdown,
+    Stats,
+    StatsReply,
+    Submit,
+    ToEngine,
+    Tokens,
+)
+from lmsp.engines.worker import EngineSpec, process_main, serve
+
+log = logging.getLogger("lmsp")
+
+#: the longest a model may take to load before its engine is given up
+LOAD_TIMEOUT = 600.0
+
+
+class _Interrupted:
+    """A stream ended on this side (the service is shutting down)."""
+
+
+class _Crashed:
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+_Item = Tokens | Done | Error | _Crashed | _Interrupted
+
+
+class Stream(Generation):
+    """One sequence's pieces as they arrive. Iterating raises :class:`EngineError` when
+    the engine failed the sequence and :class:`EngineCrashed` when the engine died, in
+    both cases after the pieces that came before."""
+
+    def __init__(self, client: EngineClient, sid: int) -> None:
+        super().__init__()
+        self.id = sid
+        self._client = client
+        self._inbox: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._ready_pieces: deque[Piece] = deque()
+        self._ended = False
+
+    def put(self, item: _Item) -> None:
+        self._inbox.put(item)
+
+    def __next__(self) -> Piece:
+        while not self._ready_pieces:
+            if self._ended:
+                raise StopIteration
+            item = self._inbox.get()
+            if isinstance(item, Tokens):
+                if item.cached_tokens is not None:
+                    self.cached_tokens = item.cached_tokens
+                self._ready_pieces.extend(item.pieces)
+                continue
+            self._ended = True
+            if isinstance(item, Error):
+                raise EngineError(item.code, item.message)
+            if isinstance(item, _Crashed):
+                raise EngineCrashed(item.reason)
+        return self._ready_pieces.popleft()
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this sequence: it frees it and says it is done (the
+        pieces it sent before still come first)."""
+        self._client.cancel(self.id)
+
+    def interrupt(self) -> None:
+        """End the iteration on this side now (and free the engine's sequence)."""
+        self._inbox.put(_Interrupted())
+        self._client.cancel(self.id)
+
+    def close(self) -> None:
+        """Done with it: an unfinished sequence is cancelled in the engine."""
+        self._client.forget(self.id)
+
+
+class EngineClient:
+    """One engine (see the module docstring). ``in_thread``: run it on a thread of this
+    process instead (tests of the test engine); ``on_exit`` is called, from the reader
+    thread, with the client and a description when the engine ends unasked."""
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        tokenizer: Tokenizer | None = None,
+        *,
+        in_thread: bool = False,
+        on_exit: Callable[[EngineClient, str], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.in_thread = in_thread
+        self.on_exit = on_exit
+        self.pid: int | None = None
+        self.n_ctx = 0
+        self.sequences = 0
+        self.memory = 0
+        self.exit_reason: str | None = None
+        self._conn: Any = None
+        self._runner: multiprocessing.process.BaseProcess | threading.Thread | None = None
+        self._reader: threading.Thread | None = None
+        self._ids = itertools.count(1)
+        self._streams: dict[int, Stream] = {}
+        self._stats: dict[int, Future[dict[str, Any]]] = {}
+        self._lock = threading.Lock()  # streams, stats and sends
+        self._ready = threading.Event()
+        self._load_error: EngineError | None = None
+        self._closing = False
+        self._dead = False
+
+    # -- life --------------------------------------------------------------------------
+    def start(self, timeout: float = LOAD_TIMEOUT) -> EngineClient:
+        """Start the engine and wait until its model is loaded. Raises
+        :class:`EngineError` (``model_load_failed`` …) if it cannot load, and
+        :class:`EngineCrashed` if it died meanwhile."""
+        ctx = multiprocessing.get_context("spawn")
+        here, there = ctx.Pipe(duplex=True)
+        self._conn = here
+        if self.in_thread:
+            self._runner = threading.Thread(
+                target=serve, args=(there, self.spec), name="lmsp-engine", daemon=True
+            )
+            self._runner.start()
+        else:
+            process = ctx.Process(
+                target=process_main,
+                args=(there, self.spec, os.getpid()),
+                name=f"lmsp-engine {self.spec.model}",
+                daemon=True,
+            )
+            process.start()
+            there.close()  # the engine's end lives in the engine only: its death closes ours
+            self._runner = process
+            self.pid = process.pid
+        self._reader = threading.Thread(target=self._read, name="lmsp-engine-read", daemon=True)
+        self._reader.start()
+        if not self._ready.wait(timeout):
+            self._stop_runner()
+            raise EngineError("model_load_failed", f"The model did not load in {timeout:.0f} s.")
+        if self._load_error is not None:
+            self._stop_runner()
+            raise self._load_error
+        if self._dead:
+            raise EngineCrashed(f"The engine stopped while loading the model: {self.exit_reason}.")
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._ready.is_set() and not self._dead and not self._closing
+
+    def stopping(self) -> None:
+        """It is being stopped on purpose: its end is no crash."""
+        self._closing = True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the engine: it drops its sequences, finishes writing saved prefixes and
+        exits (killed if it has not within ``timeout``)."""
+        self._closing = True
+        with contextlib.suppress(EngineError):  # gone already: nothing to tell it
+            self._send(Shutdown())
+        self._stop_runner(timeout)
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout)
+
+    def _stop_runner(self, timeout: float = 0.0) -> None:
+        runner = self._runner
+        if isinstance(runner, threading.Thread):
+            runner.join(timeout)
+            return
+        if runner is None:
+            return
+        runner.join(timeout)
+        if runner.exitcode is None:
+            runner.kill()
+            runner.join(10)
+
+    # -- sequences ---------------------------------------------------------------------
+    def prompt_tokens(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        if self.tokenizer is None:
+            raise EngineError("engine_error", "This engine has no tokenizer here.")
+        if tools:
+            return self.tokenizer.prompt_tokens(messages, tools)
+        return self.tokenizer.prompt_tokens(messages)
+
+    def generate(
+        self,
+        prompt: list[int],
+        resume: list[int],
+        sampling: Sampling,
+        grammar: str | None = None,
+        max_tokens: int | None = None,
+    ) -> Stream:
+        """Start a sequence: tokens after ``prompt + resume`` (see
+        :class:`~lmsp.engines.protocol.Submit`)."""
+        if len(prompt) + len(resume) >= self.n_ctx:
+            raise EngineError("context_length_exceeded", "The conversation fills the context.")
+        sid = next(self._ids)
+        stream = Stream(self, sid)
+        with self._lock:
+            if self._dead:
+                raise EngineCrashed(self._crash_message())
+            self._streams[sid] = stream
+        try:
+            self._send(Submit(sid, list(prompt), list(resume), sampling, grammar, max_tokens))
+        except EngineError:
+            with self._lock:
+                self._streams.pop(sid, None)
+            raise
+        return stream
+
+    def cancel(self, sid: int) -> None:
+        """Stop a sequence in the engine (nothing if it ended already)."""
+        with contextlib.suppress(EngineError):  # the engine is gone: nothing to stop
+            self._send(Cancel(sid))
+
+    def forget(self, sid: int) -> None:
+        with self._lock:
+            stream = self._streams.pop(sid, None)
+        if stream is not None:
+            self.cancel(sid)
+
+    def stats(self, timeout: float = 30.0) -> dict[str, Any]:
+        """The engine's figures (:class:`~lmsp.engines.protocol.Stats`)."""
+        future: Future[dict[str, Any]] = Future()
+        sid = next(self._ids)
+        with self._lock:
+            self._stats[sid] = future
+        self._send(Stats(sid))
+        return future.result(timeout)
+
+    def _send(self, message: ToEngine) -> None:
+        with self._lock:
+            if self._dead or self._conn is None:
+                raise EngineCrashed(self._crash_message())
+            try:
+                self._conn.send([message])
+            except (OSError, ValueError) as exc:
+                raise EngineCrashed(f"The engine cannot be reached: {exc}.") from exc
+
+    # -- what comes back ---------------------------------------------------------------
+    def _read(self) -> None:
+        try:
+            while True:
+                frame = self._conn.recv()
+                for message in frame:
+                    self._dispatch(message)
+        except (EOFError, OSError):
+            pass
+        except Exception:  # pragma: no cover - a bug: treat it as the engine lost
+            log.exception("reading from the engine of %s failed", self.spec.model)
+        self._ended()
+
+    def _dispatch(self, message: Any) -> None:
+        if isinstance(message, Tokens | Done | Error) and message.id is not None:
+            with self._lock:
+                if isinstance(message, Tokens):
+                    stream = self._streams.get(message.id)
+                else:
+                    stream = self._streams.pop(message.id, None)
+            if stream is not None:
+                stream.put(message)
+        elif isinstance(message, StatsReply):
+            with self._lock:
+                future = self._stats.pop(message.id, None)
+            if future is not None:
+                future.set_result(message.figures)
+        elif isinstance(message, Ready):
+            self.pid, self.n_ctx = message.pid, message.n_ctx
+            self.sequences, self.memory = message.sequences, message.memory_bytes
+            self._ready.set()
+        elif isinstance(message, Error):  # the model did not load
+            self._load_error = EngineError(message.code, message.message)
+            self._ready.set()
+
+    def _ended(self) -> None:
+        """The channel closed: the engine exited, was stopped, or died."""
+        self.exit_reason = self._describe_exit()
+        with self._lock:
+            self._dead = True
+            streams = list(self._streams.values())
+            self._streams.clear()
+            futures = list(self._stats.values())
+            self._stats.clear()
+            self._conn.close()
+        unasked = not self._closing and self._load_error is None
+        if unasked and self._ready.is_set():
+            log.error(
+                "the engine of %s (pid %s) stopped: %s",
+                self.spec.model,
+                self.pid,
+                self.exit_reason,
+                extra={"event": "engine.crashed", "model": self.spec.model},
+            )
+        if unasked and self.on_exit is not None:
+            try:
+                self.on_exit(self, self.exit_reason)  # first: the host forgets this engine
+            except Exception:  # pragma: no cover - a bug in the owner
+                log.exception("the engine's exit was not handled")
+        message = self._crash_message()
+        for stream in streams:
+            stream.put(_Crashed(message))
+        for future in futures:
+            future.set_exception(EngineCrashed(message))
+        self._ready.set()
+
+    def _describe_exit(self) -> str:
+        runner = self._runner
+        if isinstance(runner, threading.Thread) or runner is None:
+            return "its thread ended"
+        runner.join(2.0)
+        if runner.exitcode is None:  # its channel closed but it lives on: of no use
+            runner.kill()
+            runner.join(10)
+            return "it closed its channel and was killed"
+        code = runner.exitcode
+        if code < 0:
+            try:
+                return f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def _crash_message(self) -> str:
+        return (
+            f"The engine process of {self.spec.model!r} stopped unexpectedly "
+            f"({self.exit_reason or 'it is gone'})."
+        )

@@ -1,0 +1,328 @@
+"""The engine core: one scheduling loop that owns a loaded model and its sequences.
+
+It runs in the engine process (:mod:`lmsp.engines.worker`), on one thread: each turn
+it reads what the API process sent (:mod:`lmsp.engines.protocol`), admits submitted
+sequences while the context has room, forms a step (:class:`~lmsp.engines.batch.
+StepPolicy`), runs it through the model (one ``llama_decode``), samples every sequence
+whose logits the step produced, and sends the step's tokens back in one frame. There is
+no thread per sequence and no handoff per step: llama.cpp's CPU backend keeps a team of
+worker threads per calling thread, so one caller for every decode is also what keeps
+those teams from fighting over the cores.
+
+The model is a :class:`Backend` (llama.cpp's, or the deterministic test engine's): it
+takes a sequence of its context for a new submission (reusing a cached prefix),
+evaluates steps, picks each sequence's next token (sampling by ``(seed, position)``,
+the grammar's mask) and gives the sequence back. The core keeps the bookkeeping every
+backend shares: what each sequence's cache holds, what is left to evaluate, how many
+tokens it produced, when it ends, and what to tell the API process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lmsp.engines.base import EngineError, Piece, Sampling
+from lmsp.engines.batch import ExactSteps, Logits, Request, StepPolicy
+from lmsp.engines.protocol import (
+    CANCELLED,
+    LENGTH,
+    STOP,
+    Cancel,
+    Channel,
+    Done,
+    Error,
+    FromEngine,
+    Shutdown,
+    Stats,
+    StatsReply,
+    Submit,
+    Tokens,
+)
+
+log = logging.getLogger("lmsp.engine")
+
+#: how long an idle loop waits for a message before it checks its parent is alive
+IDLE_WAIT = 0.5
+
+
+@dataclass(eq=False)
+class Seq:
+    """One submitted sequence, as the core tracks it."""
+
+    id: int
+    prompt: list[int]
+    resume: list[int]
+    sampling: Sampling
+    grammar: str | None
+    max_tokens: int | None
+    context: list[int] = field(init=False)  # prompt + resume: what is evaluated first
+    slot: int = -1  # the context's sequence it runs in (set by the backend)
+    held: list[int] = field(default_factory=list)  # what that sequence's cache holds
+    todo: list[int] = field(default_factory=list)  # still to evaluate, in order
+    cached: int = 0  # prompt tokens that came from a cache
+    produced: int = 0  # tokens generated (after ``resume``)
+    turn: int = 0  # when its next tokens became ready: the step-forming order
+    reported: bool = False  # ``cached`` was sent
+    state: Any = None  # the backend's own
+
+    def __post_init__(self) -> None:
+        self.context = self.prompt + self.resume
+
+    @classmethod
+    def of(cls, message: Submit) -> Seq:
+        return cls(
+            message.id,
+            list(message.prompt),
+            list(message.resume),
+            message.sampling,
+            message.grammar,
+            message.max_tokens,
+        )
+
+
+class Backend(Protocol):
+    """A loaded model as the core drives it."""
+
+    n_ctx: int  # one sequence's context
+    sequences: int  # how many sequences the context holds at once
+    max_step_tokens: int  # the most tokens one step may evaluate
+
+    def open(self, seq: Seq) -> None:
+        """Give ``seq`` a sequence of the context: set ``slot``, ``held`` (a cached
+        prefix of ``context``, never all of it: the last token's logits are needed),
+        ``cached`` and ``state``. Raise :class:`EngineError` to refuse it."""
+        ...
+
+    def decode(self, step: list[Request]) -> None:
+        """Evaluate a step; set ``result`` of every request that wants logits."""
+        ...
+
+    def evaluated(self, seq: Seq) -> None:
+        """``seq``'s tokens of the last step are in its cache (``held``)."""
+        ...
+
+    def pick(self, seq: Seq, logits: Logits) -> Piece | None:
+        """The next token of ``seq`` from its logits, or ``None``: it ends here."""
+        ...
+
+    def release(self, seq: Seq, intact: bool) -> None:
+        """``seq`` ended; its cache holds ``held`` (``intact``) or cannot be trusted."""
+        ...
+
+    def figures(self) -> dict[str, Any]:
+        """Counts for :class:`Stats` (JSON-able)."""
+        ...
+
+    def memory_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class EngineCore:
+    """The scheduling loop (see the module docstring). ``alive`` is asked when idle: a
+    parent-death check, so an engine never outlives the API process."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        channel: Channel,
+        policy: StepPolicy | None = None,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.backend = backend
+        self.channel = channel
+        self.policy: StepPolicy = policy or ExactSteps()
+        self.alive = alive
+        self.active: dict[int, Seq] = {}
+        self.waiting: deque[Seq] = deque()
+        self.steps = 0
+        self.tokens = 0
+        self._outbox: list[FromEngine] = []
+        self._turns = 0
+        self._stop = False
+
+    def run(self) -> None:
+        """Serve until :class:`Shutdown`, or until the API process is gone."""
+        try:
+            while not self._stop:
+                if not self._receive(wait=not self.active and not self.waiting):
+                    log.info("engine: the service is gone; exiting")
+                    return
+                self._admit()
+                self._step()
+                if not self._send():
+                    return
+        finally:
+            for seq in list(self.active.values()):
+                self._end(seq, intact=True)
+
+    # -- messages ----------------------------------------------------------------------
+    def _receive(self, wait: bool) -> bool:
+        """Handle every message waiting (waiting a while for one when idle); ``False``
+        when the API process is gone."""
+        timeout = IDLE_WAIT if wait else 0.0
+        try:
+            while self.channel.poll(timeout):
+                frame = self.channel.recv()
+                for message in frame if isinstance(frame, list) else [frame]:
+                    self._handle(message)
+                timeout = 0.0
+        except (EOFError, OSError):
+            return False
+        return not wait or self.alive()
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, Submit):
+            self.waiting.append(Seq.of(message))
+        elif isinstance(message, Cancel):
+            seq = self.active.get(message.id)
+            if seq is not None:
+                self._end(seq, intact=True)
+                self._outbox.append(Done(seq.id, CANCELLED))
+                return
+            for queued in self.waiting:
+                if queued.id == message.id:
+                    self.waiting.remove(queued)
+                    self._outbox.append(Done(queued.id, CANCELLED))
+                    return
+        elif isinstance(message, Stats):
+            figures = {
+                "steps": self.steps,
+                "tokens": self.tokens,
+                "active": len(self.active),
+                "waiting": len(self.waiting),
+                **self.backend.figures(),
+            }
+            self._outbox.append(StatsReply(message.id, figures))
+        elif isinstance(message, Shutdown):
+            self._stop = True
+        else:
+            log.warning("engine: an unknown message %s was ignored", type(message).__name__)
+
+    def _send(self) -> bool:
+        if not self._outbox:
+            return True
+        frame, self._outbox = self._outbox, []
+        try:
+            self.channel.send(frame)
+        except (OSError, ValueError):
+            log.info("engine: the service is gone; exiting")
+            return False
+        return True
+
+    # -- sequences ---------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Open waiting sequences while the context has a free sequence."""
+        while self.waiting and len(self.active) < self.backend.sequences:
+            seq = self.waiting.popleft()
+            try:
+                self.backend.open(seq)
+            except EngineError as exc:
+                self._outbox.append(Error(seq.id, exc.code, exc.message))
+                continue
+            except Exception as exc:
+                log.exception("engine: a sequence could not start")
+                self._outbox.append(Error(seq.id, "engine_error", _failed(exc)))
+                continue
+            seq.todo = seq.context[len(seq.held) :]
+            seq.turn = self._next_turn()
+            self.active[seq.id] = seq
+            if not seq.todo:  # the last token's logits are needed: a backend's mistake
+                self._fail(seq, "engine_error", "The engine had nothing to evaluate.")
+
+    def _next_turn(self) -> int:
+        self._turns += 1
+        return self._turns
+
+    def _end(self, seq: Seq, intact: bool) -> None:
+        self.active.pop(seq.id, None)
+        try:
+            self.backend.release(seq, intact)
+        except Exception:
+            log.exception("engine: a sequence could not be given back")
+
+    def _finish(self, seq: Seq, reason: str) -> None:
+        self._report(seq, [])
+        self._end(seq, intact=True)
+        self._outbox.append(Done(seq.id, reason))
+
+    def _fail(self, seq: Seq, code: str, message: str) -> None:
+        self._end(seq, intact=False)
+        self._outbox.append(Error(seq.id, code, message))
+
+    def _report(self, seq: Seq, pieces: list[Piece]) -> None:
+        """Pieces for the API process; the first report carries ``cached``."""
+        if seq.reported and not pieces:
+            return
+        cached = None if seq.reported else seq.cached
+        seq.reported = True
+        self._outbox.append(Tokens(seq.id, pieces, cached))
+
+    # -- one step ----------------------------------------------------------------------
+    def _step(self) -> None:
+        ready = sorted((s for s in self.active.values() if s.todo), key=lambda s: s.turn)
+        if not ready:
+            return
+        chosen = self.policy.form([len(s.todo) for s in ready], self.backend.max_step_tokens)
+        step = [(ready[i], n) for i, n in chosen]
+        requests = [
+            Request(seq.slot, seq.todo[:n], len(seq.held), n == len(seq.todo)) for seq, n in step
+        ]
+        try:
+            self.backend.decode(requests)
+        except EngineError as exc:
+            for seq, _ in step:
+                self._fail(seq, exc.code, exc.message)
+            return
+        except Exception as exc:
+            log.exception("engine: a step failed")
+            for seq, _ in step:
+                self._fail(seq, "engine_error", _failed(exc))
+            return
+        self.steps += 1
+        self.tokens += sum(n for _, n in step)
+        for (seq, n), request in zip(step, requests, strict=True):
+            seq.held.extend(seq.todo[:n])
+            del seq.todo[:n]
+            seq.turn = self._next_turn()
+            try:
+                self.backend.evaluated(seq)
+            except Exception:  # saving a prefix is an optimisation: never fatal
+                log.exception("engine: after-step work of a sequence failed")
+            if request.logits and request.result is not None:
+                self._next_token(seq, request.result)
+
+    def _next_token(self, seq: Seq, logits: Logits) -> None:
+        n_ctx = self.backend.n_ctx
+        if len(seq.held) >= n_ctx:
+            self._finish(seq, LENGTH)
+            return
+        try:
+            piece = self.backend.pick(seq, logits)
+        except EngineError as exc:
+            self._report(seq, [])
+            self._fail(seq, exc.code, exc.message)
+            return
+        except Exception as exc:
+            log.exception("engine: sampling failed")
+            self._report(seq, [])
+            self._fail(seq, "engine_error", _failed(exc))
+            return
+        if piece is None:
+            self._finish(seq, STOP)
+            return
+        seq.produced += 1
+        self._report(seq, [piece])
+        limit = seq.max_tokens
+        if (limit is not None and seq.produced >= limit) or len(seq.held) + 1 > n_ctx:
+            self._finish(seq, LENGTH)  # no room, or no need, for the token just drawn
+            return
+        seq.todo = [piece.token]
+
+
+def _failed(exc: BaseException) -> str:
+    return f"The engine failed: {type(exc).__name__}."

@@ -1,0 +1,127 @@
+"""The engine protocol: every message between the API process and an engine process.
+
+This module is the one seam between the two (as vLLM's ``EngineCore`` sits behind one
+IPC seam): the API process sends :class:`Submit`, :class:`Cancel`, :class:`Stats` and
+:class:`Shutdown`; the engine answers :class:`Ready` once its model is loaded, then
+:class:`Tokens`, :class:`Done` or :class:`Error` for each sequence, and
+:class:`StatsReply`. Nothing else crosses.
+
+The transport is a :mod:`multiprocessing` connection (a pipe whose ends pickle what is
+sent): an engine process gets one end when it is spawned, and an engine run in a thread
+(fast tests) gets one end of an in-process pipe: the same protocol either way. Each
+``send`` carries a *frame*, a list of messages: the engine sends one frame per step
+with every sequence's new tokens, so a step costs one write however many sequences it
+advanced.
+
+Sequence ids are chosen by the API side and unique per engine; the engine knows
+nothing of tasks. Sampling is part of :class:`Submit` and the engine draws every token
+by ``(seed, position)``, so a resubmitted sequence (a resume) draws what it drew before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lmsp.engines.base import Piece, Sampling
+
+#: why a sequence ended (:class:`Done`)
+STOP = "stop"  # an end-of-generation token, or its grammar allows nothing more
+LENGTH = "length"  # ``max_tokens`` generated, or the context is full
+CANCELLED = "cancelled"  # the API side cancelled it
+
+
+# -- API process → engine ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Submit:
+    """Generate after ``prompt + resume``: at most ``max_tokens`` tokens (``None``: until
+    the context is full), held to ``grammar`` (llguidance's, compiled in the engine;
+    first fed ``resume``) when one is given."""
+
+    id: int
+    prompt: list[int]
+    resume: list[int]
+    sampling: Sampling
+    grammar: str | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop generating ``id`` and free its sequence; answered with ``Done(id,
+    "cancelled")`` unless it had ended already."""
+
+    id: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Ask for the engine's figures (steps, tokens, sequences, prefix cache)."""
+
+    id: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Drop every sequence, finish writing saved prefixes, free the model and exit."""
+
+
+# -- engine → API process ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ready:
+    """The model is loaded: what the API side needs to know of it."""
+
+    pid: int
+    n_ctx: int  # one sequence's context
+    sequences: int  # generated together
+    memory_bytes: int  # weights plus every sequence's KV cache (0: unknown)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """New pieces of a sequence; the first message of a sequence carries how many of its
+    prompt's tokens came from a cache (``cached_tokens``), even with no piece."""
+
+    id: int
+    pieces: list[Piece]
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Done:
+    """The sequence ended (``reason``: :data:`STOP`, :data:`LENGTH`, :data:`CANCELLED`)."""
+
+    id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Error:
+    """The sequence failed with a protocol error code (``engine_error``,
+    ``context_length_exceeded`` …); ``id`` ``None``: the model could not be loaded."""
+
+    id: int | None
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatsReply:
+    id: int
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+ToEngine = Submit | Cancel | Stats | Shutdown
+FromEngine = Ready | Tokens | Done | Error | StatsReply
+
+
+class Channel(Protocol):
+    """One end of the transport (a :class:`multiprocessing.connection.Connection`)."""
+
+    def send(self, obj: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+    def poll(self, timeout: float | None = 0.0) -> bool: ...
+
+    def close(self) -> None: ...
