@@ -35,9 +35,13 @@ def _tokens(value: list[Any], param: str) -> list[int]:
     return value
 
 
-def read_input(value: Any, max_inputs: int) -> list[Input]:
-    """The inputs of a request, in order; a ``400`` naming the one at fault for
+def read_input(value: Any, max_inputs: int) -> tuple[list[Input], list[str]]:
+    """The inputs of a request, in order, and how errors name each (``input`` for a
+    lone text or token array, else ``input.3``); a ``400`` naming the one at fault for
     anything else, and for more than ``max_inputs`` of them."""
+    lone = isinstance(value, str) or (
+        isinstance(value, list) and bool(value) and all(isinstance(v, int) for v in value)
+    )
     if isinstance(value, str):
         inputs: list[Input] = [value]
     elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
@@ -58,11 +62,11 @@ def read_input(value: Any, max_inputs: int) -> list[Input]:
             f"input: {len(inputs)} inputs; one request embeds at most {max_inputs} (the"
             " server's LMSP_EMBED_MAX_INPUTS). Send them in several requests."
         )
-    for i, text in enumerate(inputs):
+    names = ["input"] if lone else [f"input.{i}" for i in range(len(inputs))]
+    for text, where in zip(inputs, names, strict=True):
         if isinstance(text, str) and not text:
-            where = "input" if isinstance(value, str) else f"input.{i}"
             raise _invalid("An empty string cannot be embedded.", where)
-    return inputs
+    return inputs, names
 
 
 def encoded(vector: npt.NDArray[np.float32], encoding_format: str) -> list[float] | str:

@@ -39,14 +39,12 @@ Writer = Annotated[Client, Depends(require("responses:write"))]
 
 
 def _tokenized(
-    tokenizer: Tokenizer, inputs: list[embeddings.Input], max_tokens: int
+    tokenizer: Tokenizer, inputs: list[embeddings.Input], names: list[str], max_tokens: int
 ) -> list[list[int]]:
     """Each input as the model's tokens (token arrays checked against its vocabulary);
     a ``400`` naming the first one longer than ``max_tokens``."""
     out: list[list[int]] = []
-    many = len(inputs) > 1
-    for i, given in enumerate(inputs):
-        where = f"input.{i}" if many else "input"
+    for given, where in zip(inputs, names, strict=True):
         if isinstance(given, str):
             tokens = tokenizer.text_tokens(given)
         else:
@@ -79,7 +77,7 @@ async def create_embeddings(
     """Embeddings of one or more texts (or token arrays), L2-normalised."""
     svc = service(request)
     settings = svc.settings
-    inputs = embeddings.read_input(body.input, settings.embed_max_inputs)
+    inputs, names = embeddings.read_input(body.input, settings.embed_max_inputs)
     record = await svc.read(lambda: models.get(svc.db.reader(), body.model))
     if record is None:
         raise model_not_found(body.model)
@@ -94,7 +92,9 @@ async def create_embeddings(
                 f" {tokenizer.n_embd}.",
                 param="dimensions",
             )
-        tokens = await asyncio.to_thread(_tokenized, tokenizer, inputs, settings.embed_max_tokens)
+        tokens = await asyncio.to_thread(
+            _tokenized, tokenizer, inputs, names, settings.embed_max_tokens
+        )
         engine, slot = await asyncio.to_thread(host.embedding_engine, record)
         try:
             vectors = await asyncio.wrap_future(engine.embed_later(tokens))
