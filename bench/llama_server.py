@@ -179,6 +179,8 @@ class LlamaServer:
         n_ctx: int,
         log: Path,
         cache_prompt: bool = True,
+        tuned: bool = True,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -200,15 +202,19 @@ class LlamaServer:
             "-c",
             str(n_ctx * parallel),
             "--no-webui",
-            # no weight repacking (llama.cpp's "extra buffer types"): lmsp loads its model
-            # with use_extra_bufts = False, so both servers run the same CPU kernels; and
-            # on CPUs with AMX the AMX extra buffer type's matmul crashes
-            # (ggml_backend_amx_mul_mat), which this also avoids
-            "--no-repack",
-            # flash attention on, as lmsp's context has it (llama_context.py)
-            "-fa",
-            "on",
         ]
+        if tuned:  # else llama-server's own defaults (repacking, flash attention auto)
+            self.args += [
+                # no weight repacking (llama.cpp's "extra buffer types"): lmsp loads its model
+                # with use_extra_bufts = False, so both servers run the same CPU kernels; and
+                # on CPUs with AMX the AMX extra buffer type's matmul crashes
+                # (ggml_backend_amx_mul_mat), which this also avoids
+                "--no-repack",
+                # flash attention on, as lmsp's context has it (llama_context.py)
+                "-fa",
+                "on",
+            ]
+        self.args += list(extra)
         if not cache_prompt:
             self.args.append("--no-cache-prompt")
         self.log = log

@@ -18,6 +18,8 @@
     the overhead of Anthropic's shapes over the same durable core.
 (g) hostile inputs (bench/hostile.py): /healthz p99 while a schema bomb and six PDF
     bombs are in flight (goal: 50 ms), and another client's small request meanwhile.
+(h) embeddings (bench/embeddings.py): inputs/s through POST /v1/embeddings against
+    llama-server's on the same GGUF (goal: at least 0.9x the faster llama-server).
 (c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issue 10, see
     ``bench/compare.py``.
@@ -522,6 +524,7 @@ def main() -> None:
             "compare",
             "snapshots",
             "dialects",
+            "embeddings",
             "hostile",
         ],
         default=None,
@@ -552,6 +555,10 @@ def main() -> None:
             from bench.dialects import bench_dialects
 
             bench_dialects(work, args.tokens, args.reps, table)
+        if args.only in (None, "embeddings"):
+            from bench.embeddings import bench_embeddings
+
+            bench_embeddings(work, 1 if compare.quick() else 3, table)
         if args.only in (None, "hostile"):
             from bench.hostile import bench_hostile
 

@@ -75,6 +75,10 @@ class Settings:
     # next crash marks its model failed (docs/operations.md)
     engine_restarts: int = 5
     engine_restart_window: float = 600.0
+    # POST /v1/embeddings: the most inputs one request may have, and the most tokens one
+    # input may have (also the size of each engine's embedding context)
+    embed_max_inputs: int = 256
+    embed_max_tokens: int = 512
     # engines run on a thread of the API process instead of a process of their own: for
     # fast in-process tests of the test engine only (no environment variable sets it)
     in_thread_engines: frozenset[str] = frozenset()
@@ -234,6 +238,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["engine_restart_window"] = window = parse_duration(v)
         if window <= 0:
             raise ValueError("LMSP_ENGINE_RESTART_WINDOW must be more than 0s")
+    for name, key in (
+        ("LMSP_EMBED_MAX_INPUTS", "embed_max_inputs"),
+        ("LMSP_EMBED_MAX_TOKENS", "embed_max_tokens"),
+    ):
+        if v := env.get(name):
+            changes[key] = int(v)
+            if int(v) < 1:
+                raise ValueError(f"{name} must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

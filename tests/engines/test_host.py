@@ -64,6 +64,11 @@ class FakeBackend:
 
 class FakeTokenizer:
     n_ctx = 64
+    n_embd = 8
+    n_vocab = 256
+
+    def text_tokens(self, text: str) -> list[int]:
+        return list(text.encode())
 
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None

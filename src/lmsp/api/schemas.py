@@ -504,3 +504,16 @@ def check_completion(body: CompletionCreate) -> str:
         raise problems[0]
     assert isinstance(prompt, str)
     return prompt
+
+
+# -- Embeddings -------------------------------------------------------------------------------
+class EmbeddingCreate(Body):
+    """``POST /v1/embeddings``: the whole body."""
+
+    model: ModelId
+    #: texts or token arrays, read by :func:`lmsp.protocol.embeddings.read_input`
+    input: Any
+    encoding_format: Literal["float", "base64"] | None = None
+    #: the model's own length only (lmsp does not shorten embeddings)
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: Annotated[str, StringConstraints(max_length=256)] | None = None

@@ -343,6 +343,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         max_restarts=settings.engine_restarts,
         restart_window=settings.engine_restart_window,
         log_format=settings.log_format,
+        embed_tokens=settings.embed_max_tokens,
     )
     host.metrics = metrics
     runner = Runner(

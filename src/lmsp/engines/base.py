@@ -116,10 +116,16 @@ class Tokenizer(Protocol):
     knows a prompt's length (and rejects one the context cannot hold) before queueing."""
 
     n_ctx: int
+    n_embd: int  # the length of the model's embeddings
+    n_vocab: int
 
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]: ...
+
+    def text_tokens(self, text: str) -> list[int]:
+        """``text`` as an embedding input (no chat template)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -158,6 +164,7 @@ class LoadOptions:
     sequences: int = 1  # decoded together in one context (``LMSP_PARALLEL``)
     digest: str = ""  # the blob's, which keys its saved prefixes
     prefix_files: Any = None  # a :class:`lmsp.engines.kvfiles.PrefixFiles`, or None
+    embed_tokens: int = 512  # the embedding context's size: the longest input it embeds
 
 
 class Engine(Protocol):

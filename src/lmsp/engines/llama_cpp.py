@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from lmsp.engines import markers
 from lmsp.engines.base import (
@@ -35,6 +36,7 @@ from lmsp.engines.batch import CHUNK, Logits, Request, SequencePool, Slot
 from lmsp.engines.core import Seq
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_context import LlamaContext
+from lmsp.engines.llama_embed import LlamaEmbedder
 from lmsp.protocol import completions, toolprompt
 
 FALLBACK_TEMPLATE = (
@@ -111,9 +113,12 @@ class LlamaTokenizer:
             verbose=False,
         )
         meta: dict[str, str] = dict(self.llm.metadata)
+        arch = meta.get("general.architecture", "")
+        # an embedding's length (the metadata's: a vocabulary-only load knows no sizes)
+        self.n_embd = int(meta.get(f"{arch}.embedding_length", "0"))
+        self.n_vocab = int(self.llm.n_vocab())
         self.n_ctx = n_ctx
         if vocab_only and n_ctx <= 0:  # 0: the model's own training context
-            arch = meta.get("general.architecture", "")
             self.n_ctx = int(meta.get(f"{arch}.context_length", "2048"))
         self.eos = int(self.llm.token_eos())
         self.stop_ids = {self.eos}
@@ -145,6 +150,10 @@ class LlamaTokenizer:
         special tokens (``<|im_start|>`` …) read as such, as llama.cpp's server does."""
         tokens: list[int] = self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         return tokens
+
+    def text_tokens(self, text: str) -> list[int]:
+        """``text`` as an embedding reads it: as llama-server tokenizes an input."""
+        return self.raw_tokens(text)
 
     def close(self) -> None:
         self.llm.close()
@@ -196,6 +205,8 @@ class LlamaModel(LlamaTokenizer):
         self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lmsp-kv")
         self._saved: set[tuple[int, int]] = set()  # (length, hash) saved by this process
         self._guidance: Any = None
+        self.embed_tokens = options.embed_tokens
+        self._embedder: LlamaEmbedder | None = None
 
     def guidance_tokenizer(self) -> Any:
         """The llguidance tokenizer of this model's vocabulary (built once, ~1 s)."""
@@ -323,6 +334,13 @@ class LlamaModel(LlamaTokenizer):
             self.context.trim(state.slot.seq, 0)
         self.pool.give_back(state.slot, held)
 
+    def embed(self, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
+        """Embeddings, in a context of their own made on first use (:mod:`lmsp.engines.
+        llama_embed`); a model that cannot embed is refused each time it is asked."""
+        if self._embedder is None:
+            self._embedder = LlamaEmbedder(self.context.model, self.embed_tokens, _threads())
+        return self._embedder.embed(inputs)
+
     def figures(self) -> dict[str, Any]:
         files = self.prefix_files
         return {
@@ -360,6 +378,8 @@ class LlamaModel(LlamaTokenizer):
 
     def close(self) -> None:
         self._saver.shutdown(wait=True)
+        if self._embedder is not None:
+            self._embedder.close()
         self.context.close()
         super().close()
 
