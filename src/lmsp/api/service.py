@@ -343,6 +343,8 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         max_restarts=settings.engine_restarts,
         restart_window=settings.engine_restart_window,
         log_format=settings.log_format,
+        exact=settings.exact,
+        kv_budget=settings.kv_budget,
     )
     host.metrics = metrics
     runner = Runner(

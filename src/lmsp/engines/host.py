@@ -110,6 +110,8 @@ class ModelHost:
         max_restarts: int = 5,
         restart_window: float = 600.0,
         log_format: str = "text",
+        exact: bool = False,
+        kv_budget: int = 0,
     ) -> None:
         self.blobs_dir = blobs_dir
         self.engines = engines
@@ -122,6 +124,8 @@ class ModelHost:
         self.max_restarts = max(0, max_restarts)
         self.restart_window = restart_window
         self.log_format = log_format
+        self.exact = exact  # LMSP_EXACT: the exact schedule and layout
+        self.kv_budget = kv_budget  # LMSP_KV_BUDGET: what one model's KV caches may take
         self._loaded: dict[str, _Loaded] = {}  # model id → its running engine
         self._starting: set[str] = set()  # model ids whose engine is being started
         self._busy: dict[int, str] = {}  # runner slot → model id it is using
@@ -298,7 +302,7 @@ class ModelHost:
     def _launch(self, record: ModelRecord, engine: Engine) -> EngineClient:
         """Start an engine process for ``record`` and wait for its model to load."""
         path = blob_path(self.blobs_dir, record.digest)
-        options = LoadOptions(self.sequences, record.digest, self.prefix_files)
+        options = self._options(record)
         spec = EngineSpec(
             engine,
             path,
@@ -487,13 +491,24 @@ class ModelHost:
                 tokenizer.close()
 
     # -- prompt length before queueing ---------------------------------------------------
+    def _options(self, record: ModelRecord) -> LoadOptions:
+        """How ``record``'s engine loads: the API side's tokenizer sizes the context with
+        the same options, so both agree on it before the engine has started."""
+        return LoadOptions(
+            self.sequences,
+            record.digest,
+            self.prefix_files,
+            exact=self.exact,
+            kv_budget=self.kv_budget,
+        )
+
     def _tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
         """The model's vocabulary-only tokenizer (loads no weights), made once."""
         with self._tokenizer_lock:
             tokenizer = self._tokenizers.get(record.digest)
             if tokenizer is None:
                 path = blob_path(self.blobs_dir, record.digest)
-                tokenizer = engine.tokenizer(path, self.n_ctx)
+                tokenizer = engine.tokenizer(path, self.n_ctx, self._options(record))
                 self._tokenizers[record.digest] = tokenizer
             return tokenizer
 
