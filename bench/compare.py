@@ -558,6 +558,14 @@ def bench_resume(
 # -- creates while streams generate --------------------------------------------------------
 
 
+def end_streams(stop: threading.Event, server: Server, streams: list[threading.Thread]) -> None:
+    """Stop the streams of a load: the server is killed (its queue is long by then)."""
+    stop.set()
+    server.kill()
+    for t in streams:
+        t.join(timeout=60)
+
+
 def bench_creates(server: Server, plan: Plan, figures: Figures) -> None:
     """``plan.creators`` clients create background responses while ``plan.streams``
     streams generate, and ``/healthz`` is probed one request at a time meanwhile; the
@@ -592,10 +600,7 @@ def bench_creates(server: Server, plan: Plan, figures: Figures) -> None:
         )
         latencies, errors = creating.result()
         probes = probing.result()
-    stop.set()
-    server.kill()
-    for t in streams:
-        t.join(timeout=60)
+    end_streams(stop, server, streams)
     done = len(latencies)
     p50 = percentile(latencies, 0.5)
     p99 = percentile(latencies, 0.99)
@@ -676,10 +681,7 @@ def bench_engine_kill(server: Server, plan: Plan, figures: Figures) -> None:
             time.sleep(0.05)
         latencies, errors = creating.result()
         probes = probing.result()
-    stop.set()
-    server.kill()
-    for t in streams:
-        t.join(timeout=60)
+    end_streams(stop, server, streams)
     p99 = percentile(latencies, 0.99)
     health99 = probes.p(0.99)
     print(
@@ -772,9 +774,12 @@ def start_llama_server(
     try:
         return server.start()
     except Exception as exc:
+        shown = " ".join(flags) or "its default flags"
         print(
-            f"\n*** llama-server ({binary}) did not start: {exc}\n"
-            "*** the comparison runs lmsp alone; the rows that need llama-server say n/a.",
+            f"\n*** llama-server ({binary}) with {shown} did not start: {exc}\n"
+            "*** the rows go on without it (with neither, they say n/a). With its defaults"
+            " llama.cpp repacks the weights for the CPU's extra buffer types; on CPUs with"
+            " AMX that matmul crashes (exit -11).",
             flush=True,
         )
         return None

@@ -54,6 +54,20 @@ def wait_for_events(data_dir: Path, task_id: str, beyond: int) -> tuple[str, int
     raise AssertionError(f"{task_id} made no progress past {beyond}")
 
 
+def finished(server: Server, response_id: str) -> dict[str, Any]:
+    """The response once it has ended (the server resumes it meanwhile)."""
+    with server.client(timeout=300) as http:
+        deadline = time.monotonic() + 300
+        while (final := http.get(f"/v1/responses/{response_id}").json())["status"] in (
+            "queued",
+            "in_progress",
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    result: dict[str, Any] = final
+    return result
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "sampling",
@@ -99,14 +113,7 @@ def test_kill_9_many_times_then_the_uninterrupted_text(
             status, last = wait_for_events(data_dir, task_id, last + 1 + STEP)
         assert kills == KILLS, f"the task finished after only {kills} kills"
 
-        with server.client(timeout=300) as http:
-            deadline = time.monotonic() + 300
-            while (final := http.get(f"/v1/responses/{created['id']}").json())["status"] in (
-                "queued",
-                "in_progress",
-            ):
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        final = finished(server, created["id"])
         assert final["status"] == reference["status"]
         assert text_of(final) == expected
         for name in sampling.keys() - {"seed"}:  # the numbers it ran with, echoed
@@ -130,6 +137,7 @@ def test_kill_9_many_times_then_the_uninterrupted_text(
         server.stop()
 
 
+@pytest.mark.slow
 def test_kill_9_in_fast_mode_keeps_every_committed_token(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     server = Server(data_dir, env={"LMSP_EXACT": "0"}).start()
@@ -153,14 +161,7 @@ def test_kill_9_in_fast_mode_keeps_every_committed_token(tmp_path: Path) -> None
             status, last = wait_for_events(data_dir, task_id, last + 1 + STEP)
         assert committed and committed[0]
 
-        with server.client(timeout=300) as http:
-            deadline = time.monotonic() + 300
-            while (final := http.get(f"/v1/responses/{created['id']}").json())["status"] in (
-                "queued",
-                "in_progress",
-            ):
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        final = finished(server, created["id"])
         assert final["status"] in ("completed", "incomplete")
         text = text_of(final)
         for before in committed:  # what a client saw before a crash stays, in order
