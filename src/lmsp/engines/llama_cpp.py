@@ -142,7 +142,8 @@ class LlamaTokenizer:
 
         self.llm: Any = Llama(
             model_path=str(path),
-            n_ctx=n_ctx,
+            # the tokenizer's own context holds nothing (0 would make llama.cpp refuse it)
+            n_ctx=n_ctx if n_ctx > 0 else 512,
             n_threads=_threads(),
             n_threads_batch=_threads(),
             vocab_only=vocab_only,
