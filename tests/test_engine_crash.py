@@ -168,10 +168,13 @@ def test_kill_9_of_the_engine_during_batched_tasks(tmp_path: Path, exact: bool) 
         assert failed["status"] == "failed" and failed["error"]["code"] == "engine_crashed"
         assert "SIGKILL" in failed["error"]["message"]
         for final, reference in ((resumed, references[0]), (retried, references[1])):
-            assert final["status"] == reference["status"] == "completed"
-            if exact:
+            if exact:  # the uninterrupted run's text, to the bit
+                assert final["status"] == reference["status"] == "completed"
                 assert text_of(final) == text_of(reference)
                 assert final["usage"]["output_tokens"] == reference["usage"]["output_tokens"]
+            else:  # a valid run: it ended as a run ends (a stop token, or the budget)
+                assert final["status"] in ("completed", "incomplete"), final
+                assert final["usage"]["output_tokens"] <= 96
 
         conn = open_db(data_dir)
         check_log_invariants(conn)  # gap-free from 0, one terminal event, the last
