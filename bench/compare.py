@@ -636,9 +636,10 @@ def bench_creates(server: Server, plan: Plan, figures: Figures) -> None:
 
 
 def engine_pid(server: Server) -> int | None:
+    """The process id of the bundled model's engine, ``None`` while it has none."""
     with server.client(timeout=30) as http:
-        models = http.get("/v1/service/activity").json().get("models") or []
-    pids = [m.get("pid") for m in models if m.get("id") == MODEL]
+        engines = http.get("/v1/service/activity").json().get("engines") or []
+    pids = [e.get("pid") for e in engines if e.get("model") == MODEL]
     return int(pids[0]) if pids and pids[0] else None
 
 

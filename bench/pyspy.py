@@ -4,7 +4,7 @@ with py-spy while 8 streams generate (the 8 x 128 benchmark's load, repeated).
     .venv/bin/python bench/pyspy.py [--seconds 20] [--out pyspy] [--exact]
 
 py-spy (a dev dependency) samples each process from outside, at 100 Hz, idle threads
-left out, native frames included for the engine (``llama_decode`` shows as itself);
+left out (``llama_decode`` shows as the Python frame that calls it, ``LlamaContext.decode``);
 the collapsed stacks go to ``OUT-api.txt`` and ``OUT-engine.txt`` and a summary is
 printed: for each process the functions holding the most samples, inclusive (a frame
 anywhere on the stack) and by the frame the samples were taken in (self).
@@ -90,7 +90,7 @@ def main() -> None:
             api_out, engine_out = Path(f"{out}-api.txt"), Path(f"{out}-engine.txt")
             spies = [
                 record(server.proc.pid, args.seconds, api_out, native=False),
-                record(engine, args.seconds, engine_out, native=True),
+                record(engine, args.seconds, engine_out, native=False),
             ]
             for spy in spies:
                 spy.wait(args.seconds + 120)
