@@ -94,7 +94,7 @@ def _llama(work: Path, tuned: bool) -> llama_server.LlamaServer | None:
             parallel=8,
             n_ctx=N_CTX,
             log=work / f"llama-server-embed-{'tuned' if tuned else 'defaults'}.log",
-            tuned=tuned,
+            flags=llama_server.FAST_FLAGS if tuned else llama_server.DEFAULT_FLAGS,
             extra=("--embeddings", "--pooling", "last", "-b", str(N_CTX), "-ub", str(N_CTX)),
         ).start()
     except Exception as exc:

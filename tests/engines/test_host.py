@@ -96,7 +96,9 @@ class FakeEngine:
         self.backends.append(backend)
         return backend
 
-    def tokenizer(self, path: Path, n_ctx: int) -> FakeTokenizer:
+    def tokenizer(
+        self, path: Path, n_ctx: int, options: LoadOptions | None = None
+    ) -> FakeTokenizer:
         return FakeTokenizer()
 
 

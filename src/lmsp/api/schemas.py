@@ -240,10 +240,6 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
         yield unsupported("reasoning.effort", "The models here do not reason.")
     if body.reasoning and (body.reasoning.summary or body.reasoning.generate_summary):
         yield unsupported("reasoning.summary", "The models here do not reason.")
-    if body.truncation == "auto":
-        yield unsupported(
-            "truncation", 'Only truncation "disabled" is supported: a prompt must fit.'
-        )
     if body.service_tier not in (None, "auto", "default"):
         yield unsupported("service_tier", "Only the default service tier exists here.")
     if body.stream_options is not None:

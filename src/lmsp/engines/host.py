@@ -125,6 +125,8 @@ class ModelHost:
         restart_window: float = 600.0,
         log_format: str = "text",
         embed_tokens: int = 512,
+        exact: bool = False,
+        kv_budget: int = 0,
     ) -> None:
         self.blobs_dir = blobs_dir
         self.engines = engines
@@ -139,6 +141,8 @@ class ModelHost:
         self.log_format = log_format
         self.embed_tokens = embed_tokens  # the engines' embedding context size
         self._embed_slots = itertools.count(-1, -1)  # in-use marks of embeddings
+        self.exact = exact  # LMSP_EXACT: the exact schedule and layout
+        self.kv_budget = kv_budget  # LMSP_KV_BUDGET: what one model's KV caches may take
         self._loaded: dict[str, _Loaded] = {}  # model id → its running engine
         self._starting: set[str] = set()  # model ids whose engine is being started
         self._busy: dict[int, str] = {}  # runner slot → model id it is using
@@ -315,9 +319,7 @@ class ModelHost:
     def _launch(self, record: ModelRecord, engine: Engine) -> EngineClient:
         """Start an engine process for ``record`` and wait for its model to load."""
         path = blob_path(self.blobs_dir, record.digest)
-        options = LoadOptions(
-            self.sequences, record.digest, self.prefix_files, embed_tokens=self.embed_tokens
-        )
+        options = self._options(record)
         spec = EngineSpec(
             engine,
             path,
@@ -506,13 +508,25 @@ class ModelHost:
                 tokenizer.close()
 
     # -- prompt length before queueing ---------------------------------------------------
+    def _options(self, record: ModelRecord) -> LoadOptions:
+        """How ``record``'s engine loads: the API side's tokenizer sizes the context with
+        the same options, so both agree on it before the engine has started."""
+        return LoadOptions(
+            self.sequences,
+            record.digest,
+            self.prefix_files,
+            exact=self.exact,
+            kv_budget=self.kv_budget,
+            embed_tokens=self.embed_tokens,
+        )
+
     def _tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
         """The model's vocabulary-only tokenizer (loads no weights), made once."""
         with self._tokenizer_lock:
             tokenizer = self._tokenizers.get(record.digest)
             if tokenizer is None:
                 path = blob_path(self.blobs_dir, record.digest)
-                tokenizer = engine.tokenizer(path, self.n_ctx)
+                tokenizer = engine.tokenizer(path, self.n_ctx, self._options(record))
                 self._tokenizers[record.digest] = tokenizer
             return tokenizer
 

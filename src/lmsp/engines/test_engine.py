@@ -228,5 +228,5 @@ class TestEngine:
         delay = float(os.environ.get("LMSP_TEST_ENGINE_DELAY", "0.002"))
         return TestBackend(delay, (options or LoadOptions()).sequences)
 
-    def tokenizer(self, path: Path, n_ctx: int) -> TestModel:
+    def tokenizer(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestModel:
         return TestModel()
