@@ -178,6 +178,9 @@ class Service:
         request.update(objects.sampling_used(request, record.defaults))
         # schemas and grammar compiled once, in a worker, under their budget
         await toolcheck.check_grammar(self.grammars, request, param)
+        engine = self.host.engines.get(record.engine)
+        if engine is not None and not engine.constrains:
+            toolcheck.refuse_constraints(request, model, param)
         # every input item checked, and each file read as text once, before any write
         request["input"] = await asyncio.to_thread(
             items.normalize,

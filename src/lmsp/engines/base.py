@@ -186,6 +186,7 @@ class Engine(Protocol):
     engine process receives it and calls :meth:`load` there."""
 
     name: str
+    constrains: bool  # holds output to a grammar (tools, JSON schemas)
 
     def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Backend:
         """Load the model, in the engine process. ``n_ctx``: one sequence's context;

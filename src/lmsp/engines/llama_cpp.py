@@ -450,6 +450,7 @@ def single_step_fillers(
 
 class LlamaEngine:
     name = "llama_cpp"
+    constrains = True  # llguidance masks: tools and JSON schemas
 
     def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> LlamaModel:
         try:

@@ -221,6 +221,7 @@ def _logprobs(token: int, sampling: Sampling) -> dict[str, Any] | None:
 
 class TestEngine:
     name = "test"
+    constrains = False  # no grammar: tools and schemas are refused before any write
 
     def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestBackend:
         if path.read_bytes() != TEST_MODEL_BYTES:
