@@ -169,7 +169,8 @@ def test_kill_9_of_the_engine_during_batched_tasks(tmp_path: Path, exact: bool) 
         assert "SIGKILL" in failed["error"]["message"]
         for final, reference in ((resumed, references[0]), (retried, references[1])):
             if exact:  # the uninterrupted run's text, to the bit
-                assert final["status"] == reference["status"] == "completed"
+                assert final["status"] == reference["status"]  # a stop token, or the budget
+                assert final.get("incomplete_details") == reference.get("incomplete_details")
                 assert text_of(final) == text_of(reference)
                 assert final["usage"]["output_tokens"] == reference["usage"]["output_tokens"]
             else:  # a valid run: it ended as a run ends (a stop token, or the budget)
