@@ -7,7 +7,6 @@ import hashlib
 import importlib.util
 import logging
 import os
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from lmsp.gguf import model_metadata
 from lmsp.store import clients, models, service
 from lmsp.store.blobs import CHUNK, blob_path, remove_orphans, store_blob
 from lmsp.store.db import Database
+from lmsp.store.sql import Conn
 
 __all__ = ["bootstrap", "bundled_model_path", "file_digest", "store_blob"]
 
@@ -68,7 +68,7 @@ def ensure_owner(db: Database, token_path: Path) -> str | None:
     """
     token_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def job(conn: sqlite3.Connection) -> str | None:
+    def job(conn: Conn) -> str | None:
         if service.get(conn, "owner_client_id") is not None:
             return None
         client, token = clients.add(conn, "owner", ["admin"])
@@ -114,7 +114,7 @@ def ensure_bundled_defaults(db: Database) -> None:
     if service.get(conn, "bundled_defaults_set") is not None:
         return
 
-    def job(c: sqlite3.Connection) -> None:
+    def job(c: Conn) -> None:
         record = models.get(c, DEFAULT_MODEL_ID)
         if record is not None and not record.defaults:
             models.set_defaults(c, DEFAULT_MODEL_ID, dict(BUNDLED_DEFAULTS))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +32,7 @@ from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
+from lmsp.store.sql import Conn, Row
 from lmsp.tasks import recovery, retention
 from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.runner import Runner
@@ -101,7 +101,7 @@ class Service:
         self.sandbox.close()
 
     # -- lookups (404 for what the client does not own; ``admin`` sees everything) ---------
-    def owned_response(self, response_id: str, client: Client) -> tuple[sqlite3.Row, sqlite3.Row]:
+    def owned_response(self, response_id: str, client: Client) -> tuple[Row, Row]:
         conn = self.db.reader()
         response = task_store.get_response(conn, response_id)
         if response is None or not client.oversees(response["client_id"]):
@@ -109,7 +109,7 @@ class Service:
         task = conn.execute("SELECT * FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
         return response, task
 
-    def owned_task(self, task_id: str, client: Client) -> sqlite3.Row:
+    def owned_task(self, task_id: str, client: Client) -> Row:
         task = task_store.get(self.db.reader(), task_id)
         if task is None or not client.oversees(task["client_id"]):
             raise errors.not_found("task", task_id)
@@ -175,7 +175,7 @@ class Service:
                 param=input_param,
             )
 
-        def job(conn: sqlite3.Connection) -> response_store.Created:
+        def job(conn: Conn) -> response_store.Created:
             if models.get(conn, model) is None:  # deleted meanwhile
                 raise model_not_found(model)
             if previous is not None:  # still there (not deleted or swept meanwhile)
@@ -238,7 +238,7 @@ class Service:
         if moved is not None and moved["status"] == Status.CANCELLING and wait > 0:
             await self.wait_finished(task_id, timeout=wait)
 
-    def cancelled(self, moved: list[sqlite3.Row], why: str) -> None:
+    def cancelled(self, moved: list[Row], why: str) -> None:
         """After a commit that cancelled tasks (a revoke): the runner stops generating
         for those now ``cancelling``."""
         for task in moved:
@@ -263,7 +263,7 @@ class Service:
         self._background.add(job)
         job.add_done_callback(self._background.discard)
 
-    def _after_cancel(self, task_id: str, moved: sqlite3.Row | None) -> None:
+    def _after_cancel(self, task_id: str, moved: Row | None) -> None:
         if moved is not None and moved["status"] == Status.CANCELLING:
             self.runner.request_cancel(task_id)
 

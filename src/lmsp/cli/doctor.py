@@ -19,6 +19,7 @@ from rich.text import Text
 from lmsp import config, datadir
 from lmsp.store.blobs import orphans
 from lmsp.store.clients import hash_token
+from lmsp.store.db import Connection
 from lmsp.store.migrations import MIGRATIONS
 
 from .common import DATA_DIR_HELP, JSON_HELP, target
@@ -35,20 +36,20 @@ class Check:
     detail: str
 
 
-def _open_read_only(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)
+def _open_read_only(path: Path) -> Connection:
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30, factory=Connection)
     conn.row_factory = sqlite3.Row
     return conn
 
 
-def check_integrity(conn: sqlite3.Connection) -> Check:
+def check_integrity(conn: Connection) -> Check:
     rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
     if rows == ["ok"]:
         return Check("database integrity", "ok", "PRAGMA integrity_check: ok")
     return Check("database integrity", "fail", "; ".join(rows[:5]))
 
 
-def check_schema(conn: sqlite3.Connection) -> Check:
+def check_schema(conn: Connection) -> Check:
     known = [name for name, _ in MIGRATIONS]
     try:
         applied = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name")]
@@ -71,7 +72,7 @@ def _sha256(path: Path) -> str:
     return f"sha256:{sha.hexdigest()}"
 
 
-def check_blobs(conn: sqlite3.Connection, blobs_dir: Path) -> list[Check]:
+def check_blobs(conn: Connection, blobs_dir: Path) -> list[Check]:
     checks: list[Check] = []
     for row in conn.execute("SELECT id, digest, size_bytes FROM models ORDER BY position, id"):
         name = f"model {row['id']}"
@@ -91,7 +92,7 @@ def check_blobs(conn: sqlite3.Connection, blobs_dir: Path) -> list[Check]:
     return checks
 
 
-def check_orphans(conn: sqlite3.Connection, blobs_dir: Path) -> Check:
+def check_orphans(conn: Connection, blobs_dir: Path) -> Check:
     found = orphans(conn, blobs_dir)
     if not found:
         return Check("unreferenced blobs", "ok", "every blob has a model record")
@@ -123,7 +124,7 @@ def check_permissions(settings: config.Settings) -> Check:
     )
 
 
-def check_owner_token(conn: sqlite3.Connection, path: Path) -> Check:
+def check_owner_token(conn: Connection, path: Path) -> Check:
     name = "owner token file"
     if not path.is_file():
         return Check(name, "fail", f"{path} is missing")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from lmsp.datadir import create_private_file
 from lmsp.store.health import StorageHealth, insufficient_storage, is_storage_error
 from lmsp.store.migrations import migrate
+from lmsp.store.sql import SQLITE, Conn
 
 if TYPE_CHECKING:
     from lmsp.datadir import DataDirLock
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Job = Callable[[sqlite3.Connection], Any]
+Job = Callable[[Conn], Any]
 AfterCommit = Callable[[], None]
 
 MAX_BATCH = 256
@@ -63,6 +64,8 @@ class Connection(sqlite3.Connection):
     ``events written`` metric: counted once committed)."""
 
     events_pending = 0
+    dialect = SQLITE
+    for_update = ""
 
 
 def connect(path: Path | str) -> Connection:
@@ -222,7 +225,7 @@ class Database:
         finally:
             with_conn.close()
         self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
+        self._readers: list[Connection] = []
         self._readers_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._writer_conn = connect(self.path)
@@ -238,9 +241,9 @@ class Database:
         self._thread.start()
 
     # -- reads ---------------------------------------------------------------------------
-    def reader(self) -> sqlite3.Connection:
+    def reader(self) -> Conn:
         """A connection for reads, one per thread."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        conn: Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = connect(self.path)
             self._local.conn = conn
@@ -256,12 +259,12 @@ class Database:
         self._queue.put(request)
         return request.future
 
-    def write_sync(self, job: Callable[[sqlite3.Connection], T]) -> T:
+    def write_sync(self, job: Callable[[Conn], T]) -> T:
         """Run ``job`` in a write transaction; return once it is committed."""
         result: T = self.submit(job).result()
         return result
 
-    async def write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, job: Callable[[Conn], T]) -> T:
         result: T = await asyncio.wrap_future(self.submit(job))
         return result
 

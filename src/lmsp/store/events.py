@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
 from lmsp.store.db import Connection
+from lmsp.store.sql import Conn
 
 _OUTPUT_TYPES = ",".join(f"'{kind}'" for kind in sorted(ev.OUTPUT))
 
 
-def append(conn: sqlite3.Connection, task_id: str, events: list[dict[str, Any]]) -> int:
+def append(conn: Conn, task_id: str, events: list[dict[str, Any]]) -> int:
     """Append ``events`` to the task's log inside the caller's transaction.
 
     Numbers them from the task's ``last_sequence_number`` + 1 and moves that counter in
@@ -42,7 +42,7 @@ def append(conn: sqlite3.Connection, task_id: str, events: list[dict[str, Any]])
 
 
 def after(
-    conn: sqlite3.Connection, task_id: str, after_seq: int, limit: int = 1000
+    conn: Conn, task_id: str, after_seq: int, limit: int = 1000
 ) -> list[tuple[int, str, str]]:
     """Events with ``sequence_number > after_seq``: ``(seq, type, json)`` in order."""
     return [
@@ -55,7 +55,7 @@ def after(
     ]
 
 
-def output_events(conn: sqlite3.Connection, task_id: str) -> list[dict[str, Any]]:
+def output_events(conn: Conn, task_id: str) -> list[dict[str, Any]]:
     """The output events of the task's current attempt (a retry's ``reset`` discards the
     output logged before it), parsed, in order."""
     return [

@@ -15,12 +15,12 @@ cancelling     cancelled    cancelled   cancelled
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 
 from lmsp.protocol.states import Policy, Status, recovery_target
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
+from lmsp.store.sql import Conn
 
 RESTART_MESSAGE = "The service restarted while this task was unfinished."
 
@@ -37,7 +37,7 @@ class Report:
 
 
 def recover_task(
-    conn: sqlite3.Connection,
+    conn: Conn,
     task_id: str,
     report: Report,
     code: str = "server_restarted",
@@ -84,7 +84,7 @@ def recover(db: Database) -> Report:
     for task in task_store.unfinished(db.reader()):
         task_id: str = task["id"]
 
-        def job(conn: sqlite3.Connection, task_id: str = task_id) -> None:
+        def job(conn: Conn, task_id: str = task_id) -> None:
             recover_task(conn, task_id, report)
 
         db.write_sync(job)

@@ -9,7 +9,6 @@ unused for its ttl, then the least recently used past its size.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.protocol.states import FINISHED_SQL
 from lmsp.store import pairing
 from lmsp.store.db import Database
+from lmsp.store.sql import Conn
 
 BATCH = 200
 
@@ -29,7 +29,7 @@ class Swept:
     kv_bytes: int = 0  # freed in the prefix cache
 
 
-def delete_finished_batch(conn: sqlite3.Connection, cutoff: float, batch: int = BATCH) -> int:
+def delete_finished_batch(conn: Conn, cutoff: float, batch: int = BATCH) -> int:
     """Delete up to ``batch`` finished responses (their tasks and events cascade). A
     response a later stored turn continues is kept while that turn is (its history is
     stored by reference): a conversation expires from its last turn back."""
@@ -44,7 +44,7 @@ def delete_finished_batch(conn: sqlite3.Connection, cutoff: float, batch: int = 
     return cur.rowcount
 
 
-def delete_expired_keys_batch(conn: sqlite3.Connection, now: float, batch: int = BATCH) -> int:
+def delete_expired_keys_batch(conn: Conn, now: float, batch: int = BATCH) -> int:
     cur = conn.execute(
         "DELETE FROM idempotency_keys WHERE rowid IN ("
         " SELECT rowid FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)",
@@ -53,7 +53,7 @@ def delete_expired_keys_batch(conn: sqlite3.Connection, now: float, batch: int =
     return cur.rowcount
 
 
-def delete_expired_pairings_batch(conn: sqlite3.Connection, now: float, batch: int = BATCH) -> int:
+def delete_expired_pairings_batch(conn: Conn, now: float, batch: int = BATCH) -> int:
     """Expired pairing requests (kept ``pairing.GRACE`` seconds so a late poll still
     hears ``expired_token``)."""
     return pairing.delete_expired_batch(conn, now, batch)

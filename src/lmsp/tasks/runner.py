@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -37,6 +36,7 @@ from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.store.health import is_storage_error
+from lmsp.store.sql import Conn, Row
 
 from . import durable
 from .plan import plan_for
@@ -115,7 +115,7 @@ class Runner:
             task_id = self._resume.popleft()
             self._run(task_id, slot, resumed=True)
             return task_id
-        claimed: sqlite3.Row | None = self.db.write_sync(task_store.claim_next)
+        claimed: Row | None = self.db.write_sync(task_store.claim_next)
         if claimed is None:
             return None
         self._run(claimed["id"], slot, resumed=False)
@@ -208,7 +208,7 @@ class Runner:
     def _fail(self, task_id: str, code: str, message: str) -> None:
         corrupt = self._model_of(task_id) if code == "model_corrupt" else None
 
-        def job(conn: sqlite3.Connection) -> None:
+        def job(conn: Conn) -> None:
             if corrupt is not None:  # the blob failed its check: no task may use it
                 models.mark_corrupt_digest(conn, corrupt.digest)
             task_store.fail(conn, task_id, code, message)
@@ -356,7 +356,7 @@ class Runner:
         closing = assembler.finish("incomplete" if incomplete else "completed")
         output = assembler.items
 
-        def finish(c: sqlite3.Connection) -> None:
+        def finish(c: Conn) -> None:
             if last:
                 task_store.append_output(c, task_id, last, snap)
             task_store.settle(c, task_id, closing, output, usage, incomplete)

@@ -6,7 +6,6 @@ the task objects it gets name their ``client_id``."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -18,6 +17,7 @@ from lmsp.protocol.states import Status
 from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
+from lmsp.store.sql import Conn, Row
 
 from .. import inputs
 from ..auth import require
@@ -32,7 +32,7 @@ Reader = Annotated[Client, Depends(require("responses:read"))]
 Writer = Annotated[Client, Depends(require("responses:write"))]
 
 
-def render(conn: sqlite3.Connection, task: sqlite3.Row, client: Client) -> dict[str, Any]:
+def render(conn: Conn, task: Row, client: Client) -> dict[str, Any]:
     """The task object; an admin (who sees every client's tasks) also gets its owner."""
     obj = objects.render_task(task, task_store.queue_position(conn, task))
     if client.admin:
