@@ -142,6 +142,21 @@ def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> No
     if enable_test_engine and models.get(conn, TEST_MODEL_ID) is None:
         blob_info = store_blob(blobs_dir, TEST_MODEL_BYTES)
         _register(db, TEST_MODEL_ID, "test", "lmsp-test", blob_info, {"deterministic": True})
+    ensure_local_blobs(db, blobs_dir, enable_test_engine)
+
+
+def ensure_local_blobs(db: Database, blobs_dir: Path, enable_test_engine: bool) -> None:
+    """A node joining a shared database registers nothing, but needs the blobs of the
+    models lmsp ships in its own data directory (blobs never go into the database)."""
+    conn = db.reader()
+    bundled = models.get(conn, DEFAULT_MODEL_ID)
+    if bundled is not None and not blob_path(blobs_dir, bundled.digest).exists():
+        path = bundled_model_path()
+        if file_digest(path)[0] == bundled.digest:
+            store_blob(blobs_dir, path)
+    test = models.get(conn, TEST_MODEL_ID) if enable_test_engine else None
+    if test is not None and not blob_path(blobs_dir, test.digest).exists():
+        store_blob(blobs_dir, TEST_MODEL_BYTES)
 
 
 def bootstrap(db: Database, data_dir: Path, blobs_dir: Path, enable_test_engine: bool) -> str:

@@ -270,7 +270,10 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         svc = await asyncio.to_thread(open_service, settings, lock)
         svc.broker = Broker(asyncio.get_running_loop())
         svc.db.on_commit(svc.broker.notify)
-        svc.runner.start(resume=svc.recovered.resumed)
+        # on a shared database a task to resume is claimed like any other (by any node)
+        svc.runner.start(resume=[] if svc.db.shared else svc.recovered.resumed)
+        if svc.membership is not None:
+            svc.membership.start()
         app.state.lmsp = svc
         _announce_console(svc)
         gc = asyncio.create_task(_gc_loop(svc))
@@ -279,6 +282,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         finally:
             gc.cancel()
             await asyncio.to_thread(svc.runner.stop)
+            if svc.membership is not None:
+                await asyncio.to_thread(svc.membership.stop)
             svc.close_readers()
             svc.host.close()
             svc.db.close()

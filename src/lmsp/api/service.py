@@ -32,8 +32,10 @@ from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
+from lmsp.store.open import open_database
 from lmsp.store.sql import Conn, Row
 from lmsp.tasks import recovery, retention
+from lmsp.tasks.nodes import Membership
 from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.runner import Runner
 
@@ -70,6 +72,8 @@ class Service:
     console: ConsoleSessions = field(default_factory=ConsoleSessions)
     started_at: int = field(default_factory=lambda: int(time.time()))
     broker: Broker | None = None
+    # this node's lease and rescuer on a database nodes share (None: SQLite, one node)
+    membership: Membership | None = None
     # client id → when this process last recorded its use (``last_used_at`` writes)
     touched: dict[str, int] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -302,7 +306,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
     if lock is None:
         lock = datadir.acquire(settings.data_dir)
     try:
-        db = Database(settings.db_path, lock=lock)
+        db = open_database(settings, lock)
     except BaseException:
         lock.release()
         raise
@@ -312,7 +316,15 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         service_id = bootstrap(
             db, settings.data_dir, settings.blobs_dir, settings.enable_test_engine
         )
-        report = recovery.recover(db)
+        membership: Membership | None = None
+        if db.shared:  # one of several nodes: join (a new lease epoch), then recover
+            membership = Membership(
+                db, settings.node, f"{settings.host}:{settings.port}", settings.lease_ttl
+            )
+            membership.join()
+        # a node recovers what it held itself (on a shared database, other nodes' tasks
+        # are theirs, and their rescuers' once their lease runs out)
+        report = recovery.recover(db, settings.node if db.shared else None)
     except BaseException:
         db.close()
         raise
@@ -352,9 +364,14 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         flush_interval=settings.flush_interval,
         metrics=metrics,
     )
+    if membership is not None:
+        membership.attach(runner)
+        db.on_task_change(runner.heard)
     metrics.add_collector(lambda: database_figures(db))
     metrics.add_collector(lambda: engine_figures(host))
-    return Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
+    service = Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
+    service.membership = membership
+    return service
 
 
 def engine_figures(host: ModelHost) -> list[Metric]:

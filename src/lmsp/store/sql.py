@@ -50,9 +50,7 @@ class Conn(Protocol):
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor: ...
 
-    def executemany(
-        self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /
-    ) -> Cursor: ...
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /) -> Cursor: ...
 
 
 def clock_sql(conn: Conn) -> str:

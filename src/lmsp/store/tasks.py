@@ -16,7 +16,8 @@ from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
 from lmsp.store import events, snapshots
-from lmsp.store.sql import Conn, Row
+from lmsp.store.nodes import Node
+from lmsp.store.sql import Conn, Row, skip_locked
 
 log = logging.getLogger(__name__)
 
@@ -133,14 +134,39 @@ def move(
 # -- the runner's verbs -----------------------------------------------------------------
 
 
-def claim_next(conn: Conn) -> Row | None:
-    """Take the oldest queued task (FIFO) and move it to ``loading``."""
+def claim_next(conn: Conn, node: Node | None = None) -> Row | None:
+    """Take the next task: on a shared database (``node`` given) first a task a lost
+    node left ``running`` to resume (it stays ``running``: the runner resumes it),
+    then the oldest queued one (FIFO), moved to ``loading``. The claim is one
+    ``UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1)``: nodes claiming
+    at once pass over each other's rows; the task records ``(node, lease epoch)``."""
+    owner = (node.id, node.epoch) if node is not None else (None, 0)
+    lock = skip_locked(conn)
+    if node is not None:
+        resumed: Row | None = conn.execute(
+            "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
+            "SELECT id FROM tasks WHERE status = 'running' AND node_id IS NULL"
+            f" ORDER BY seq LIMIT 1{lock}) AND status = 'running' AND node_id IS NULL"
+            " RETURNING *",
+            owner,
+        ).fetchone()
+        if resumed is not None:
+            return resumed
     row = conn.execute(
-        "SELECT id FROM tasks WHERE status = 'queued' ORDER BY seq LIMIT 1"
+        "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
+        f"SELECT id FROM tasks WHERE status = 'queued' ORDER BY seq LIMIT 1{lock})"
+        " AND status = 'queued' RETURNING id",
+        owner,
     ).fetchone()
     if row is None:
         return None
     return move(conn, row[0], Status.LOADING)
+
+
+def release(conn: Conn, task_id: str) -> None:
+    """Recovery left a task ``running`` to resume from its snapshot: no node holds it
+    now, so the next node to claim (:func:`claim_next`) resumes it."""
+    conn.execute("UPDATE tasks SET node_id = NULL WHERE id = ? AND status = 'running'", (task_id,))
 
 
 def _record_digest(conn: Conn, task_id: str, digest: str | None) -> None:
@@ -287,7 +313,7 @@ def finish_cancel(conn: Conn, task_id: str) -> Row | None:
 def requeue(conn: Conn, task_id: str, reset: bool) -> Row | None:
     """Recovery: put a ``loading``/``running`` task back in the queue, next attempt."""
     attempt = _attempt(conn, task_id) + 1
-    sets: dict[str, Any] = {"attempt": attempt}
+    sets: dict[str, Any] = {"attempt": attempt, "node_id": None}
     extra: dict[str, Any] = {"attempt": attempt}
     if reset:
         sets["snapshot"] = None

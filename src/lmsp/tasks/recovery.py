@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lmsp.protocol.states import Policy, Status, recovery_target
+from lmsp.store import nodes
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.store.sql import Conn
@@ -64,6 +65,7 @@ def recover_task(
             report.cancelled.append(task_id)
             outcome = "cancelled"
     elif target is Status.RUNNING:
+        task_store.release(conn, task_id)  # whichever node claims it next resumes it
         report.resumed.append(task_id)  # the runner continues it from its snapshot
         outcome = "resumed"
     elif found is Status.QUEUED:
@@ -78,10 +80,14 @@ def recover_task(
         report.outcomes.append((policy.value, outcome))
 
 
-def recover(db: Database) -> Report:
-    """Scan the leftover tasks and apply each one's restart policy."""
+def recover(db: Database, node_id: str | None = None) -> Report:
+    """Scan the leftover tasks and apply each one's restart policy: all of them, or on a
+    database nodes share, those this node id held (other nodes' tasks are theirs; a
+    queued task is nobody's and stays queued)."""
     report = Report()
-    for task in task_store.unfinished(db.reader()):
+    conn = db.reader()
+    found = task_store.unfinished(conn) if node_id is None else nodes.own_unfinished(conn, node_id)
+    for task in found:
         task_id: str = task["id"]
 
         def job(conn: Conn, task_id: str = task_id) -> None:
