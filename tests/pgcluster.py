@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -89,3 +90,18 @@ class Cluster:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         return self.url(name)
+
+
+def store_reader(settings: Any) -> Any:
+    """A connection to the service's database for the tests' own reads: the data
+    directory's SQLite file, or the PostgreSQL database (rows by name, ``?``
+    placeholders either way)."""
+    if settings.database_url:
+        from lmsp.store.pg import PgConnection, raw_connect
+
+        return PgConnection(raw_connect(settings.database_url))
+    import sqlite3
+
+    conn = sqlite3.connect(str(settings.data_dir / "lmsp.db"), timeout=30)
+    conn.row_factory = sqlite3.Row
+    return conn

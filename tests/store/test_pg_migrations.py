@@ -38,9 +38,7 @@ def _sqlite_columns(path: Path) -> dict[str, list[str]]:
     return {t: sorted(r[1] for r in conn.execute(f"PRAGMA table_info({t})")) for t in tables}
 
 
-def test_blank_postgres_database_migrates_to_the_sqlite_schema(
-    pg_url: str, tmp_path: Path
-) -> None:
+def test_blank_postgres_database_migrates_to_the_sqlite_schema(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert pg_schema.migrate(conn) == [name for name, _ in pg_schema.MIGRATIONS]
     assert _pg_columns(pg_url) == _sqlite_columns(tmp_path / "same.db")

@@ -270,8 +270,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         svc = await asyncio.to_thread(open_service, settings, lock)
         svc.broker = Broker(asyncio.get_running_loop())
         svc.db.on_commit(svc.broker.notify)
-        # on a shared database a task to resume is claimed like any other (by any node)
-        svc.runner.start(resume=[] if svc.db.shared else svc.recovered.resumed)
+        svc.runner.start(resume=svc.recovered.resumed)
         if svc.membership is not None:
             svc.membership.start()
         app.state.lmsp = svc

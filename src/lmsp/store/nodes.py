@@ -139,6 +139,16 @@ def own_unfinished(conn: Conn, node_id: str) -> list[Row]:
     )
 
 
+def others_alive(conn: Conn, node_id: str) -> bool:
+    """Does a node other than ``node_id`` hold a live lease?"""
+    now = clock_sql(conn)
+    row = conn.execute(
+        f"SELECT 1 FROM nodes WHERE id <> ? AND status = 'up' AND lease_expires_at > {now}",
+        (node_id,),
+    ).fetchone()
+    return row is not None
+
+
 def all_nodes(conn: Conn) -> list[Row]:
     """Every node that ever joined, with its lease's seconds left (database clock) and
     how many unfinished tasks it holds."""

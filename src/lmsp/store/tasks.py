@@ -143,11 +143,12 @@ def claim_next(conn: Conn, node: Node | None = None) -> Row | None:
     owner = (node.id, node.epoch) if node is not None else (None, 0)
     lock = skip_locked(conn)
     if node is not None:
+        # (or cancelled since: the runner then finishes the cancel)
         resumed: Row | None = conn.execute(
             "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
-            "SELECT id FROM tasks WHERE status = 'running' AND node_id IS NULL"
-            f" ORDER BY seq LIMIT 1{lock}) AND status = 'running' AND node_id IS NULL"
-            " RETURNING *",
+            "SELECT id FROM tasks WHERE status IN ('running', 'cancelling')"
+            f" AND node_id IS NULL ORDER BY seq LIMIT 1{lock})"
+            " AND status IN ('running', 'cancelling') AND node_id IS NULL RETURNING *",
             owner,
         ).fetchone()
         if resumed is not None:

@@ -81,12 +81,16 @@ def recover_task(
 
 
 def recover(db: Database, node_id: str | None = None) -> Report:
-    """Scan the leftover tasks and apply each one's restart policy: all of them, or on a
-    database nodes share, those this node id held (other nodes' tasks are theirs; a
-    queued task is nobody's and stays queued)."""
+    """Scan the leftover tasks and apply each one's restart policy. On a database nodes
+    share (``node_id`` given) while other nodes are up, only the tasks this node id held:
+    the others' are theirs (or their rescuers'), and a queued task waits for any node.
+    With no other node up, the whole cluster restarted: every leftover task, as on SQLite."""
     report = Report()
     conn = db.reader()
-    found = task_store.unfinished(conn) if node_id is None else nodes.own_unfinished(conn, node_id)
+    if node_id is None or not nodes.others_alive(conn, node_id):
+        found = task_store.unfinished(conn)
+    else:
+        found = nodes.own_unfinished(conn, node_id)
     for task in found:
         task_id: str = task["id"]
 

@@ -75,7 +75,10 @@ class Runner:
 
     # -- control -------------------------------------------------------------------------
     def start(self, resume: list[str] | None = None) -> None:
-        self._resume.extend(resume or [])
+        """Start the workers; ``resume``: tasks recovery left ``running`` (on a shared
+        database they are claimed like any other task, by whichever node comes first)."""
+        if self.node is None:
+            self._resume.extend(resume or [])
         for slot in range(self.parallel):
             thread = threading.Thread(
                 target=self._work, args=(slot,), name=f"lmsp-runner-{slot}", daemon=True
@@ -155,7 +158,7 @@ class Runner:
         if node is not None:
             self._held[claimed["id"]] = node
         # a task a lost node left running is resumed from its snapshot
-        self._run(claimed["id"], slot, resumed=claimed["status"] == Status.RUNNING)
+        self._run(claimed["id"], slot, resumed=claimed["status"] != Status.LOADING)
         return str(claimed["id"])
 
     def _work(self, slot: int) -> None:
