@@ -110,7 +110,9 @@ class Service:
         response = task_store.get_response(conn, response_id)
         if response is None or not client.oversees(response["client_id"]):
             raise errors.not_found("response", response_id)
-        task = conn.execute("SELECT * FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
+        task = task_store.of_response(conn, response_id)
+        if task is None:  # deleted between the two reads
+            raise errors.not_found("response", response_id)
         return response, task
 
     def owned_task(self, task_id: str, client: Client) -> Row:
@@ -398,7 +400,7 @@ def database_figures(db: Database) -> list[Metric]:
     by_status = GaugeMetricFamily(
         "lmsp_tasks", "Tasks stored, by status (finished ones until retention).", labels=["status"]
     )
-    counts = dict(conn.execute("SELECT status, count(*) FROM tasks GROUP BY status").fetchall())
+    counts = task_store.status_counts(conn)
     for status in Status:
         by_status.add_metric([status.value], counts.get(status.value, 0))
     queue = GaugeMetricFamily("lmsp_queue_depth", "Tasks queued, waiting for a runner slot.")

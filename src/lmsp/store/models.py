@@ -156,3 +156,8 @@ def delete(conn: Conn, model_id: str) -> str:
 
 def referenced(conn: Conn, digest: str) -> bool:
     return conn.execute("SELECT 1 FROM models WHERE digest = ?", (digest,)).fetchone() is not None
+
+
+def digests(conn: Conn) -> set[str]:
+    """The digests some model record names (blobs and saved prefixes of others go)."""
+    return {str(r[0]) for r in conn.execute("SELECT DISTINCT digest FROM models")}

@@ -352,3 +352,71 @@ def running_for_resume(conn: Conn) -> list[str]:
             "SELECT id FROM tasks WHERE status = 'running' AND on_restart = 'resume' ORDER BY seq"
         )
     ]
+
+
+# -- reads for the API's lists and figures --------------------------------------------------
+
+
+def of_response(conn: Conn, response_id: str) -> Row | None:
+    row: Row | None = conn.execute(
+        "SELECT * FROM tasks WHERE response_id = ?", (response_id,)
+    ).fetchone()
+    return row
+
+
+def page(
+    conn: Conn, client_id: str | None, status: str | None, before_seq: int | None, limit: int
+) -> list[Row]:
+    """Tasks newest first: of one client (or all), in one status (or any), before a
+    queue position (the list's cursor)."""
+    clauses: list[str] = []
+    args: list[Any] = []
+    for clause, value in (("client_id = ?", client_id), ("status = ?", status)):
+        if value is not None:
+            clauses.append(clause)
+            args.append(value)
+    if before_seq is not None:
+        clauses.append("seq < ?")
+        args.append(before_seq)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return list(
+        conn.execute(f"SELECT * FROM tasks {where} ORDER BY seq DESC LIMIT ?", (*args, limit))
+    )
+
+
+def status_counts(conn: Conn) -> dict[str, int]:
+    """How many tasks are stored in each status."""
+    return {
+        str(r[0]): int(r[1])
+        for r in conn.execute("SELECT status, count(*) FROM tasks GROUP BY status")
+    }
+
+
+def queue_summary(conn: Conn) -> tuple[int, int | None]:
+    """Tasks queued, and when the oldest of them was created."""
+    row = conn.execute(
+        "SELECT count(*), min(created_at) FROM tasks WHERE status = 'queued'"
+    ).fetchone()
+    return int(row[0]), None if row[1] is None else int(row[1])
+
+
+def unfinished_by_client(conn: Conn) -> list[dict[str, Any]]:
+    """Each client with unfinished tasks: how many, running and queued."""
+    return [
+        {
+            "id": row["id"],
+            "name": row["name"],
+            "unfinished": int(row["unfinished"]),
+            "running": int(row["running"] or 0),
+            "queued": int(row["queued"] or 0),
+            "last_used_at": row["last_used_at"],
+        }
+        for row in conn.execute(
+            "SELECT c.id, c.name, c.last_used_at, count(t.id) AS unfinished,"
+            " sum(CASE WHEN t.status IN ('loading', 'running', 'cancelling') THEN 1 ELSE 0 END)"
+            " AS running, sum(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END) AS queued"
+            " FROM tasks t JOIN clients c ON c.id = t.client_id"
+            f" WHERE t.status IN ({UNFINISHED_SQL}) GROUP BY c.id, c.name, c.last_used_at"
+            " ORDER BY c.name, c.id"
+        )
+    ]

@@ -69,24 +69,14 @@ def _list_page(
 ) -> dict[str, Any]:
     """One page of the task list (in a reader thread)."""
     conn = svc.db.reader()
-    clauses: list[str] = []
-    args: list[Any] = []
-    if client_id is not None or not client.admin:
-        clauses.append("client_id = ?")
-        args.append(client_id or client.id)
-    if status is not None:
-        clauses.append("status = ?")
-        args.append(status.value)
+    before: int | None = None
     if after is not None:
         cursor = task_store.get(conn, after)
         if cursor is None or not client.oversees(cursor["client_id"]):
             raise errors.invalid(f"Unknown cursor {after!r}.", param="after")
-        clauses.append("seq < ?")
-        args.append(cursor["seq"])
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = list(
-        conn.execute(f"SELECT * FROM tasks {where} ORDER BY seq DESC LIMIT ?", (*args, limit + 1))
-    )
+        before = int(cursor["seq"])
+    owner = client_id or client.id if client_id is not None or not client.admin else None
+    rows = task_store.page(conn, owner, status.value if status else None, before, limit + 1)
     page = rows[:limit]
     data = [render(conn, t, client) for t in page]
     return {
