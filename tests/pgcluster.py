@@ -8,6 +8,7 @@ saying why, unless ``LMSP_REQUIRE_POSTGRES=1`` (CI), where they fail.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -75,10 +76,8 @@ class Cluster:
         )  # fmt: skip
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self._run(str(self.bins / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.root, ignore_errors=True)
 
     def url(self, dbname: str = "postgres") -> str:

@@ -271,8 +271,6 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         svc.broker = Broker(asyncio.get_running_loop())
         svc.db.on_commit(svc.broker.notify)
         svc.runner.start(resume=svc.recovered.resumed)
-        if svc.membership is not None:
-            svc.membership.start()
         app.state.lmsp = svc
         _announce_console(svc)
         gc = asyncio.create_task(_gc_loop(svc))

@@ -368,6 +368,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
     )
     if membership is not None:
         membership.attach(runner)
+        membership.start()  # the lease is renewed from now on (it ends with the database)
         db.on_task_change(runner.heard)
     metrics.add_collector(lambda: database_figures(db))
     metrics.add_collector(lambda: engine_figures(host))

@@ -425,6 +425,10 @@ class Database:
             log.exception("relieving the disk failed")
             return False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         if self._closed:
             return

@@ -90,7 +90,7 @@ class Membership:
         renew_every = self.ttl / 3
         tick = min(RESCUE_EVERY, renew_every)
         next_renew = time.monotonic() + renew_every
-        while not self._stop.wait(tick):
+        while not self._stop.wait(tick) and not self.db.closed:
             try:
                 if time.monotonic() >= next_renew:
                     next_renew = time.monotonic() + renew_every
