@@ -396,3 +396,15 @@ def test_every_setting_is_in_the_configuration_table() -> None:
     assert table - read == set(), "README lists settings nothing reads"
     for name in ("LMSP_URL", "LMSP_TOKEN"):
         assert name in section("CLI")
+
+
+def test_no_snippet_hard_codes_the_data_directory() -> None:
+    """The tour exports ``LMSP_DATA_DIR``; a snippet that reads the owner token from the
+    default place would read another service's token (or none)."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    snippets = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    readers = [s for s in snippets if "owner.token" in s]
+    assert readers, "the README's SDK snippets read the owner token"
+    for snippet in readers:
+        assert "LMSP_DATA_DIR" in snippet, snippet
+        assert "local/share/lmsp/owner.token" not in snippet, snippet

@@ -47,6 +47,7 @@ def test_every_unusable_path_gets_one_answer(client: TestClient, tmp_path: Path)
         "fifo": str(fifo),  # an open without O_NONBLOCK would hang here
         "long name": str(tmp_path / ("x" * 300)),
         "nul byte": str(tmp_path / "a\0b"),
+        "no such user": "~no-such-user-lmsp/model.gguf",  # expanduser raises
     }
     answers = {}
     for what, path in paths.items():

@@ -185,8 +185,9 @@ def open_source(path: Path) -> tuple[BinaryIO, int]:
     disk. What is then checked and copied is this open file: swapping the path (a
     symlink to ``/dev/zero``) after the open changes nothing."""
     try:
+        path = path.expanduser()  # RuntimeError: ``~someone`` with no such user
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+    except (OSError, ValueError, RuntimeError):  # ValueError: a NUL byte in the path
         raise _unreadable() from None
     try:
         info = os.fstat(fd)
@@ -236,7 +237,7 @@ def import_model(
     meanwhile never imports as ``ready``."""
     if models.get(db.reader(), model_id) is not None:
         raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
-    source, size = open_source(path.expanduser())
+    source, size = open_source(path)
     with source:
         try:
             meta = metadata_of(read_header_from(source))
