@@ -20,6 +20,7 @@ import pytest
 from tests.helpers import Server, check_log_invariants, task_log
 from tests.pgcluster import Cluster
 from tests.pgcluster import store_reader as _reader
+from tests.test_crash import sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -237,3 +238,126 @@ def test_cancel_idempotency_and_revocation_across_nodes(
             with client(srv, agent["token"]) as http:
                 wait_for(lambda http=http: http.get("/v1/models").status_code == 401, 1.0, "401")
         print(f"revocation seen on all nodes within {time.monotonic() - revoked_at:.2f}s")
+
+
+def test_a_stream_on_b_follows_a_task_on_a_and_resumes_on_c(
+    cluster: tuple[str, list[Server]],
+) -> None:
+    """A: the node generating; B: another node, serving the stream until it is killed;
+    C: the third, where the client resumes with ``Last-Event-ID``."""
+    url, servers = cluster
+    token = owner_token(servers)
+    whole = {"stream": "true", "include": "lmsp.lifecycle"}
+    with client(servers[0], token) as http:
+        made = create(http, "fail", tokens=300)
+    task_id = task_id_of(url, made["id"])
+    wait_for(lambda: running_on(url, task_id, 0) is not None, 60, "the task running")
+    a_name = running_on(url, task_id, 0)
+    b, c = [srv for srv in servers if srv.data_dir.name != a_name]
+    path = f"/v1/responses/{made['id']}"
+    seen: list[dict[str, Any]] = []
+    with client(b, token) as http_b, http_b.stream("GET", path, params=whole) as stream:
+        for event in sse_events(stream):
+            seen.append(event)
+            if len([e for e in seen if "delta" in e]) >= 5:
+                break
+    b.kill()  # the node serving the stream goes; the task generates on on A
+    last = seen[-1]["_id"]
+    with client(c, token) as http_c:
+        with http_c.stream("GET", path, params=whole, headers={"Last-Event-ID": str(last)}) as s:
+            rest = list(sse_events(s))
+        final = http_c.get(path).json()
+    ids = [e["_id"] for e in seen + rest]
+    assert ids == list(range(len(ids)))  # one gap-free log, whichever node served it
+    assert rest[-1]["type"] == "response.completed" and final["status"] == "completed"
+    text = "".join(e.get("delta", "") for e in seen + rest if e["type"].endswith("text.delta"))
+    assert final["output"][0]["content"][0]["text"] == text
+    assert task_row(url, task_id)["node_id"] == a_name  # generated on A throughout
+
+
+def test_cancel_versus_complete_across_nodes(cluster: tuple[str, list[Server]]) -> None:
+    """200 short tasks made on one node and cancelled on another at random moments:
+    every one ends either completed (no cancel logged) or cancelled, never both."""
+    import random
+    import threading
+
+    url, servers = cluster
+    token = owner_token(servers)
+    rng = random.Random(7)
+    outcomes: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        local = random.Random(seed)
+        with (
+            client(servers[seed % 3], token) as maker,
+            client(servers[(seed + 1) % 3], token) as canceller,
+        ):
+            for _ in range(50):
+                made = create(maker, "fail", tokens=local.randint(1, 12))
+                time.sleep(local.random() * 0.15)
+                answer = canceller.post(f"/v1/responses/{made['id']}/cancel")
+                assert answer.status_code == 200, answer.text
+                with lock:
+                    outcomes[made["id"]] = answer.status_code
+
+    threads = [
+        threading.Thread(target=worker, args=(rng.randint(0, 99) * 3 + i,)) for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outcomes) == 200
+    conn = reader(url)
+    ends = {"completed": 0, "cancelled": 0}
+    try:
+
+        def settled() -> bool:
+            rows = conn.execute("SELECT status FROM tasks").fetchall()
+            return all(r[0] in ("completed", "cancelled", "failed") for r in rows)
+
+        wait_for(settled, 60, "every task to settle")
+        check_log_invariants(conn)  # one terminal event per task, matching its status
+        for response_id in outcomes:
+            row = conn.execute(
+                "SELECT id, status FROM tasks WHERE response_id = ?", (response_id,)
+            ).fetchone()
+            kinds = [e["type"] for e in task_log(conn, row["id"])]
+            ends[row["status"]] += 1
+            if row["status"] == "completed":
+                assert "response.cancelled" not in kinds
+            else:
+                assert row["status"] == "cancelled" and "response.completed" not in kinds
+    finally:
+        conn.close()
+    print(f"cancel-versus-complete across nodes: {ends}, 0 violations")
+
+
+def test_the_real_model_answers_through_a_postgres_node(tmp_path: Path, pg_url: str) -> None:
+    """The bundled model (llama.cpp) on a node whose state is in PostgreSQL."""
+    srv = node(tmp_path, pg_url, "real").start()
+    try:
+        with httpx.Client(
+            base_url=srv.url, headers={"Authorization": f"Bearer {srv.token}"}, timeout=600
+        ) as http:
+            answer = http.post(
+                "/v1/responses",
+                json={
+                    "model": "smollm2-135m-instruct",
+                    "input": "Say hello.",
+                    "max_output_tokens": 16,
+                    "temperature": 0,
+                },
+            )
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert body["status"] in ("completed", "incomplete")
+            text = body["output"][0]["content"][0]["text"]
+            assert text.strip()
+            again = http.get(f"/v1/responses/{body['id']}").json()
+            assert again["output"][0]["content"][0]["text"] == text
+    finally:
+        srv.stop()
+    row = task_row(pg_url, task_id_of(pg_url, body["id"]))
+    assert row["status"] in ("completed",) and row["node_id"] == "real"
