@@ -18,6 +18,8 @@
     the overhead of Anthropic's shapes over the same durable core.
 (g) hostile inputs (bench/hostile.py): /healthz p99 while a schema bomb and six PDF
     bombs are in flight (goal: 50 ms), and another client's small request meanwhile.
+(h) scale-out (bench/scaleout.py): durable creates with 64 clients, PostgreSQL against
+    SQLite, one node and three; the recovery of a killed node's task against the lease TTL.
 (c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issue 10, see
     ``bench/compare.py``.
@@ -523,6 +525,7 @@ def main() -> None:
             "snapshots",
             "dialects",
             "hostile",
+            "scaleout",
         ],
         default=None,
     )
@@ -556,6 +559,10 @@ def main() -> None:
             from bench.hostile import bench_hostile
 
             bench_hostile(1 if compare.quick() else 3, table)
+        if args.only in (None, "scaleout"):
+            from bench.scaleout import bench_scaleout
+
+            bench_scaleout(work, 64, args.seconds, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")
