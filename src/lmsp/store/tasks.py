@@ -134,30 +134,43 @@ def move(
 # -- the runner's verbs -----------------------------------------------------------------
 
 
-def claim_next(conn: Conn, node: Node | None = None) -> Row | None:
+def claim_next(
+    conn: Conn, node: Node | None = None, digests: list[str] | None = None
+) -> Row | None:
     """Take the next task: on a shared database (``node`` given) first a task a lost
     node left ``running`` to resume (it stays ``running``: the runner resumes it),
     then the oldest queued one (FIFO), moved to ``loading``. The claim is one
     ``UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1)``: nodes claiming
-    at once pass over each other's rows; the task records ``(node, lease epoch)``."""
+    at once pass over each other's rows; the task records ``(node, lease epoch)``.
+    ``digests``: the model blobs this node has; a task of another model is left to the
+    nodes that have it."""
     owner = (node.id, node.epoch) if node is not None else (None, 0)
     lock = skip_locked(conn)
+    mine = ""
+    args: tuple[Any, ...] = ()
+    if digests is not None:
+        marks = ", ".join("?" * len(digests)) or "NULL"
+        mine = (
+            " AND response_id IN (SELECT r.id FROM responses r JOIN models m ON m.id = r.model"
+            f" WHERE m.digest IN ({marks}))"
+        )
+        args = tuple(digests)
     if node is not None:
         # (or cancelled since: the runner then finishes the cancel)
         resumed: Row | None = conn.execute(
             "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
             "SELECT id FROM tasks WHERE status IN ('running', 'cancelling')"
-            f" AND node_id IS NULL ORDER BY seq LIMIT 1{lock})"
+            f" AND node_id IS NULL{mine} ORDER BY seq LIMIT 1{lock})"
             " AND status IN ('running', 'cancelling') AND node_id IS NULL RETURNING *",
-            owner,
+            (*owner, *args),
         ).fetchone()
         if resumed is not None:
             return resumed
     row = conn.execute(
         "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
-        f"SELECT id FROM tasks WHERE status = 'queued' ORDER BY seq LIMIT 1{lock})"
+        f"SELECT id FROM tasks WHERE status = 'queued'{mine} ORDER BY seq LIMIT 1{lock})"
         " AND status = 'queued' RETURNING id",
-        owner,
+        (*owner, *args),
     ).fetchone()
     if row is None:
         return None

@@ -152,7 +152,9 @@ class Runner:
             self._run(task_id, slot, resumed=True)
             return task_id
         node = self.node
-        claimed: Row | None = self.db.write_sync(lambda c: task_store.claim_next(c, node))
+        # on a shared database, only tasks of models whose blob this node has
+        digests = None if node is None else self._local_digests()
+        claimed: Row | None = self.db.write_sync(lambda c: task_store.claim_next(c, node, digests))
         if claimed is None:
             return None
         if node is not None:
@@ -160,6 +162,15 @@ class Runner:
         # a task a lost node left running is resumed from its snapshot
         self._run(claimed["id"], slot, resumed=claimed["status"] != Status.LOADING)
         return str(claimed["id"])
+
+    def _local_digests(self) -> list[str]:
+        """The digests of the model blobs in this node's data directory."""
+        blobs = self.host.blobs_dir
+        if not blobs.is_dir():
+            return []
+        return sorted(
+            f"sha256:{path.name.removeprefix('sha256-')}" for path in blobs.glob("sha256-*")
+        )
 
     def _work(self, slot: int) -> None:
         backoff = durable.Backoff(0.1, 1.0)
