@@ -1,4 +1,4 @@
-"""(f) The Messages API against Chat Completions on the same prompt (issue 20).
+"""(i) The Messages API against Chat Completions on the same prompt (issue 20).
 
 One real ``lmsp serve`` with the bundled model; the same user prompt, greedy, the same
 number of output tokens, through ``POST /v1/messages`` and ``POST /v1/chat/completions``

@@ -166,6 +166,14 @@ def free_port() -> int:
         return port
 
 
+#: llama-server's own defaults (weight repacking on, flash attention auto)
+DEFAULT_FLAGS: tuple[str, ...] = ()
+#: the kernels lmsp runs: no weight repacking (llama.cpp's "extra buffer types": lmsp
+#: loads its model with use_extra_bufts = False; on CPUs with AMX the AMX extra buffer
+#: type's matmul crashes, which this also avoids) and flash attention on
+FAST_FLAGS: tuple[str, ...] = ("--no-repack", "-fa", "on")
+
+
 class LlamaServer:
     """A running ``llama-server`` on the given GGUF, on a free local port."""
 
@@ -179,6 +187,8 @@ class LlamaServer:
         n_ctx: int,
         log: Path,
         cache_prompt: bool = True,
+        flags: tuple[str, ...] = FAST_FLAGS,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -200,15 +210,9 @@ class LlamaServer:
             "-c",
             str(n_ctx * parallel),
             "--no-webui",
-            # no weight repacking (llama.cpp's "extra buffer types"): lmsp loads its model
-            # with use_extra_bufts = False, so both servers run the same CPU kernels; and
-            # on CPUs with AMX the AMX extra buffer type's matmul crashes
-            # (ggml_backend_amx_mul_mat), which this also avoids
-            "--no-repack",
-            # flash attention on, as lmsp's context has it (llama_context.py)
-            "-fa",
-            "on",
+            *flags,
         ]
+        self.args += list(extra)
         if not cache_prompt:
             self.args.append("--no-cache-prompt")
         self.log = log

@@ -14,15 +14,17 @@
     unconstrained, same prompt and seed; the compile time of a 20-property schema.
 (e) snapshot writes (bench/snapshots.py): the bytes one 2,000-token task's snapshots
     cost, flushed every 8 tokens, the old whole-list JSON against today's chunks.
-(f) the Messages API against Chat Completions on the same prompt (bench/dialects.py):
-    the overhead of Anthropic's shapes over the same durable core.
 (g) hostile inputs (bench/hostile.py): /healthz p99 while a schema bomb and six PDF
     bombs are in flight (goal: 50 ms), and another client's small request meanwhile.
-(h) scale-out (bench/scaleout.py): durable creates with 64 clients, PostgreSQL against
+(h) embeddings (bench/embeddings.py): inputs/s through POST /v1/embeddings against
+    llama-server's on the same GGUF (goal: at least 0.9x the faster llama-server).
+(i) the Messages API against Chat Completions on the same prompt (bench/dialects.py):
+    the overhead of Anthropic's shapes over the same durable core.
+(j) scale-out (bench/scaleout.py): durable creates with 64 clients, PostgreSQL against
     SQLite, one node and three; the recovery of a killed node's task against the lease TTL.
-(c) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
-    source distribution into a cache the first time): the benchmarks of issue 10, see
-    ``bench/compare.py``.
+(f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
+    source distribution into a cache the first time): the benchmarks of issues 10 and 16,
+    see ``bench/compare.py``.
 
 ``LMSP_BENCH_QUICK=1`` makes every part small: a smoke run of the harness, not figures.
 
@@ -524,6 +526,7 @@ def main() -> None:
             "compare",
             "snapshots",
             "dialects",
+            "embeddings",
             "hostile",
             "scaleout",
         ],
@@ -555,6 +558,10 @@ def main() -> None:
             from bench.dialects import bench_dialects
 
             bench_dialects(work, args.tokens, args.reps, table)
+        if args.only in (None, "embeddings"):
+            from bench.embeddings import bench_embeddings
+
+            bench_embeddings(work, 1 if compare.quick() else 3, table)
         if args.only in (None, "hostile"):
             from bench.hostile import bench_hostile
 

@@ -1,4 +1,4 @@
-"""(h) scale-out: PostgreSQL against SQLite, one node and three (issue 18).
+"""(j) scale-out: PostgreSQL against SQLite, one node and three (issue 18).
 
 Durable creates: ``clients`` concurrent HTTP clients create background responses (each
 answered ``202`` only after its commit) for ``seconds``, against one ``lmsp serve`` on
@@ -154,7 +154,7 @@ def bench_scaleout(
     table: Callable[[str, list[str], list[list[str]]], None],
 ) -> None:
     if bin_dir() is None:
-        print("\n(h) scale-out: skipped, PostgreSQL is not installed")
+        print("\n(j) scale-out: skipped, PostgreSQL is not installed")
         return
     busy = busy_cpus()
     cluster = Cluster(bin_dir())  # type: ignore[arg-type]
@@ -178,7 +178,7 @@ def bench_scaleout(
         for name, (rate, p99) in figures.items():
             rows.append([name, f"{rate:.0f}", f"{p99 * 1000:.0f}", f"{rate / base:.2f}"])
         table(
-            f"(h) durable creates, {clients} clients, {seconds:.0f} s each",
+            f"(j) durable creates, {clients} clients, {seconds:.0f} s each",
             ["STORE", "CREATES/S", "P99 MS", "x SQLITE"],
             rows,
         )
@@ -188,10 +188,10 @@ def bench_scaleout(
             goal = "met" if took <= ttl + 2 else "MISSED"
             recovery.append([f"{ttl:.0f} s", f"{took:.2f} s", f"≤ {ttl + 2:.0f} s {goal}"])
         table(
-            "(h) recovery of a killed node's task: kill -9 to its next token on another node",
+            "(j) recovery of a killed node's task: kill -9 to its next token on another node",
             ["LEASE TTL", "TOOK", "GOAL"],
             recovery,
         )
-        print(f"other load on the machine before (h): {busy:.2f} CPUs busy")
+        print(f"other load on the machine before (j): {busy:.2f} CPUs busy")
     finally:
         cluster.stop()

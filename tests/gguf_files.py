@@ -48,3 +48,32 @@ def flip_byte(path: Path, offset_from_end: int = 4096) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(bytes(data))
     os.replace(tmp, path)
+
+
+def with_pooling(dest: Path, pooling: int) -> Path:
+    """A whole, loadable copy with one more key, ``llama.pooling_type`` (4: a reranker's
+    ``rank``): the header grows, the tensor data moves to the next aligned offset."""
+    import struct
+
+    from lmsp.gguf import DEFAULT_ALIGNMENT, check_structure, read_header
+
+    source = bundled_model_path()
+    data = source.read_bytes()
+    header = read_header(source)
+    alignment = int(header.get("general.alignment", DEFAULT_ALIGNMENT))
+    with source.open("rb") as fh:  # where the keys end: re-read them, up to the tensor table
+        from lmsp.gguf import _header
+
+        _header(fh)
+        keys_end = fh.tell()
+        check_structure(fh, len(data))
+        table_end = fh.tell()
+    data_start = (table_end + alignment - 1) // alignment * alignment
+    key = b"llama.pooling_type"
+    added = struct.pack("<Q", len(key)) + key + struct.pack("<II", 4, pooling)  # uint32
+    (count,) = struct.unpack_from("<Q", data, 16)
+    head = data[:16] + struct.pack("<Q", count + 1) + data[24:keys_end] + added
+    head += data[keys_end:table_end]
+    head += b"\0" * (-len(head) % alignment)
+    dest.write_bytes(head + data[data_start:])
+    return dest

@@ -62,7 +62,7 @@ def wait_running(data_dir: Path, ids: list[str], beyond: dict[str, int]) -> dict
 @pytest.mark.slow
 def test_kill_9_during_batched_generation(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    server = Server(data_dir, env={"LMSP_PARALLEL": "3"}).start()
+    server = Server(data_dir, env={"LMSP_PARALLEL": "3", "LMSP_EXACT": "1"}).start()
     try:
         with server.client(timeout=300) as http:
             references = [

@@ -3,8 +3,10 @@
 - ``kill -9`` of the real model's engine process during three batched tasks, one per
   ``on_restart`` policy: the API answers throughout; ``fail`` fails with
   ``engine_crashed``, ``retry`` starts over, ``resume`` continues from what it had
-  committed; both finish with their uninterrupted text, and every log is gap-free;
-  the engine is started again and ``/healthz``, ``lmsp ps`` and ``/metrics`` say so.
+  committed, and every log is gap-free; the engine is started again and ``/healthz``,
+  ``lmsp ps`` and ``/metrics`` say so. In exact mode (``LMSP_EXACT=1``) both finish
+  with their uninterrupted text; in the fast default the resumed text is a valid
+  continuation of what was committed (its later tokens may differ in the last bits).
 - An engine that crashes again and again is not restarted forever: its model is marked
   failed, its tasks fail clearly, a task on another model completes.
 - No engine process outlives the service: ``kill -9`` of the API process, a graceful
@@ -112,12 +114,14 @@ class Prober(threading.Thread):
                 time.sleep(0.02)
 
 
-def test_kill_9_of_the_engine_during_batched_tasks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fast"])
+def test_kill_9_of_the_engine_during_batched_tasks(tmp_path: Path, exact: bool) -> None:
     data_dir = tmp_path / "data"
-    server = Server(data_dir, env={"LMSP_PARALLEL": "3"}).start()
+    env = {"LMSP_PARALLEL": "3", "LMSP_EXACT": "1" if exact else "0"}
+    server = Server(data_dir, env=env).start()
     try:
         with server.client(timeout=300) as http:
-            # the uninterrupted texts, batched together (batched = solo, bit for bit)
+            # the uninterrupted texts, batched together (exact: batched = solo, bit for bit)
             references = [http.post("/v1/responses", json=body(job)).json() for job in JOBS]
             references = [finish(http, r["id"]) for r in references]
             first = engine(http, MODEL)
@@ -164,9 +168,13 @@ def test_kill_9_of_the_engine_during_batched_tasks(tmp_path: Path) -> None:
         assert failed["status"] == "failed" and failed["error"]["code"] == "engine_crashed"
         assert "SIGKILL" in failed["error"]["message"]
         for final, reference in ((resumed, references[0]), (retried, references[1])):
-            assert final["status"] == reference["status"] == "completed"
-            assert text_of(final) == text_of(reference)
-            assert final["usage"]["output_tokens"] == reference["usage"]["output_tokens"]
+            if exact:  # the uninterrupted run's text, to the bit
+                assert final["status"] == reference["status"] == "completed"
+                assert text_of(final) == text_of(reference)
+                assert final["usage"]["output_tokens"] == reference["usage"]["output_tokens"]
+            else:  # a valid run: it ended as a run ends (a stop token, or the budget)
+                assert final["status"] in ("completed", "incomplete"), final
+                assert final["usage"]["output_tokens"] <= 96
 
         conn = open_db(data_dir)
         check_log_invariants(conn)  # gap-free from 0, one terminal event, the last

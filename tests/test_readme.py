@@ -264,7 +264,9 @@ def test_the_tour_works_as_written(newcomer: tuple[User, Service]) -> None:
     assert f"the lmsp command is {VENV_BIN / 'lmsp'}" in banner  # it is not on PATH
     try:
         walk(user, service, [c for block in blocks(tour, "sh") for c in commands(block)])
-        for block in blocks(tour, "python"):
+        # the SDK snippets too; Claude Code's shell block needs `claude`, not installed here
+        sdks = section("From Anthropic's SDK and Claude Code")
+        for block in blocks(tour, "python") + blocks(sdks, "python"):
             script = user.checkout / "tour.py"
             script.write_text(user.fill(block))
             out = user.run("python tour.py")

@@ -41,7 +41,7 @@ STEP = 5
 @pytest.mark.slow
 def test_a_killed_structured_task_resumes_byte_identical(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    server = Server(data_dir).start()
+    server = Server(data_dir, env={"LMSP_EXACT": "1"}).start()
     try:
         with server.client(timeout=600) as http:
             reference = http.post("/v1/responses", json=BODY).json()

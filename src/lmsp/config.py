@@ -22,6 +22,14 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
+def default_kv_budget() -> int:
+    """A quarter of the machine's physical memory (1 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+
+
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "lmsp"
@@ -40,7 +48,13 @@ class Settings:
     idempotency_ttl: float = 86400.0
     gc_interval: float = 60.0
     flush_interval: float = 0.05
-    n_ctx: int = 2048
+    n_ctx: int = 0  # one sequence's context; 0: the model's trained context (SmolLM2: 8192)
+    # bytes the KV caches of one model's sequences may take together; the context is cut
+    # to fit (docs/operations.md). Default: a quarter of the machine's memory
+    kv_budget: int = field(default_factory=lambda: default_kv_budget())
+    # LMSP_EXACT: batched = solo and resumed = uninterrupted, bit for bit, at a cost
+    # (docs/performance.md); off: llama-server's fast schedule
+    exact: bool = False
     keep_alive: float = 300.0
     max_loaded_models: int = 1
     enable_test_engine: bool = False
@@ -76,6 +90,10 @@ class Settings:
     # next crash marks its model failed (docs/operations.md)
     engine_restarts: int = 5
     engine_restart_window: float = 600.0
+    # POST /v1/embeddings: the most inputs one request may have, and the most tokens one
+    # input may have (also the size of each engine's embedding context)
+    embed_max_inputs: int = 256
+    embed_max_tokens: int = 512
     # engines run on a thread of the API process instead of a process of their own: for
     # fast in-process tests of the test engine only (no environment variable sets it)
     in_thread_engines: frozenset[str] = frozenset()
@@ -153,6 +171,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["gc_interval"] = parse_duration(v)
     if v := env.get("LMSP_N_CTX"):
         changes["n_ctx"] = int(v)
+        if int(v) < 0:
+            raise ValueError("LMSP_N_CTX must be 0 (the model's own) or more")
+    if v := env.get("LMSP_KV_BUDGET"):
+        changes["kv_budget"] = int(v)
+        if int(v) < 1 << 20:
+            raise ValueError("LMSP_KV_BUDGET must be at least 1048576 bytes")
+    if v := env.get("LMSP_EXACT"):
+        changes["exact"] = _flag(v)
     if v := env.get("LMSP_KEEP_ALIVE"):
         changes["keep_alive"] = parse_duration(v)
     if v := env.get("LMSP_MAX_LOADED_MODELS"):
@@ -256,6 +282,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["engine_restart_window"] = window = parse_duration(v)
         if window <= 0:
             raise ValueError("LMSP_ENGINE_RESTART_WINDOW must be more than 0s")
+    for name, key in (
+        ("LMSP_EMBED_MAX_INPUTS", "embed_max_inputs"),
+        ("LMSP_EMBED_MAX_TOKENS", "embed_max_tokens"),
+    ):
+        if v := env.get(name):
+            changes[key] = int(v)
+            if int(v) < 1:
+                raise ValueError(f"{name} must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
     return s.with_overrides(**changes)

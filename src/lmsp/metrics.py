@@ -5,7 +5,8 @@ default: tests build many apps in one process). The parts of the service report 
 through a few calls: the writer (:meth:`Metrics.transaction`), the runner
 (:meth:`begin` / :meth:`prompt` / :meth:`token` / :meth:`end`), the model host
 (:meth:`model_loaded` / :meth:`model_unloaded` / :meth:`engine_crashed` /
-:meth:`engine_restarted`), startup recovery (:meth:`recovered`)
+:meth:`engine_restarted`), the embeddings route (:meth:`embedded`), startup recovery
+(:meth:`recovered`)
 and the HTTP middleware (:meth:`http`). Figures that live in the database (tasks by
 status, the queue) are read from it when scraped, through :meth:`add_collector`.
 
@@ -139,6 +140,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.embedded_inputs = Counter(
+            "lmsp_embedding_inputs", "Inputs embedded (POST /v1/embeddings).", ["model"], registry=r
+        )
+        self.embedded_tokens = Counter(
+            "lmsp_embedding_tokens", "Tokens of the inputs embedded.", ["model"], registry=r
+        )
         self.http_requests = Counter(
             "lmsp_http_requests",
             "HTTP requests answered, by route template, method and status.",
@@ -217,6 +224,10 @@ class Metrics:
 
     def engine_restarted(self, model: str) -> None:
         self.engine_restarts.labels(model).inc()
+
+    def embedded(self, model: str, inputs: int, tokens: int) -> None:
+        self.embedded_inputs.labels(model).inc(inputs)
+        self.embedded_tokens.labels(model).inc(tokens)
 
     def recovered(self, outcomes: Iterable[tuple[str, str]]) -> None:
         """``(policy, outcome)`` for every task startup recovery moved or kept."""

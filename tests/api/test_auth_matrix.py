@@ -201,6 +201,9 @@ ROUTES: dict[tuple[str, str], Route] = {
         ),
         200,
     ),
+    ("POST", "/v1/embeddings"): Route(
+        _static("POST", "/v1/embeddings", json={"model": "lmsp-test", "input": "x"}), 200
+    ),
     ("GET", "/v1/responses/{response_id}"): Route(_resp("GET"), 200, owned=True),
     ("DELETE", "/v1/responses/{response_id}"): Route(_resp("DELETE"), 200, owned=True),
     ("GET", "/v1/responses/{response_id}/input_items"): Route(

@@ -207,3 +207,41 @@ def test_openapi_document_is_served(client: TestClient) -> None:
     assert doc["openapi"].startswith("3.")
     for path in ("/v1/responses", "/v1/responses/{response_id}", "/v1/tasks/{task_id}/events"):
         assert path in doc["paths"]
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param"),
+    [
+        (
+            "/v1/responses",
+            {"input": "hi", "text": {"format": {"type": "json_schema", "name": "f", "schema": {}}}},
+            "text.format.schema",
+        ),
+        (
+            "/v1/responses",
+            {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {}}]},
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "f", "schema": {}},
+                },
+            },
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
+def test_a_model_that_cannot_constrain_refuses_tools_and_schemas(
+    client: TestClient, path: str, extra: dict[str, Any], param: str
+) -> None:
+    """The test engine holds no output to a grammar: a request that needs one is a 400
+    naming the field, written nowhere (not a task that fails, nor a 500)."""
+    before = snapshot(client)
+    answer = client.post(path, json={"model": "lmsp-test", **extra})
+    error = assert_error(answer, 400, "invalid_request_error", "unsupported_parameter")
+    assert error["param"] == param
+    assert snapshot(client) == before

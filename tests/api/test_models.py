@@ -231,7 +231,7 @@ def test_another_model_takes_the_memory(client: TestClient) -> None:
 
 
 def test_a_prompt_longer_than_the_context_is_refused_at_create(client: TestClient) -> None:
-    for model, text in [("lmsp-test", "a" * 5000), (DEFAULT_MODEL_ID, "lighthouse " * 2100)]:
+    for model, text in [("lmsp-test", "a" * 5000), (DEFAULT_MODEL_ID, "lighthouse " * 9000)]:
         reply = client.post("/v1/responses", json={"model": model, "input": text})
         error = reply.json()["error"]
         assert reply.status_code == 400, model

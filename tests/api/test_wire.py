@@ -244,7 +244,6 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"tools": [{"type": "function", "name": "f"}], "stop": ["x"]}, "stop"),
     ({"text": {"format": {"type": "json_object"}}, "stop": ["x"]}, "stop"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
-    ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
     ({"service_tier": "flex"}, "service_tier"),

@@ -113,7 +113,7 @@ def test_the_real_model_shows_its_memory(settings: Settings) -> None:
     (model,) = state["models"]
     assert model["model"] == DEFAULT_MODEL_ID and not model["busy"]
     size = blob_path(settings.blobs_dir, model["digest"]).stat().st_size
-    # the tensors (about the file's size) plus a KV cache for the 2048-token context
+    # the tensors (about the file's size) plus a KV cache for the context
     assert model["memory_bytes"] > size
     assert 0 < model["unloads_in"] <= settings.keep_alive
     assert state["sequences"] == [] and state["queue"]["queued"] == 0

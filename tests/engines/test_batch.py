@@ -5,7 +5,14 @@ prompt the sequence holding its longest prefix. The loop that uses them is teste
 
 from __future__ import annotations
 
-from lmsp.engines.batch import CHUNK, ExactSteps, Request, SequencePool, common_prefix
+from lmsp.engines.batch import (
+    CHUNK,
+    ExactSteps,
+    FastSteps,
+    Request,
+    SequencePool,
+    common_prefix,
+)
 from lmsp.engines.llama_cpp import SPLIT_KV_CELLS, single_step_fillers
 
 
@@ -75,3 +82,14 @@ def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3], [1, 2, 3]) == 3
     assert common_prefix([1, 2, 3], [1, 5]) == 1
     assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_fast_schedule_fills_a_step_with_prompt_beside_the_generating_tokens() -> None:
+    policy = FastSteps()
+    # every generating token, then prompts oldest first in full micro-batches
+    assert policy.form([100, 1, 1], 512) == [(1, 1), (2, 1), (0, 100)]
+    assert policy.form([1, 900, 300, 1], 512) == [(0, 1), (3, 1), (1, 510)]
+    assert policy.form([600, 300], 512) == [(0, 512)]
+    assert policy.form([1, 1, 1], 2) == [(0, 1), (1, 1)]  # the budget
+    assert policy.form([], 512) == []
+    assert policy.form([2, 2], 3) == [(0, 2), (1, 1)]

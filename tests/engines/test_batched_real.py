@@ -6,6 +6,9 @@ that is cancelled, finishes or is constrained must not disturb the others; a pro
 that starts from a cached prefix — a finished sequence's, or one saved on disk before
 a restart — must give exactly what a cold evaluation gives; and a saved
 prefix of another model or another prompt, or a damaged file, is never used.
+
+All of it in exact mode (``LMSP_EXACT=1``, ``LoadOptions.exact``): the guarantee it
+keeps. The fast default's own checks are in ``test_fast_real.py``.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ def tokenizer() -> Iterator[LlamaTokenizer]:
 def model(sequences: int, **options: Any) -> EngineClient:
     """The bundled model in an engine process of its own."""
     path = bundled_model_path()
-    spec = EngineSpec(LlamaEngine(), path, 2048, LoadOptions(sequences=sequences, **options))
-    return EngineClient(spec, LlamaTokenizer(path, 2048)).start()
+    load = LoadOptions(sequences=sequences, exact=True, **options)
+    spec = EngineSpec(LlamaEngine(), path, 2048, load)
+    return EngineClient(spec, LlamaTokenizer(path, 2048, options=load)).start()
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,11 @@ class FakeBackend:
 
 class FakeTokenizer:
     n_ctx = 64
+    n_embd = 8
+    n_vocab = 256
+
+    def text_tokens(self, text: str) -> list[int]:
+        return list(text.encode())
 
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
@@ -91,7 +96,9 @@ class FakeEngine:
         self.backends.append(backend)
         return backend
 
-    def tokenizer(self, path: Path, n_ctx: int) -> FakeTokenizer:
+    def tokenizer(
+        self, path: Path, n_ctx: int, options: LoadOptions | None = None
+    ) -> FakeTokenizer:
         return FakeTokenizer()
 
 

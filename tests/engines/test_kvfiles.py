@@ -371,6 +371,9 @@ def test_concurrent_saves_lookups_and_sweeps_do_not_corrupt(tmp_path: Path) -> N
         except BaseException as exc:
             errors.append(exc)
 
+    # one entry before the threads start: on a busy machine the readers may otherwise
+    # all run before any saver has saved, and serve nothing to check
+    kv.save(DIGEST, PROMPT[:5], state(5))
     threads = [threading.Thread(target=saver, args=(i,)) for i in range(3)]
     threads += [threading.Thread(target=reader, args=(10 + i,)) for i in range(3)]
     threads.append(threading.Thread(target=sweeper))

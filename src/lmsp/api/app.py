@@ -34,6 +34,7 @@ from .routes import (
     chat,
     completions,
     console,
+    embeddings,
     messages,
     meta,
     models,
@@ -304,6 +305,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(messages.router)
     app.include_router(completions.router)
+    app.include_router(embeddings.router)
     app.include_router(tasks.router)
     app.include_router(pairing.router)
     app.include_router(client_routes.router)

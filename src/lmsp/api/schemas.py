@@ -240,10 +240,6 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
         yield unsupported("reasoning.effort", "The models here do not reason.")
     if body.reasoning and (body.reasoning.summary or body.reasoning.generate_summary):
         yield unsupported("reasoning.summary", "The models here do not reason.")
-    if body.truncation == "auto":
-        yield unsupported(
-            "truncation", 'Only truncation "disabled" is supported: a prompt must fit.'
-        )
     if body.service_tier not in (None, "auto", "default"):
         yield unsupported("service_tier", "Only the default service tier exists here.")
     if body.stream_options is not None:
@@ -504,3 +500,16 @@ def check_completion(body: CompletionCreate) -> str:
         raise problems[0]
     assert isinstance(prompt, str)
     return prompt
+
+
+# -- Embeddings -------------------------------------------------------------------------------
+class EmbeddingCreate(Body):
+    """``POST /v1/embeddings``: the whole body."""
+
+    model: ModelId
+    #: texts or token arrays, read by :func:`lmsp.protocol.embeddings.read_input`
+    input: Any
+    encoding_format: Literal["float", "base64"] | None = None
+    #: the model's own length only (lmsp does not shorten embeddings)
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: Annotated[str, StringConstraints(max_length=256)] | None = None

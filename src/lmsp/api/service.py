@@ -36,7 +36,7 @@ from lmsp.store.open import open_database
 from lmsp.store.sql import Conn, Row
 from lmsp.tasks import recovery, retention
 from lmsp.tasks.nodes import Membership
-from lmsp.tasks.plan import messages_of, tools_of
+from lmsp.tasks.plan import full_context_of, messages_of, tools_of, truncate
 from lmsp.tasks.runner import Runner
 
 from . import toolcheck
@@ -129,6 +129,37 @@ class Service:
         return task_store.render_response(conn, task)
 
     # -- shared operations -----------------------------------------------------------------
+    def _fit(self, record: Any, request: dict[str, Any]) -> tuple[int, int] | None:
+        """``(prompt tokens, context)`` of ``request`` (``None``: not known before it
+        runs). With ``truncation: "auto"`` a prompt too long for the context loses its
+        oldest context items, the fewest that make it fit (the last item always stays;
+        recorded in the request, :func:`lmsp.tasks.plan.truncate`), as the Responses API
+        defines it; the size is then the truncated prompt's."""
+
+        def size(dropped: int) -> tuple[int, int] | None:
+            truncate(request, dropped)
+            return self.host.prompt_size(record, messages_of(request), tools_of(request))
+
+        whole = size(0)
+        if whole is None or whole[0] < whole[1] or request.get("truncation") != "auto":
+            return whole
+        low, high = 1, len(full_context_of(request)) - 1  # the fewest that fit is in here
+        best: tuple[int, tuple[int, int]] | None = None
+        while low <= high:  # fewer dropped items never make a prompt shorter
+            middle = (low + high) // 2
+            got = size(middle)
+            if got is None:
+                return None
+            if got[0] < got[1]:
+                best, high = (middle, got), middle - 1
+            else:
+                low = middle + 1
+        if best is None:
+            truncate(request, 0)
+            return whole
+        truncate(request, best[0])
+        return best[1]
+
     async def create(
         self,
         client: Client,
@@ -153,6 +184,9 @@ class Service:
         request.update(objects.sampling_used(request, record.defaults))
         # schemas and grammar compiled once, in a worker, under their budget
         await toolcheck.check_grammar(self.grammars, request, param)
+        engine = self.host.engines.get(record.engine)
+        if engine is not None and not engine.constrains:
+            toolcheck.refuse_constraints(request, model, param)
         # every input item checked, and each file read as text once, before any write
         request["input"] = await asyncio.to_thread(
             items.normalize,
@@ -171,13 +205,17 @@ class Service:
                 lambda: response_store.conversation(self.db.reader(), previous, client.id)
             )
         # a prompt the context cannot hold is refused now, when its length can be known
-        size = await self.read(
-            self.host.prompt_size, record, messages_of(request), tools_of(request)
-        )
+        # (or, with truncation "auto", its oldest items are dropped until it fits)
+        size = await self.read(self._fit, record, request)
         if size is not None and size[0] >= size[1]:
             raise errors.LmspError(
                 "context_length_exceeded",
-                f"The prompt has {size[0]} tokens; the context of {model!r} holds {size[1]}.",
+                f"The prompt has {size[0]} tokens; the context of {model!r} holds {size[1]}."
+                + (
+                    " Even its last input item alone does not fit."
+                    if request.get("truncation") == "auto"
+                    else ' (truncation: "auto" drops the oldest input items to fit.)'
+                ),
                 param=input_param,
             )
 
@@ -357,6 +395,9 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         max_restarts=settings.engine_restarts,
         restart_window=settings.engine_restart_window,
         log_format=settings.log_format,
+        embed_tokens=settings.embed_max_tokens,
+        exact=settings.exact,
+        kv_budget=settings.kv_budget,
     )
     host.metrics = metrics
     runner = Runner(

@@ -76,6 +76,20 @@ async def check_grammar(
         raise _refusal(outcome, schemas, request, budget, param)
 
 
+def refuse_constraints(request: dict[str, Any], model: str, param: Param) -> None:
+    """A model whose engine cannot hold its output to a grammar (the test engine) is
+    asked for tools or a schema: ``400``, not a task that fails."""
+    text_grammar, _ = grammar_of(request)
+    if text_grammar is None:
+        return
+    where = param("tools") if request.get("tools") else param("text", "format", "schema")
+    raise LmspError(
+        "unsupported_parameter",
+        f"The model {model!r} cannot constrain its output (tools or a JSON schema).",
+        param=where,
+    )
+
+
 def _refusal(
     outcome: Outcome,
     schemas: list[tuple[dict[str, Any], tuple[str | int, ...]]],

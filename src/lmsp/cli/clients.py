@@ -71,8 +71,10 @@ def add(
 @click.argument("client_id")
 @remote_options
 def revoke(client_id: str, url: str | None, token: str | None, as_json: bool) -> None:
-    """Revoke a client: its token stops working at once and its queued and running
-    tasks are cancelled; its finished tasks stay."""
+    """Revoke a client and cancel its unfinished tasks.
+
+    Its token stops working at once and its queued and running tasks are cancelled;
+    its finished tasks stay."""
     with connect(url, token) as api:
         revoked = api.revoke_client(client_id)
     if as_json:

@@ -116,10 +116,16 @@ class Tokenizer(Protocol):
     knows a prompt's length (and rejects one the context cannot hold) before queueing."""
 
     n_ctx: int
+    n_embd: int  # the length of the model's embeddings
+    n_vocab: int
 
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]: ...
+
+    def text_tokens(self, text: str) -> list[int]:
+        """``text`` as an embedding input (no chat template)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -158,6 +164,21 @@ class LoadOptions:
     sequences: int = 1  # decoded together in one context (``LMSP_PARALLEL``)
     digest: str = ""  # the blob's, which keys its saved prefixes
     prefix_files: Any = None  # a :class:`lmsp.engines.kvfiles.PrefixFiles`, or None
+    embed_tokens: int = 512  # the embedding context's size: the longest input it embeds
+    exact: bool = False  # ``LMSP_EXACT``: batched = solo, resumed = uninterrupted, to the bit
+    kv_budget: int = 0  # bytes every sequence's KV cache may take together (0: no bound)
+
+
+def context_size(
+    requested: int, trained: int, streams: int, kv_bytes_per_token: int, budget: int
+) -> int:
+    """One sequence's context: ``requested`` (``LMSP_N_CTX``; 0: the model's ``trained``
+    context), cut so that ``streams`` KV streams of it fit in ``budget`` bytes, in whole
+    256-token pages (llama.cpp pads to them) and never below one page."""
+    size = requested if requested > 0 else trained
+    if budget > 0 and kv_bytes_per_token > 0:
+        size = min(size, budget // (kv_bytes_per_token * max(1, streams)))
+    return max(256, size // 256 * 256)
 
 
 class Engine(Protocol):
@@ -165,13 +186,17 @@ class Engine(Protocol):
     engine process receives it and calls :meth:`load` there."""
 
     name: str
+    constrains: bool  # holds output to a grammar (tools, JSON schemas)
 
     def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Backend:
         """Load the model, in the engine process. ``n_ctx``: one sequence's context;
         ``options``: how many sequences run together and where saved prefixes live."""
         ...
 
-    def tokenizer(self, path: Path, n_ctx: int) -> Tokenizer: ...
+    def tokenizer(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Tokenizer:
+        """The prompt formatter of the API process; its ``n_ctx`` is the context an
+        engine loaded with the same ``options`` has (``0``: the model's own)."""
+        ...
 
 
 def penalized(

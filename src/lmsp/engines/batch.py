@@ -2,10 +2,11 @@
 
 The engine's scheduling loop (:mod:`lmsp.engines.core`) runs the model over the next
 tokens of every ready sequence as one batch per step. What goes into a step is decided
-by a :class:`StepPolicy`, the one replaceable piece of the scheduler; :class:`ExactSteps`
-is the schedule whose results do not depend on what else is in the batch (a prompt
-chunk of at most :data:`CHUNK` tokens alone, the generating sequences' single tokens
-together).
+by a :class:`StepPolicy`, the one replaceable piece of the scheduler. :class:`FastSteps`
+(the default) schedules as llama-server does: every generating sequence's token, and
+prompts in full micro-batches beside them. :class:`ExactSteps` (``LMSP_EXACT=1``) is the
+schedule whose results do not depend on what else is in the batch (a prompt chunk of at
+most :data:`CHUNK` tokens alone, the generating sequences' single tokens together).
 
 :class:`SequencePool` says which sequence of the context a new task takes: the free one
 whose cached tokens share the longest prefix with the new prompt (prompt-prefix reuse),
@@ -57,6 +58,27 @@ class StepPolicy(Protocol):
         turn first (a prompt's rest, or the one token just drawn); ``budget``: the most
         tokens a step holds. The step, as ``(index into todo, tokens to take)``."""
         ...
+
+
+class FastSteps:
+    """The default schedule, as llama-server forms its batches: the single token of every
+    generating sequence, then as much prompt (oldest turn first) as the step has room
+    for, so a long prompt is evaluated in full micro-batches while the others go on
+    generating in the same ``llama_decode``. A sequence's bits may then depend on what
+    shared its steps (docs/performance.md): fast, not bit-reproducible."""
+
+    def form(self, todo: Sequence[int], budget: int) -> list[tuple[int, int]]:
+        budget = max(1, budget)
+        step = [(i, 1) for i, n in enumerate(todo) if n == 1][:budget]
+        room = budget - len(step)
+        for i, n in enumerate(todo):
+            if room <= 0:
+                break
+            if n > 1:
+                take = min(n, room)
+                step.append((i, take))
+                room -= take
+        return step
 
 
 class ExactSteps:

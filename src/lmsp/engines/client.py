@@ -30,10 +30,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from lmsp.engines.base import EngineCrashed, EngineError, Generation, Piece, Sampling, Tokenizer
 from lmsp.engines.protocol import (
     Cancel,
     Done,
+    Embed,
+    Embeddings,
     Error,
     Ready,
     Shutdown,
@@ -139,7 +144,8 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._streams: dict[int, Stream] = {}
         self._stats: dict[int, Future[dict[str, Any]]] = {}
-        self._lock = threading.Lock()  # streams, stats and sends
+        self._embeds: dict[int, Future[npt.NDArray[np.float32]]] = {}
+        self._lock = threading.Lock()  # streams, stats, embeddings and sends
         self._ready = threading.Event()
         self._load_error: EngineError | None = None
         self._closing = False
@@ -267,6 +273,29 @@ class EngineClient:
         self._send(Stats(sid))
         return future.result(timeout)
 
+    def embed(self, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
+        """One L2-normalised vector per input (lists of tokens), computed in the
+        engine's embedding context (:class:`~lmsp.engines.protocol.Embed`). Raises
+        :class:`EngineError` (``model_cannot_embed`` …) and :class:`EngineCrashed`."""
+        return self.embed_later(inputs).result()
+
+    def embed_later(self, inputs: list[list[int]]) -> Future[npt.NDArray[np.float32]]:
+        """:meth:`embed` without waiting: the future of its vectors (an event loop
+        awaits it without holding a thread)."""
+        future: Future[npt.NDArray[np.float32]] = Future()
+        sid = next(self._ids)
+        with self._lock:
+            if self._dead:
+                raise EngineCrashed(self._crash_message())
+            self._embeds[sid] = future
+        try:
+            self._send(Embed(sid, [list(i) for i in inputs]))
+        except EngineError:
+            with self._lock:
+                self._embeds.pop(sid, None)
+            raise
+        return future
+
     def _send(self, message: ToEngine) -> None:
         with self._lock:
             if self._dead or self._conn is None:
@@ -290,7 +319,16 @@ class EngineClient:
         self._ended()
 
     def _dispatch(self, message: Any) -> None:
-        if isinstance(message, Tokens | Done | Error) and message.id is not None:
+        if isinstance(message, Embeddings | Error) and message.id in self._embeds:
+            with self._lock:
+                waiting = self._embeds.pop(message.id, None)
+            if waiting is None:
+                return
+            if isinstance(message, Embeddings):
+                waiting.set_result(message.vectors)
+            else:
+                waiting.set_exception(EngineError(message.code, message.message))
+        elif isinstance(message, Tokens | Done | Error) and message.id is not None:
             with self._lock:
                 if isinstance(message, Tokens):
                     stream = self._streams.get(message.id)
@@ -318,8 +356,9 @@ class EngineClient:
             self._dead = True
             streams = list(self._streams.values())
             self._streams.clear()
-            futures = list(self._stats.values())
+            futures: list[Future[Any]] = [*self._stats.values(), *self._embeds.values()]
             self._stats.clear()
+            self._embeds.clear()
             self._conn.close()
         unasked = not self._closing and self._load_error is None
         if unasked and self._ready.is_set():

@@ -15,6 +15,12 @@ evaluates steps, picks each sequence's next token (sampling by ``(seed, position
 the grammar's mask) and gives the sequence back. The core keeps the bookkeeping every
 backend shares: what each sequence's cache holds, what is left to evaluate, how many
 tokens it produced, when it ends, and what to tell the API process.
+
+Embedding requests (:class:`~lmsp.engines.protocol.Embed`) queue beside the sequences
+and are served on the same thread, in another llama.cpp context (the backend's
+``embed``): one decode of as many of a request's inputs as fit per turn, between
+generation steps, so a large embedding request delays a step by one embedding batch at
+most and never touches a generating sequence's cache.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from lmsp.engines.base import EngineError, Piece, Sampling
 from lmsp.engines.batch import ExactSteps, Logits, Request, StepPolicy
 from lmsp.engines.protocol import (
@@ -34,6 +43,8 @@ from lmsp.engines.protocol import (
     Cancel,
     Channel,
     Done,
+    Embed,
+    Embeddings,
     Error,
     FromEngine,
     Shutdown,
@@ -84,6 +95,16 @@ class Seq:
         )
 
 
+@dataclass(eq=False)
+class EmbedJob:
+    """One embedding request: its inputs, and the vectors of those done so far."""
+
+    id: int
+    inputs: list[list[int]]
+    vectors: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    done: int = 0  # inputs embedded
+
+
 class Backend(Protocol):
     """A loaded model as the core drives it."""
 
@@ -117,6 +138,12 @@ class Backend(Protocol):
         """Counts for :class:`Stats` (JSON-able)."""
         ...
 
+    def embed(self, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
+        """The L2-normalised vectors of the first of ``inputs`` (at least one, as many as
+        one batch of the embedding context holds): one row each. Raise
+        :class:`EngineError` (``model_cannot_embed`` …) to fail the request."""
+        ...
+
     def memory_bytes(self) -> int: ...
 
     def close(self) -> None: ...
@@ -139,6 +166,8 @@ class EngineCore:
         self.alive = alive
         self.active: dict[int, Seq] = {}
         self.waiting: deque[Seq] = deque()
+        self.embeds: deque[EmbedJob] = deque()
+        self.embedded = 0  # inputs embedded
         self.steps = 0
         self.tokens = 0
         self._outbox: list[FromEngine] = []
@@ -149,11 +178,13 @@ class EngineCore:
         """Serve until :class:`Shutdown`, or until the API process is gone."""
         try:
             while not self._stop:
-                if not self._receive(wait=not self.active and not self.waiting):
+                idle = not self.active and not self.waiting and not self.embeds
+                if not self._receive(wait=idle):
                     log.info("engine: the service is gone; exiting")
                     return
                 self._admit()
                 self._step()
+                self._embed()
                 if not self._send():
                     return
         finally:
@@ -189,12 +220,15 @@ class EngineCore:
                     self.waiting.remove(queued)
                     self._outbox.append(Done(queued.id, CANCELLED))
                     return
+        elif isinstance(message, Embed):
+            self.embeds.append(EmbedJob(message.id, [list(i) for i in message.inputs]))
         elif isinstance(message, Stats):
             figures = {
                 "steps": self.steps,
                 "tokens": self.tokens,
                 "active": len(self.active),
                 "waiting": len(self.waiting),
+                "embedded": self.embedded,
                 **self.backend.figures(),
             }
             self._outbox.append(StatsReply(message.id, figures))
@@ -322,6 +356,33 @@ class EngineCore:
             self._finish(seq, LENGTH)  # no room, or no need, for the token just drawn
             return
         seq.todo = [piece.token]
+
+    # -- embeddings ----------------------------------------------------------------------
+    def _embed(self) -> None:
+        """One embedding batch of the oldest embedding request (see the module docstring)."""
+        if not self.embeds:
+            return
+        job = self.embeds[0]
+        try:
+            vectors = self.backend.embed(job.inputs[job.done :])
+            if len(vectors) < 1:
+                raise EngineError("engine_error", "The engine embedded nothing.")
+        except EngineError as exc:
+            self.embeds.popleft()
+            self._outbox.append(Error(job.id, exc.code, exc.message))
+            return
+        except Exception as exc:
+            log.exception("engine: embedding failed")
+            self.embeds.popleft()
+            self._outbox.append(Error(job.id, "engine_error", _failed(exc)))
+            return
+        job.vectors.append(vectors)
+        job.done += len(vectors)
+        self.embedded += len(vectors)
+        if job.done >= len(job.inputs):
+            self.embeds.popleft()
+            rows = np.concatenate(job.vectors)[: len(job.inputs)]
+            self._outbox.append(Embeddings(job.id, rows.astype(np.float32, copy=False)))
 
 
 def _failed(exc: BaseException) -> str:

@@ -15,10 +15,15 @@ forever: after ``max_restarts`` restarts within ``restart_window`` seconds, the 
 crash marks its model failed — tasks on it fail with ``engine_crashed`` and a message
 saying so, tasks on other models go on — until the service restarts, the model's blob
 changes, or ``POST /v1/models/{id}/verify`` finds the blob intact.
+
+Embeddings (:meth:`ModelHost.embed`) go to the same engine, which computes them in a
+context of its own; while one is computed the model counts as in use (a slot of its own,
+below zero, so it is not unloaded under it).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -26,6 +31,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from lmsp.engines.base import Engine, EngineCrashed, EngineError, LoadOptions, Tokenizer
 from lmsp.engines.client import EngineClient
@@ -78,7 +86,13 @@ class _LockedTokenizer:
     def __init__(self, tokenizer: Tokenizer, lock: threading.Lock) -> None:
         self.tokenizer = tokenizer
         self.n_ctx = tokenizer.n_ctx
+        self.n_embd = tokenizer.n_embd
+        self.n_vocab = tokenizer.n_vocab
         self._lock = lock
+
+    def text_tokens(self, text: str) -> list[int]:
+        with self._lock:
+            return self.tokenizer.text_tokens(text)
 
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
@@ -110,6 +124,9 @@ class ModelHost:
         max_restarts: int = 5,
         restart_window: float = 600.0,
         log_format: str = "text",
+        embed_tokens: int = 512,
+        exact: bool = False,
+        kv_budget: int = 0,
     ) -> None:
         self.blobs_dir = blobs_dir
         self.engines = engines
@@ -122,6 +139,10 @@ class ModelHost:
         self.max_restarts = max(0, max_restarts)
         self.restart_window = restart_window
         self.log_format = log_format
+        self.embed_tokens = embed_tokens  # the engines' embedding context size
+        self._embed_slots = itertools.count(-1, -1)  # in-use marks of embeddings
+        self.exact = exact  # LMSP_EXACT: the exact schedule and layout
+        self.kv_budget = kv_budget  # LMSP_KV_BUDGET: what one model's KV caches may take
         self._loaded: dict[str, _Loaded] = {}  # model id → its running engine
         self._starting: set[str] = set()  # model ids whose engine is being started
         self._busy: dict[int, str] = {}  # runner slot → model id it is using
@@ -298,7 +319,7 @@ class ModelHost:
     def _launch(self, record: ModelRecord, engine: Engine) -> EngineClient:
         """Start an engine process for ``record`` and wait for its model to load."""
         path = blob_path(self.blobs_dir, record.digest)
-        options = LoadOptions(self.sequences, record.digest, self.prefix_files)
+        options = self._options(record)
         spec = EngineSpec(
             engine,
             path,
@@ -487,13 +508,25 @@ class ModelHost:
                 tokenizer.close()
 
     # -- prompt length before queueing ---------------------------------------------------
+    def _options(self, record: ModelRecord) -> LoadOptions:
+        """How ``record``'s engine loads: the API side's tokenizer sizes the context with
+        the same options, so both agree on it before the engine has started."""
+        return LoadOptions(
+            self.sequences,
+            record.digest,
+            self.prefix_files,
+            exact=self.exact,
+            kv_budget=self.kv_budget,
+            embed_tokens=self.embed_tokens,
+        )
+
     def _tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
         """The model's vocabulary-only tokenizer (loads no weights), made once."""
         with self._tokenizer_lock:
             tokenizer = self._tokenizers.get(record.digest)
             if tokenizer is None:
                 path = blob_path(self.blobs_dir, record.digest)
-                tokenizer = engine.tokenizer(path, self.n_ctx)
+                tokenizer = engine.tokenizer(path, self.n_ctx, self._options(record))
                 self._tokenizers[record.digest] = tokenizer
             return tokenizer
 
@@ -517,6 +550,36 @@ class ModelHost:
         except Exception as exc:
             log.info("no prompt size for %s before queueing: %s", record.id, exc)
             return None
+
+    # -- embeddings --------------------------------------------------------------------
+    def tokenizer(self, record: ModelRecord) -> Tokenizer:
+        """The model's vocabulary-only tokenizer, shared (one thread at a time): what an
+        embedding request is tokenized and checked with before any work. Raises
+        :class:`EngineError` (``model_corrupt``, ``model_load_failed``)."""
+        engine = self.engines.get(record.engine)
+        if engine is None:
+            raise EngineError("model_load_failed", f"No engine {record.engine!r} here.")
+        self.check(record)
+        try:
+            return _LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
+        except Exception as exc:  # its vocabulary cannot be read: neither can the model
+            log.warning("reading the vocabulary of %s failed: %s", record.id, exc)
+            raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
+
+    def embedding_engine(self, record: ModelRecord) -> tuple[EngineClient, int]:
+        """The model's engine, started if need be (blocks meanwhile), and the slot that
+        marks it in use until :meth:`release`: ask it for embeddings in between."""
+        slot = next(self._embed_slots)
+        return self.get(record, slot), slot
+
+    def embed(self, record: ModelRecord, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
+        """The embeddings of ``inputs`` (token lists), blocking (see
+        :meth:`embedding_engine`)."""
+        client, slot = self.embedding_engine(record)
+        try:
+            return client.embed(inputs)
+        finally:
+            self.release(slot)
 
     def close(self) -> None:
         """Stop every engine (the service is shutting down); a later :meth:`get`

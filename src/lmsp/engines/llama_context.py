@@ -1,8 +1,12 @@
 """One llama.cpp context with several sequences, through llama-cpp-python's public
 low-level bindings (``llama_cpp.llama_*``): the weights, a KV cache with one stream per
-sequence (``kv_unified`` off, so a sequence's arithmetic never depends on what the
-others hold), a batch buffer, and the sequence operations the engine needs — trim,
-and save or restore a sequence's cache as bytes.
+sequence (``kv_unified`` off: a sequence's attention covers its own cells only, which
+is both the fastest layout measured here and what keeps a sequence's arithmetic
+independent of what the others hold), a batch buffer, and the sequence operations the
+engine needs — trim, and save or restore a sequence's cache as bytes.
+
+How the context is laid out is a :class:`Layout`: :data:`FAST` (the default) or
+:data:`EXACT` (``LMSP_EXACT=1``); docs/performance.md has the measurements behind them.
 
 The model is loaded with llama.cpp's extra buffer types off (``use_extra_bufts``): on
 CPUs with AMX their matrix kernel crashes in some environments, and the plain CPU
@@ -12,6 +16,7 @@ kernels are the ones whose results the batching relies on.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +26,35 @@ from lmsp.engines.base import EngineError
 from lmsp.engines.batch import Request
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How a context is laid out: the micro-batch (``n_batch`` = ``n_ubatch``, the most
+    tokens one step evaluates), flash attention (llama.cpp's ``flash_attn_type``: -1
+    auto, 0 off, 1 on), one KV stream per sequence or a unified cache, and whether a lone
+    sequence gets a spare stream beside it (exact mode's fillers need one)."""
+
+    ubatch: int = 512
+    flash_attn: int = 1
+    unified: bool = False
+    spare_stream: bool = False
+
+
+#: the default: prompts in full 512-token micro-batches, flash attention on, one KV
+#: stream per sequence (docs/performance.md: the fastest of the layouts measured here)
+FAST = Layout()
+#: ``LMSP_EXACT=1``: the layout the bit-for-bit guarantee was measured on
+EXACT = Layout(ubatch=512, flash_attn=1, unified=False, spare_stream=True)
+
+
 class LlamaContext:
     """``sequences`` sequences, each with a KV stream of its own, plus a spare stream
     when there is only one (see :meth:`LlamaModel.decode
     <lmsp.engines.llama_cpp.LlamaModel.decode>`: a lone sequence's single token is
     decoded beside a filler token of a neighbouring stream)."""
 
-    def __init__(self, path: Path, n_ctx: int, sequences: int, threads: int) -> None:
+    def __init__(
+        self, path: Path, n_ctx: int, sequences: int, threads: int, layout: Layout = EXACT
+    ) -> None:
         import llama_cpp
 
         self._lib = llama_cpp
@@ -41,8 +68,9 @@ class LlamaContext:
         if n_ctx <= 0:
             n_ctx = int(llama_cpp.llama_model_n_ctx_train(self.model))
         self.sequences = max(1, sequences)
-        self.streams = self.sequences + 1 if self.sequences == 1 else self.sequences
-        self.max_tokens = 512
+        spare = layout.spare_stream and self.sequences == 1
+        self.streams = self.sequences + 1 if spare else self.sequences
+        self.max_tokens = layout.ubatch
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx * self.streams
         cparams.n_batch = self.max_tokens
@@ -50,8 +78,8 @@ class LlamaContext:
         cparams.n_seq_max = self.streams
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        cparams.kv_unified = False
-        cparams.flash_attn_type = 1  # enabled: the kernels the chunk bound was measured on
+        cparams.kv_unified = layout.unified
+        cparams.flash_attn_type = layout.flash_attn
         self.ctx: Any = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)

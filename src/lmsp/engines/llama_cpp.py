@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from lmsp.engines import markers
 from lmsp.engines.base import (
@@ -28,13 +29,15 @@ from lmsp.engines.base import (
     LoadOptions,
     Piece,
     Utf8Stream,
+    context_size,
     sample,
     top_logprobs,
 )
 from lmsp.engines.batch import CHUNK, Logits, Request, SequencePool, Slot
 from lmsp.engines.core import Seq
 from lmsp.engines.kvfiles import PrefixFiles
-from lmsp.engines.llama_context import LlamaContext
+from lmsp.engines.llama_context import EXACT, FAST, LlamaContext
+from lmsp.engines.llama_embed import LlamaEmbedder
 from lmsp.protocol import completions, toolprompt
 
 FALLBACK_TEMPLATE = (
@@ -81,7 +84,11 @@ def _tag() -> str:
     return f"llama-cpp-python {version('llama-cpp-python')}; f16 kv; flash attention; no split-kv"
 
 
+#: the tag of prefixes saved in exact mode, whose bits a resume relies on
 TAG = _tag()
+#: fast mode's: its prefixes were evaluated in full micro-batches, so an exact-mode
+#: engine never starts from one (a prefix met under the other mode's tag is replaced)
+FAST_TAG = TAG + "; fast"
 
 #: a lone stream's cache size from which llama.cpp's CPU flash attention may decode a
 #: single token with its split-KV kernel (it does from 512 padded cells, i.e. more
@@ -93,10 +100,43 @@ def _threads() -> int:
     return max(1, int(os.environ.get("LMSP_THREADS", "0")) or (os.cpu_count() or 1))
 
 
+def _context_of(meta: dict[str, str], n_ctx: int, options: LoadOptions) -> int:
+    """One sequence's context for a model of these GGUF metadata (see
+    :func:`lmsp.engines.base.context_size`): its KV bytes a token (K and V, 16-bit, every
+    layer) from the same fields llama.cpp sizes its cache by."""
+    arch = meta.get("general.architecture", "")
+
+    def number(key: str, default: int) -> int:
+        return int(meta.get(f"{arch}.{key}", str(default)))
+
+    trained = number("context_length", 2048)
+    heads = max(1, number("attention.head_count", 1))
+    width = number("embedding_length", 0)
+    kv_heads = number("attention.head_count_kv", heads)
+    key_width = number("attention.key_length", width // heads) * kv_heads
+    value_width = number("attention.value_length", width // heads) * kv_heads
+    per_token = number("block_count", 0) * (key_width + value_width) * 2
+    streams = spare_streams(options)
+    return context_size(n_ctx, trained, streams, per_token, options.kv_budget)
+
+
+def spare_streams(options: LoadOptions) -> int:
+    """The KV streams a context of ``options`` holds: one a sequence, and in exact mode a
+    spare one beside a lone sequence (its fillers, see :meth:`LlamaModel.decode`)."""
+    sequences = max(1, options.sequences)
+    return sequences + 1 if options.exact and sequences == 1 else sequences
+
+
 class LlamaTokenizer:
     """The model's chat template and tokenizer; with ``vocab_only`` no weights load."""
 
-    def __init__(self, path: Path, n_ctx: int, vocab_only: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        n_ctx: int,
+        vocab_only: bool = True,
+        options: LoadOptions | None = None,
+    ) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -104,17 +144,21 @@ class LlamaTokenizer:
 
         self.llm: Any = Llama(
             model_path=str(path),
-            n_ctx=n_ctx,
+            # the tokenizer's own context holds nothing (0 would make llama.cpp refuse it)
+            n_ctx=n_ctx if n_ctx > 0 else 512,
             n_threads=_threads(),
             n_threads_batch=_threads(),
             vocab_only=vocab_only,
             verbose=False,
         )
         meta: dict[str, str] = dict(self.llm.metadata)
+        arch = meta.get("general.architecture", "")
+        # an embedding's length (the metadata's: a vocabulary-only load knows no sizes)
+        self.n_embd = int(meta.get(f"{arch}.embedding_length", "0"))
+        self.n_vocab = int(self.llm.n_vocab())
         self.n_ctx = n_ctx
-        if vocab_only and n_ctx <= 0:  # 0: the model's own training context
-            arch = meta.get("general.architecture", "")
-            self.n_ctx = int(meta.get(f"{arch}.context_length", "2048"))
+        if vocab_only:  # the context the engine sizes from the same options
+            self.n_ctx = _context_of(meta, n_ctx, options or LoadOptions())
         self.eos = int(self.llm.token_eos())
         self.stop_ids = {self.eos}
         eot = meta.get("tokenizer.ggml.eot_token_id")
@@ -145,6 +189,10 @@ class LlamaTokenizer:
         special tokens (``<|im_start|>`` …) read as such, as llama.cpp's server does."""
         tokens: list[int] = self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         return tokens
+
+    def text_tokens(self, text: str) -> list[int]:
+        """``text`` as an embedding reads it: as llama-server tokenizes an input."""
+        return self.raw_tokens(text)
 
     def close(self) -> None:
         self.llm.close()
@@ -183,9 +231,12 @@ class LlamaModel(LlamaTokenizer):
     save_every = 128
 
     def __init__(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> None:
-        super().__init__(path, n_ctx, vocab_only=True)
         options = options or LoadOptions()
-        self.context = LlamaContext(path, n_ctx, options.sequences, _threads())
+        super().__init__(path, n_ctx, vocab_only=True, options=options)
+        self.exact = options.exact
+        layout = EXACT if options.exact else FAST
+        self.context = LlamaContext(path, self.n_ctx, options.sequences, _threads(), layout)
+        self.tag = TAG if options.exact else FAST_TAG
         self.n_ctx = self.context.n_ctx
         self.n_vocab = self.context.n_vocab
         self.sequences = self.context.sequences
@@ -196,6 +247,8 @@ class LlamaModel(LlamaTokenizer):
         self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lmsp-kv")
         self._saved: set[tuple[int, int]] = set()  # (length, hash) saved by this process
         self._guidance: Any = None
+        self.embed_tokens = options.embed_tokens
+        self._embedder: LlamaEmbedder | None = None
 
     def guidance_tokenizer(self) -> Any:
         """The llguidance tokenizer of this model's vocabulary (built once, ~1 s)."""
@@ -249,7 +302,7 @@ class LlamaModel(LlamaTokenizer):
         files = self.prefix_files
         saved = None
         if files is not None and len(context) - cached > 2 * CHUNK:
-            saved = files.best(self.digest, context, min_tokens=cached + 2 * CHUNK, tag=TAG)
+            saved = files.best(self.digest, context, min_tokens=cached + 2 * CHUNK, tag=self.tag)
         if saved is not None:
             if self.context.restore(slot.seq, saved[1]):
                 cached = saved[0]
@@ -272,9 +325,14 @@ class LlamaModel(LlamaTokenizer):
           generated beside others, or re-evaluated in a chunk on resume (measured);
         - the sequences of a step form one micro-batch, one forward pass, only when
           their ids are consecutive: a filler in a gap costs one token, a second pass
-          costs the whole model."""
+          costs the whole model.
+
+        In fast mode only the gaps get fillers (a lone sequence takes whichever kernel
+        llama.cpp picks, as in llama-server)."""
         if all(len(r.tokens) == 1 for r in step):
-            fillers = single_step_fillers(step, self.context.streams, self.context.positions)
+            fillers = single_step_fillers(
+                step, self.context.streams, self.context.positions, self.exact
+            )
             if fillers:
                 try:
                     self.context.decode(step + fillers)
@@ -323,6 +381,13 @@ class LlamaModel(LlamaTokenizer):
             self.context.trim(state.slot.seq, 0)
         self.pool.give_back(state.slot, held)
 
+    def embed(self, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
+        """Embeddings, in a context of their own made on first use (:mod:`lmsp.engines.
+        llama_embed`); a model that cannot embed is refused each time it is asked."""
+        if self._embedder is None:
+            self._embedder = LlamaEmbedder(self.context.model, self.embed_tokens, _threads())
+        return self._embedder.embed(inputs)
+
     def figures(self) -> dict[str, Any]:
         files = self.prefix_files
         return {
@@ -340,7 +405,7 @@ class LlamaModel(LlamaTokenizer):
             self._saved.clear()
         self._saved.add(key)
         data = self.context.save(seq)
-        self._saver.submit(files.save, self.digest, list(held), data, tag=TAG)
+        self._saver.submit(files.save, self.digest, list(held), data, tag=self.tag)
 
     def _logprobs(self, logits: Logits, token: int, raw: bytes, seq: Seq) -> dict[str, Any] | None:
         sampling = seq.sampling
@@ -360,21 +425,24 @@ class LlamaModel(LlamaTokenizer):
 
     def close(self) -> None:
         self._saver.shutdown(wait=True)
+        if self._embedder is not None:
+            self._embedder.close()
         self.context.close()
         super().close()
 
 
 def single_step_fillers(
-    step: list[Request], streams: int, positions: Callable[[int], int]
+    step: list[Request], streams: int, positions: Callable[[int], int], exact: bool = True
 ) -> list[Request]:
     """The filler tokens a step of single tokens needs (see :meth:`LlamaModel.decode`):
-    one in every gap between its sequence ids, and beside a lone sequence whose cache
-    reaches :data:`SPLIT_KV_CELLS` one in the neighbouring stream holding the least.
-    ``positions(seq)``: how many positions a stream holds (a filler goes after them)."""
+    one in every gap between its sequence ids, and (``exact``) beside a lone sequence
+    whose cache reaches :data:`SPLIT_KV_CELLS` one in the neighbouring stream holding
+    the least. ``positions(seq)``: how many positions a stream holds (a filler goes
+    after them)."""
     seqs = {r.seq for r in step}
     low, high = min(seqs), max(seqs)
     missing = [s for s in range(low, high + 1) if s not in seqs]
-    if len(seqs) == 1 and step[0].pos + 1 >= SPLIT_KV_CELLS:
+    if exact and len(seqs) == 1 and step[0].pos + 1 >= SPLIT_KV_CELLS:
         around = [s for s in (low - 1, high + 1) if 0 <= s < streams]
         missing.append(min(around, key=positions))
     return [Request(s, [0], positions(s), False) for s in missing]
@@ -382,6 +450,7 @@ def single_step_fillers(
 
 class LlamaEngine:
     name = "llama_cpp"
+    constrains = True  # llguidance masks: tools and JSON schemas
 
     def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> LlamaModel:
         try:
@@ -390,5 +459,7 @@ class LlamaEngine:
             log.warning("llama.cpp could not load %s: %s", path.name, exc)
             raise EngineError("model_load_failed", "llama.cpp could not load the model.") from exc
 
-    def tokenizer(self, path: Path, n_ctx: int) -> LlamaTokenizer:
-        return LlamaTokenizer(path, n_ctx)
+    def tokenizer(
+        self, path: Path, n_ctx: int, options: LoadOptions | None = None
+    ) -> LlamaTokenizer:
+        return LlamaTokenizer(path, n_ctx, options=options)

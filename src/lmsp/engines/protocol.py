@@ -1,9 +1,10 @@
 """The engine protocol: every message between the API process and an engine process.
 
 This module is the one seam between the two (as vLLM's ``EngineCore`` sits behind one
-IPC seam): the API process sends :class:`Submit`, :class:`Cancel`, :class:`Stats` and
-:class:`Shutdown`; the engine answers :class:`Ready` once its model is loaded, then
-:class:`Tokens`, :class:`Done` or :class:`Error` for each sequence, and
+IPC seam): the API process sends :class:`Submit`, :class:`Cancel`, :class:`Embed`,
+:class:`Stats` and :class:`Shutdown`; the engine answers :class:`Ready` once its model is
+loaded, then :class:`Tokens`, :class:`Done` or :class:`Error` for each sequence,
+:class:`Embeddings` (or :class:`Error`) for each embedding request, and
 :class:`StatsReply`. Nothing else crosses.
 
 The transport is a :mod:`multiprocessing` connection (a pipe whose ends pickle what is
@@ -22,6 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from lmsp.engines.base import Piece, Sampling
 
@@ -52,6 +56,17 @@ class Cancel:
     "cancelled")`` unless it had ended already."""
 
     id: int
+
+
+@dataclass(frozen=True)
+class Embed:
+    """One vector per input (each a list of tokens, as the model's tokenizer gave them),
+    pooled as the model says and L2-normalised; answered with :class:`Embeddings`, or
+    :class:`Error` (``model_cannot_embed`` …) for the whole request. Computed in an
+    embedding context of its own, apart from the sequences being generated."""
+
+    id: int
+    inputs: list[list[int]]
 
 
 @dataclass(frozen=True)
@@ -106,13 +121,21 @@ class Error:
 
 
 @dataclass(frozen=True)
+class Embeddings:
+    """The vectors of an :class:`Embed`: one float32 row per input, in order."""
+
+    id: int
+    vectors: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
 class StatsReply:
     id: int
     figures: dict[str, Any] = field(default_factory=dict)
 
 
-ToEngine = Submit | Cancel | Stats | Shutdown
-FromEngine = Ready | Tokens | Done | Error | StatsReply
+ToEngine = Submit | Cancel | Embed | Stats | Shutdown
+FromEngine = Ready | Tokens | Done | Error | Embeddings | StatsReply
 
 
 class Channel(Protocol):

@@ -7,6 +7,11 @@ Fault seams, after the first three words: a prompt containing ``[engine-error]``
 its sequence (``engine_error``), one containing ``[engine-crash]`` kills its engine
 process (``SIGKILL``, as a segfault would), and ``[context-overflow]`` is refused as too
 long for the context.
+
+Its embeddings are deterministic too: each token stands for a fixed random vector (keyed
+by the token), an input's embedding is the L2-normalised mean of its tokens' vectors,
+and one call embeds at most :data:`EMBED_BATCH` inputs, so a large request takes several
+turns of the engine's loop, as with llama.cpp.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from lmsp.engines.base import EngineError, LoadOptions, Piece, Sampling
 from lmsp.engines.batch import Logits, Request
@@ -63,12 +69,19 @@ DEFAULT_LENGTH = 24
 N_CTX = 4096
 TEST_MODEL_ID = "lmsp-test"
 TEST_MODEL_BYTES = b"lmsp deterministic test engine v1\n"
+EMBED_DIM = 64
+EMBED_BATCH = 8
 
 
 class TestModel:
     """The test engine's tokenizer (the API side): a prompt's tokens are its bytes."""
 
     n_ctx = N_CTX
+    n_embd = EMBED_DIM
+    n_vocab = 256  # a token is a byte
+
+    def text_tokens(self, text: str) -> list[int]:
+        return list(text.encode())
 
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
@@ -94,6 +107,25 @@ def word(prompt: list[int], sampling: Sampling, position: int) -> Piece | None:
     digest = hashlib.sha256(key + f"{salt}:{position}".encode()).digest()
     token = digest[0] % len(WORDS)
     return Piece(token, WORDS[token] + " ", _logprobs(token, sampling))
+
+
+def embedding(tokens: list[int]) -> npt.NDArray[np.float32]:
+    """An input's embedding: the normalised mean of its tokens' fixed vectors."""
+    total = np.zeros(EMBED_DIM, dtype=np.float64)
+    for token in tokens:
+        total += _token_vector(token)
+    norm = float(np.sqrt(np.sum(total**2)))
+    return (total / norm if norm > 0 else total).astype(np.float32)
+
+
+_vectors: dict[int, npt.NDArray[np.float64]] = {}
+
+
+def _token_vector(token: int) -> npt.NDArray[np.float64]:
+    vector = _vectors.get(token)
+    if vector is None:
+        vector = _vectors[token] = np.random.default_rng([7, token]).standard_normal(EMBED_DIM)
+    return vector
 
 
 def reference(prompt: list[int], sampling: Sampling) -> list[Piece]:
@@ -154,6 +186,11 @@ class TestBackend:
             self._free.append(seq.state)
             seq.state = None
 
+    def embed(self, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
+        if self.delay:
+            time.sleep(self.delay)
+        return np.stack([embedding(tokens) for tokens in inputs[:EMBED_BATCH]])
+
     def figures(self) -> dict[str, Any]:
         return {"sequences": self.sequences - len(self._free)}
 
@@ -184,6 +221,7 @@ def _logprobs(token: int, sampling: Sampling) -> dict[str, Any] | None:
 
 class TestEngine:
     name = "test"
+    constrains = False  # no grammar: tools and schemas are refused before any write
 
     def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestBackend:
         if path.read_bytes() != TEST_MODEL_BYTES:
@@ -191,5 +229,5 @@ class TestEngine:
         delay = float(os.environ.get("LMSP_TEST_ENGINE_DELAY", "0.002"))
         return TestBackend(delay, (options or LoadOptions()).sequences)
 
-    def tokenizer(self, path: Path, n_ctx: int) -> TestModel:
+    def tokenizer(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestModel:
         return TestModel()

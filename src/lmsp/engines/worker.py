@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lmsp.engines.base import EngineError, LoadOptions
+from lmsp.engines.batch import ExactSteps, FastSteps
 from lmsp.engines.core import EngineCore
 from lmsp.engines.protocol import Channel, Error, Ready
 
@@ -94,7 +95,8 @@ def serve(channel: Channel, spec: EngineSpec, alive: Any = lambda: True) -> None
     try:
         memory = int(backend.memory_bytes())
         channel.send([Ready(os.getpid(), backend.n_ctx, backend.sequences, memory)])
-        EngineCore(backend, channel, alive=alive).run()
+        policy = ExactSteps() if spec.options.exact else FastSteps()
+        EngineCore(backend, channel, policy, alive=alive).run()
     except Died:
         channel.close()  # at once: the API side sees the engine gone, as after a crash
     except (OSError, EOFError):

@@ -49,6 +49,10 @@ Message = dict[str, str]
 #: the stored request's key for the items of the conversation it continues (the
 #: context of ``previous_response_id``, resolved when the request is created)
 HISTORY = "lmsp_history"
+#: a stored request's key for what ``truncation: "auto"`` left out: ``{"items": n,
+#: "dropped": [{"id", "type", "role"}, …]}``, the ``n`` oldest items of its context
+#: (the conversation it continues, then its own input), decided when it was created
+TRUNCATED = "lmsp_truncated"
 #: an ``input_file`` part's key for the text it gives the model, read once when the
 #: request was created (never sent by a client, never listed back)
 FILE_TEXT = "lmsp_text"

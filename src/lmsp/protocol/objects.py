@@ -135,7 +135,9 @@ def render_response(
     response: Row, task: Row, output: list[dict[str, Any]], queue_position: int | None
 ) -> dict[str, Any]:
     """The response object: every field of the Open Responses ``ResponseResource``, plus
-    the LMSP extensions ``model_digest`` and ``task``."""
+    the LMSP extensions ``model_digest``, ``task`` and ``truncated_input`` (``null``, or
+    the oldest input items ``truncation: "auto"`` dropped: ``{"items": n, "dropped":
+    [{"id", "type", "role"}, …]}``)."""
     request: dict[str, Any] = json.loads(response["request"])
     status = Status(task["status"])
     incomplete = response["incomplete_reason"]
@@ -155,7 +157,7 @@ def render_response(
         "error": task_error(task),
         "tools": [render_tool(tool) for tool in request.get("tools") or []],
         "tool_choice": render_tool_choice(request.get("tool_choice")),
-        "truncation": "disabled",
+        "truncation": request.get("truncation") or "disabled",
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
         "text": render_text(request.get("text")),
         "top_p": _number(request.get("top_p"), DEFAULT_TOP_P),
@@ -180,6 +182,8 @@ def render_response(
         "prompt_cache_key": request.get("prompt_cache_key"),
         "model_digest": response["model_digest"],
         "task": render_task_brief(task, queue_position),
+        # LMSP extension: what ``truncation: "auto"`` left out of the model's context
+        "truncated_input": request.get(items.TRUNCATED),
     }
 
 

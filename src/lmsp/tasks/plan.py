@@ -26,10 +26,34 @@ LOGPROBS = "message.output_text.logprobs"
 Item = dict[str, Any]
 
 
-def context_of(request: dict[str, Any]) -> list[Item]:
-    """The items a stored request gives the model: the conversation it continues
+def full_context_of(request: dict[str, Any]) -> list[Item]:
+    """Every item of a stored request's context: the conversation it continues
     (``previous_response_id``, resolved when it was created) and then its own input."""
     return [*(request.get(items.HISTORY) or []), *items.input_of(request)]
+
+
+def context_of(request: dict[str, Any]) -> list[Item]:
+    """The items a stored request gives the model: its whole context but the oldest
+    items ``truncation: "auto"`` dropped when it was created (:func:`truncate`)."""
+    dropped = int((request.get(items.TRUNCATED) or {}).get("items", 0))
+    return full_context_of(request)[dropped:]
+
+
+def truncate(request: dict[str, Any], dropped: int) -> None:
+    """Record in ``request`` that its ``dropped`` oldest context items are left out
+    (``truncation: "auto"``): how many, and which (their ids, types and roles, for the
+    response to say)."""
+    if dropped <= 0:
+        request.pop(items.TRUNCATED, None)
+        return
+    gone = full_context_of(request)[:dropped]
+    request[items.TRUNCATED] = {
+        "items": dropped,
+        "dropped": [
+            {"id": item.get("id"), "type": item.get("type"), "role": item.get("role")}
+            for item in gone
+        ],
+    }
 
 
 def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:

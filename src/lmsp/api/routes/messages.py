@@ -112,7 +112,9 @@ async def create_message(body: MessageCreate, request: Request, client: Writer) 
     stored = stored_request(body, svc.settings.default_on_restart)
     key = await idempotency_key(request, client)
     try:
-        created = await svc.create(client, stored, key, input_param="messages")
+        created = await svc.create(
+            client, stored, key, input_param="messages", param=messages.tools_param
+        )
     except errors.LmspError as exc:
         raise await _named_models(svc, client, exc) from None
     headers = dict(REPLAYED) if created.replayed else {}

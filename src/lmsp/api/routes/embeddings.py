@@ -1,0 +1,113 @@
+"""``POST /v1/embeddings``: vectors of texts, in OpenAI's shapes.
+
+Everything is checked before any work: the shape of ``input``, the number of inputs
+(``LMSP_EMBED_MAX_INPUTS``), the model, ``dimensions`` (only the model's own length),
+and each input's length in the model's tokens (``LMSP_EMBED_MAX_TOKENS``); only then
+does the model's engine compute them (:meth:`lmsp.engines.host.ModelHost.embed`), in an
+embedding context of its own beside the generating sequences.
+
+An embeddings request is no task: nothing is written. It is a pure function of the
+model and the input (the same input always gives the same vectors), so a client that
+lost an answer asks again and gets it; there is nothing to resume, cancel or replay.
+For the same reason it takes no ``Idempotency-Key`` (refused like on any other route
+that has no use for one). It is counted in ``/metrics`` (``lmsp_embedding_inputs``,
+``lmsp_embedding_tokens``, and the HTTP figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from lmsp import errors
+from lmsp.engines.base import EngineError, Tokenizer
+from lmsp.protocol import embeddings
+from lmsp.store import models
+from lmsp.store.clients import Client
+
+from ..auth import require
+from ..schemas import EmbeddingCreate
+from ..service import model_not_found
+from .deps import service
+
+router = APIRouter(prefix="/v1", tags=["embeddings"])
+
+Writer = Annotated[Client, Depends(require("responses:write"))]
+
+
+def _tokenized(
+    tokenizer: Tokenizer, inputs: list[embeddings.Input], names: list[str], max_tokens: int
+) -> list[list[int]]:
+    """Each input as the model's tokens (token arrays checked against its vocabulary);
+    a ``400`` naming the first one longer than ``max_tokens``."""
+    out: list[list[int]] = []
+    for given, where in zip(inputs, names, strict=True):
+        if isinstance(given, str):
+            tokens = tokenizer.text_tokens(given)
+        else:
+            tokens = given
+            for j, token in enumerate(tokens):
+                if token >= tokenizer.n_vocab:
+                    raise errors.LmspError(
+                        "invalid_value",
+                        f"Token id {token} is not in the model's vocabulary "
+                        f"(0 to {tokenizer.n_vocab - 1}).",
+                        param=f"{where}.{j}",
+                    )
+        if not tokens:
+            raise errors.LmspError("invalid_value", "This input has no tokens.", param=where)
+        if len(tokens) > max_tokens:
+            raise errors.LmspError(
+                "context_length_exceeded",
+                f"This input has {len(tokens)} tokens; an input may have at most {max_tokens}"
+                " (the server's LMSP_EMBED_MAX_TOKENS). Split it.",
+                param=where,
+            )
+        out.append(tokens)
+    return out
+
+
+@router.post("/embeddings")
+async def create_embeddings(
+    body: EmbeddingCreate, request: Request, client: Writer
+) -> JSONResponse:
+    """Embeddings of one or more texts (or token arrays), L2-normalised."""
+    svc = service(request)
+    settings = svc.settings
+    inputs, names = embeddings.read_input(body.input, settings.embed_max_inputs)
+    record = await svc.read(lambda: models.get(svc.db.reader(), body.model))
+    if record is None:
+        raise model_not_found(body.model)
+    host = svc.host
+    try:
+        tokenizer = await asyncio.to_thread(host.tokenizer, record)
+        if body.dimensions is not None and body.dimensions != tokenizer.n_embd:
+            raise errors.LmspError(
+                "unsupported_parameter",
+                f"The model {body.model!r} gives embeddings of {tokenizer.n_embd} dimensions;"
+                " lmsp does not shorten them: leave dimensions out or send"
+                f" {tokenizer.n_embd}.",
+                param="dimensions",
+            )
+        tokens = await asyncio.to_thread(
+            _tokenized, tokenizer, inputs, names, settings.embed_max_tokens
+        )
+        engine, slot = await asyncio.to_thread(host.embedding_engine, record)
+        try:
+            vectors = await asyncio.wrap_future(engine.embed_later(tokens))
+        finally:
+            host.release(slot)
+    except EngineError as exc:
+        param = "model" if _model_fault(exc) else None
+        raise errors.LmspError(exc.code, exc.message, param=param) from exc
+    counted = sum(len(t) for t in tokens)
+    svc.metrics.embedded(record.id, len(tokens), counted)
+    fmt = body.encoding_format or "float"
+    return JSONResponse(embeddings.answer(body.model, vectors, fmt, counted))
+
+
+def _model_fault(exc: EngineError) -> bool:
+    return exc.code in ("model_cannot_embed", "model_corrupt", "model_load_failed")
