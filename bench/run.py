@@ -20,6 +20,8 @@
     llama-server's on the same GGUF (goal: at least 0.9x the faster llama-server).
 (i) the Messages API against Chat Completions on the same prompt (bench/dialects.py):
     the overhead of Anthropic's shapes over the same durable core.
+(j) scale-out (bench/scaleout.py): durable creates with 64 clients, PostgreSQL against
+    SQLite, one node and three; the recovery of a killed node's task against the lease TTL.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -526,6 +528,7 @@ def main() -> None:
             "dialects",
             "embeddings",
             "hostile",
+            "scaleout",
         ],
         default=None,
     )
@@ -563,6 +566,10 @@ def main() -> None:
             from bench.hostile import bench_hostile
 
             bench_hostile(1 if compare.quick() else 3, table)
+        if args.only in (None, "scaleout"):
+            from bench.scaleout import bench_scaleout
+
+            bench_scaleout(work, 64, args.seconds, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -15,6 +15,9 @@ from lmsp.api.service import Service, open_service
 from lmsp.bootstrap import bundled_model_path, store_blob
 from lmsp.config import Settings
 from lmsp.store import clients
+from tests.pgcluster import MISSING as PG_MISSING
+from tests.pgcluster import REQUIRED as PG_REQUIRED
+from tests.pgcluster import Cluster, bin_dir
 
 
 @pytest.fixture(scope="session")
@@ -107,3 +110,26 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("campaign figures")
         for line in FIGURES:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """A PostgreSQL server for the session (skips, or fails under
+    ``LMSP_REQUIRE_POSTGRES=1``, without PostgreSQL)."""
+    bins = bin_dir()
+    if bins is None:
+        if PG_REQUIRED:
+            pytest.fail(PG_MISSING)
+        pytest.skip(PG_MISSING)
+    cluster = Cluster(bins)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: Cluster) -> str:
+    """A blank database on the session's cluster."""
+    return pg_cluster.database()

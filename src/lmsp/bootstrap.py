@@ -7,7 +7,6 @@ import hashlib
 import importlib.util
 import logging
 import os
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from lmsp.gguf import model_metadata
 from lmsp.store import clients, models, service
 from lmsp.store.blobs import CHUNK, blob_path, remove_orphans, store_blob
 from lmsp.store.db import Database
+from lmsp.store.sql import Conn
 
 __all__ = ["bootstrap", "bundled_model_path", "file_digest", "store_blob"]
 
@@ -68,7 +68,7 @@ def ensure_owner(db: Database, token_path: Path) -> str | None:
     """
     token_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def job(conn: sqlite3.Connection) -> str | None:
+    def job(conn: Conn) -> str | None:
         if service.get(conn, "owner_client_id") is not None:
             return None
         client, token = clients.add(conn, "owner", ["admin"])
@@ -114,7 +114,7 @@ def ensure_bundled_defaults(db: Database) -> None:
     if service.get(conn, "bundled_defaults_set") is not None:
         return
 
-    def job(c: sqlite3.Connection) -> None:
+    def job(c: Conn) -> None:
         record = models.get(c, DEFAULT_MODEL_ID)
         if record is not None and not record.defaults:
             models.set_defaults(c, DEFAULT_MODEL_ID, dict(BUNDLED_DEFAULTS))
@@ -142,6 +142,21 @@ def ensure_models(db: Database, blobs_dir: Path, enable_test_engine: bool) -> No
     if enable_test_engine and models.get(conn, TEST_MODEL_ID) is None:
         blob_info = store_blob(blobs_dir, TEST_MODEL_BYTES)
         _register(db, TEST_MODEL_ID, "test", "lmsp-test", blob_info, {"deterministic": True})
+    ensure_local_blobs(db, blobs_dir, enable_test_engine)
+
+
+def ensure_local_blobs(db: Database, blobs_dir: Path, enable_test_engine: bool) -> None:
+    """A node joining a shared database registers nothing, but needs the blobs of the
+    models lmsp ships in its own data directory (blobs never go into the database)."""
+    conn = db.reader()
+    bundled = models.get(conn, DEFAULT_MODEL_ID)
+    if bundled is not None and not blob_path(blobs_dir, bundled.digest).exists():
+        path = bundled_model_path()
+        if file_digest(path)[0] == bundled.digest:
+            store_blob(blobs_dir, path)
+    test = models.get(conn, TEST_MODEL_ID) if enable_test_engine else None
+    if test is not None and not blob_path(blobs_dir, test.digest).exists():
+        store_blob(blobs_dir, TEST_MODEL_BYTES)
 
 
 def bootstrap(db: Database, data_dir: Path, blobs_dir: Path, enable_test_engine: bool) -> str:

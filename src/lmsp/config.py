@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -96,6 +97,17 @@ class Settings:
     # engines run on a thread of the API process instead of a process of their own: for
     # fast in-process tests of the test engine only (no environment variable sets it)
     in_thread_engines: frozenset[str] = frozenset()
+    # several nodes on one PostgreSQL database (docs/scale-out.md): its URL (None: the
+    # embedded SQLite database of the data directory), this node's id (None: host and
+    # port) and how long a node's lease on its tasks lasts without a renewal
+    database_url: str | None = None
+    node_id: str | None = None
+    lease_ttl: float = 15.0
+
+    @property
+    def node(self) -> str:
+        """This node's id: ``LMSP_NODE_ID``, else the machine's name and the port."""
+        return self.node_id or f"{socket.gethostname()}:{self.port}"
 
     @property
     def db_path(self) -> Path:
@@ -219,6 +231,16 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["sse_ping"] = parse_duration(v)
     if v := env.get("LMSP_CANCEL_WAIT"):
         changes["cancel_wait"] = parse_duration(v)
+    if v := env.get("LMSP_DATABASE_URL"):
+        if not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("LMSP_DATABASE_URL must be a postgresql:// URL")
+        changes["database_url"] = v
+    if v := env.get("LMSP_NODE_ID"):
+        changes["node_id"] = v
+    if v := env.get("LMSP_LEASE_TTL"):
+        changes["lease_ttl"] = ttl = parse_duration(v)
+        if ttl < 1:
+            raise ValueError("LMSP_LEASE_TTL must be at least 1s")
     if v := env.get("LMSP_LOG_FORMAT"):
         if v not in ("text", "json"):
             raise ValueError("LMSP_LOG_FORMAT must be text or json")

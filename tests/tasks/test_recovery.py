@@ -1,4 +1,5 @@
-"""Startup recovery (chapter 11.3): every cell of the table, on real SQLite files.
+"""Startup recovery (chapter 11.3): every cell of the table, on both stores (SQLite files and a
+PostgreSQL database).
 
 Each test prepares a data directory with the store's own verbs (create, claim, start,
 log output with its snapshot, cancel), closes it as a stopped service would leave it,
@@ -8,12 +9,10 @@ how the task ends once the runner takes over.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +30,19 @@ from lmsp.store import models, snapshots
 from lmsp.store import responses as response_store
 from lmsp.store import service as service_store
 from lmsp.store import tasks as task_store
-from lmsp.store.db import Database
+from lmsp.store.open import open_database
 from lmsp.tasks.plan import messages_of
-from tests.helpers import TERMINAL_EVENTS, check_log_invariants, open_db, task_log, text_events
+from tests.helpers import TERMINAL_EVENTS, check_log_invariants, task_log, text_events
+from tests.pgcluster import store_reader
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def settings(request: pytest.FixtureRequest, settings: Settings) -> Settings:
+    """Every test here runs on both stores."""
+    if request.param == "sqlite":
+        return settings
+    return settings.with_overrides(database_url=request.getfixturevalue("pg_url"), lease_ttl=5.0)
+
 
 STATES = ["queued", "loading", "running", "cancelling"]
 POLICIES = ["fail", "retry", "resume"]
@@ -75,7 +84,7 @@ def engine_text(request: dict[str, Any]) -> str:
 
 
 def new_data_dir(settings: Settings) -> None:
-    db = Database(settings.db_path)
+    db = open_database(settings)
     try:
         bootstrap(db, settings.data_dir, settings.blobs_dir, True)
     finally:
@@ -95,7 +104,7 @@ def prepare(settings: Settings, found: str, policy: str, seed: int) -> Prepared:
     pieces = [p.text for p in generated]
     tokens = [p.token for p in generated]
 
-    def job(conn: sqlite3.Connection) -> tuple[str, str, str]:
+    def job(conn: Any) -> tuple[str, str, str]:
         owner = service_store.get(conn, "owner_client_id")
         assert owner is not None
         created = response_store.create(
@@ -124,7 +133,7 @@ def prepare(settings: Settings, found: str, policy: str, seed: int) -> Prepared:
             assert moved is not None and moved["status"] == "cancelling"
         return created.response_id, task_id, text
 
-    db = Database(settings.db_path)
+    db = open_database(settings)
     try:
         response_id, task_id, snapshot_text = db.write_sync(job)
         task = task_store.get(db.reader(), task_id)
@@ -147,10 +156,10 @@ def started(settings: Settings) -> Iterator[Service]:
         svc.db.close()
 
 
-def wait_terminal(data_dir: Path, task_ids: list[str], timeout: float = 30) -> None:
+def wait_terminal(settings: Settings, task_ids: list[str], timeout: float = 30) -> None:
     """Poll the database until every task is finished (a wait, not an assertion on time)."""
     deadline = time.monotonic() + timeout
-    conn = open_db(data_dir)
+    conn = store_reader(settings)
     try:
         while True:
             rows = conn.execute(
@@ -173,7 +182,7 @@ def deltas(events: list[dict[str, Any]]) -> str:
 def check_recovered(svc: Service, prep: Prepared) -> None:
     """The state and events right after recovery, before the runner has run."""
     expected = TABLE[prep.found][prep.policy]
-    conn = open_db(svc.settings.data_dir)
+    conn = store_reader(svc.settings)
     try:
         task = conn.execute("SELECT * FROM tasks WHERE id = ?", (prep.task_id,)).fetchone()
         log = task_log(conn, prep.task_id)
@@ -221,10 +230,10 @@ def check_recovered(svc: Service, prep: Prepared) -> None:
     assert sorted(moved + report.resumed) == [prep.task_id]
 
 
-def check_final(data_dir: Path, prep: Prepared, final: dict[str, Any]) -> None:
+def check_final(settings: Settings, prep: Prepared, final: dict[str, Any]) -> None:
     """How the task ended once the service ran it; ``final`` is its response object."""
     expected = TABLE[prep.found][prep.policy]
-    conn = open_db(data_dir)
+    conn = store_reader(settings)
     try:
         log = task_log(conn, prep.task_id)
         check_log_invariants(conn)
@@ -271,9 +280,9 @@ def test_recovery_table_cell(settings: Settings, found: str, policy: str) -> Non
     with started(settings) as svc:
         check_recovered(svc, prep)
         svc.runner.start(resume=svc.recovered.resumed)
-        wait_terminal(settings.data_dir, [prep.task_id])
+        wait_terminal(settings, [prep.task_id])
         final = svc.response_object(prep.task_id)
-    check_final(settings.data_dir, prep, final)
+    check_final(settings, prep, final)
 
 
 @pytest.mark.parametrize("policy", ["resume", "retry"])
@@ -288,7 +297,7 @@ def test_a_running_task_with_its_tokens_in_chunks(
     prep = prepare(settings, "running", policy, seed=77)
 
     def starts() -> list[int]:
-        conn = open_db(settings.data_dir)
+        conn = store_reader(settings)
         try:
             rows = conn.execute(
                 "SELECT start FROM task_tokens WHERE task_id = ? ORDER BY start", (prep.task_id,)
@@ -302,9 +311,9 @@ def test_a_running_task_with_its_tokens_in_chunks(
         check_recovered(svc, prep)
         assert starts() == ([0, 3] if policy == "resume" else [])
         svc.runner.start(resume=svc.recovered.resumed)
-        wait_terminal(settings.data_dir, [prep.task_id])
+        wait_terminal(settings, [prep.task_id])
         final = svc.response_object(prep.task_id)
-    check_final(settings.data_dir, prep, final)
+    check_final(settings, prep, final)
     assert starts() == []  # a finished task keeps no snapshot
 
 
@@ -335,7 +344,7 @@ def test_all_cells_through_the_http_app(settings: Settings) -> None:
             assert int(first_id.split(":", 1)[1]) == prep.last_seq + 1
             finals[prep.task_id] = client.get(f"/v1/responses/{prep.response_id}").json()
     for prep in preps:
-        check_final(settings.data_dir, prep, finals[prep.task_id])
+        check_final(settings, prep, finals[prep.task_id])
     counts = {"failed": 0, "cancelled": 0, "completed": 0}
     for final in finals.values():
         counts[final["status"]] += 1
@@ -354,14 +363,14 @@ def test_recovery_twice_changes_nothing_more(settings: Settings) -> None:
         assert len(first.recovered.requeued) == 3  # loading retry/resume, running retry
         assert len(first.recovered.kept_queued) == 2
         assert len(first.recovered.resumed) == 1
-    conn = open_db(settings.data_dir)
+    conn = store_reader(settings)
     logs = {p.task_id: task_log(conn, p.task_id) for p in preps}
     conn.close()
     with started(settings) as second:
         report = second.recovered
         assert report.failed == report.cancelled == report.requeued == []
         assert len(report.kept_queued) == 5 and len(report.resumed) == 1
-    conn = open_db(settings.data_dir)
+    conn = store_reader(settings)
     try:
         assert {p.task_id: task_log(conn, p.task_id) for p in preps} == logs
         check_log_invariants(conn)
@@ -380,10 +389,10 @@ def test_cancel_of_a_resumed_task_before_the_runner_takes_it(settings: Settings)
         assert moved is not None and moved["status"] == "cancelling"
         svc.runner.request_cancel(prep.task_id)
         svc.runner.start(resume=svc.recovered.resumed)
-        wait_terminal(settings.data_dir, [prep.task_id])
+        wait_terminal(settings, [prep.task_id])
         final = svc.response_object(prep.task_id)
     assert final["status"] == "cancelled"
-    conn = open_db(settings.data_dir)
+    conn = store_reader(settings)
     try:
         log = task_log(conn, prep.task_id)
         assert [e["type"] for e in log[prep.last_seq + 1 :]] == [

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 import threading
 import time
 from typing import Any
+
+import pytest
 
 from lmsp.api.service import Service
 from lmsp.config import Settings
@@ -16,6 +17,14 @@ from lmsp.store import tasks as task_store
 from tests.helpers import check_log_invariants, task_log, text_events
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def settings(request: pytest.FixtureRequest, settings: Settings) -> Settings:
+    """Every test here runs on both stores."""
+    if request.param == "sqlite":
+        return settings
+    return settings.with_overrides(database_url=request.getfixturevalue("pg_url"))
+
+
 def owner_id(svc: Service) -> str:
     row = svc.db.reader().execute("SELECT value FROM service_config WHERE key = 'owner_client_id'")
     return str(row.fetchone()[0])
@@ -24,7 +33,7 @@ def owner_id(svc: Service) -> str:
 def enqueue(svc: Service, **request: Any) -> str:
     body = {"model": "lmsp-test", "input": "hello", "background": True, "seed": 7, **request}
 
-    def job(conn: sqlite3.Connection) -> responses.Created:
+    def job(conn: Any) -> responses.Created:
         return responses.create(
             conn,
             client_id=owner_id(svc),

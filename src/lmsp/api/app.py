@@ -280,6 +280,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         finally:
             gc.cancel()
             await asyncio.to_thread(svc.runner.stop)
+            if svc.membership is not None:
+                await asyncio.to_thread(svc.membership.stop)
             svc.close_readers()
             svc.host.close()
             svc.db.close()

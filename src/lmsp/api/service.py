@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +32,10 @@ from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
+from lmsp.store.open import open_database
+from lmsp.store.sql import Conn, Row
 from lmsp.tasks import recovery, retention
+from lmsp.tasks.nodes import Membership
 from lmsp.tasks.plan import full_context_of, messages_of, tools_of, truncate
 from lmsp.tasks.runner import Runner
 
@@ -70,6 +72,8 @@ class Service:
     console: ConsoleSessions = field(default_factory=ConsoleSessions)
     started_at: int = field(default_factory=lambda: int(time.time()))
     broker: Broker | None = None
+    # this node's lease and rescuer on a database nodes share (None: SQLite, one node)
+    membership: Membership | None = None
     # client id → when this process last recorded its use (``last_used_at`` writes)
     touched: dict[str, int] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -101,15 +105,17 @@ class Service:
         self.sandbox.close()
 
     # -- lookups (404 for what the client does not own; ``admin`` sees everything) ---------
-    def owned_response(self, response_id: str, client: Client) -> tuple[sqlite3.Row, sqlite3.Row]:
+    def owned_response(self, response_id: str, client: Client) -> tuple[Row, Row]:
         conn = self.db.reader()
         response = task_store.get_response(conn, response_id)
         if response is None or not client.oversees(response["client_id"]):
             raise errors.not_found("response", response_id)
-        task = conn.execute("SELECT * FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
+        task = task_store.of_response(conn, response_id)
+        if task is None:  # deleted between the two reads
+            raise errors.not_found("response", response_id)
         return response, task
 
-    def owned_task(self, task_id: str, client: Client) -> sqlite3.Row:
+    def owned_task(self, task_id: str, client: Client) -> Row:
         task = task_store.get(self.db.reader(), task_id)
         if task is None or not client.oversees(task["client_id"]):
             raise errors.not_found("task", task_id)
@@ -213,7 +219,7 @@ class Service:
                 param=input_param,
             )
 
-        def job(conn: sqlite3.Connection) -> response_store.Created:
+        def job(conn: Conn) -> response_store.Created:
             if models.get(conn, model) is None:  # deleted meanwhile
                 raise model_not_found(model)
             if previous is not None:  # still there (not deleted or swept meanwhile)
@@ -276,7 +282,7 @@ class Service:
         if moved is not None and moved["status"] == Status.CANCELLING and wait > 0:
             await self.wait_finished(task_id, timeout=wait)
 
-    def cancelled(self, moved: list[sqlite3.Row], why: str) -> None:
+    def cancelled(self, moved: list[Row], why: str) -> None:
         """After a commit that cancelled tasks (a revoke): the runner stops generating
         for those now ``cancelling``."""
         for task in moved:
@@ -301,7 +307,7 @@ class Service:
         self._background.add(job)
         job.add_done_callback(self._background.discard)
 
-    def _after_cancel(self, task_id: str, moved: sqlite3.Row | None) -> None:
+    def _after_cancel(self, task_id: str, moved: Row | None) -> None:
         if moved is not None and moved["status"] == Status.CANCELLING:
             self.runner.request_cancel(task_id)
 
@@ -340,7 +346,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
     if lock is None:
         lock = datadir.acquire(settings.data_dir)
     try:
-        db = Database(settings.db_path, lock=lock)
+        db = open_database(settings, lock)
     except BaseException:
         lock.release()
         raise
@@ -350,7 +356,15 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         service_id = bootstrap(
             db, settings.data_dir, settings.blobs_dir, settings.enable_test_engine
         )
-        report = recovery.recover(db)
+        membership: Membership | None = None
+        if db.shared:  # one of several nodes: join (a new lease epoch), then recover
+            membership = Membership(
+                db, settings.node, f"{settings.host}:{settings.port}", settings.lease_ttl
+            )
+            membership.join()
+        # a node recovers what it held itself (on a shared database, other nodes' tasks
+        # are theirs, and their rescuers' once their lease runs out)
+        report = recovery.recover(db, settings.node if db.shared else None)
     except BaseException:
         db.close()
         raise
@@ -393,9 +407,15 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         flush_interval=settings.flush_interval,
         metrics=metrics,
     )
+    if membership is not None:
+        membership.attach(runner)
+        membership.start()  # the lease is renewed from now on (it ends with the database)
+        db.on_task_change(runner.heard)
     metrics.add_collector(lambda: database_figures(db))
     metrics.add_collector(lambda: engine_figures(host))
-    return Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
+    service = Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
+    service.membership = membership
+    return service
 
 
 def engine_figures(host: ModelHost) -> list[Metric]:
@@ -422,7 +442,7 @@ def database_figures(db: Database) -> list[Metric]:
     by_status = GaugeMetricFamily(
         "lmsp_tasks", "Tasks stored, by status (finished ones until retention).", labels=["status"]
     )
-    counts = dict(conn.execute("SELECT status, count(*) FROM tasks GROUP BY status").fetchall())
+    counts = task_store.status_counts(conn)
     for status in Status:
         by_status.add_metric([status.value], counts.get(status.value, 0))
     queue = GaugeMetricFamily("lmsp_queue_depth", "Tasks queued, waiting for a runner slot.")

@@ -187,7 +187,7 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
     LMSP_GC_INTERVAL)."""
     from lmsp.engines.kvfiles import PrefixFiles
     from lmsp.store.blobs import remove_orphans
-    from lmsp.store.db import Database
+    from lmsp.store.open import open_database
     from lmsp.tasks.retention import sweep
 
     keep = None
@@ -197,9 +197,9 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--retention") from exc
     settings = _settings(data_dir, retention=keep)
-    if not settings.db_path.exists():
+    if not settings.database_url and not settings.db_path.exists():
         raise CliError(f"no lmsp database in {settings.data_dir}", "no_database")
-    db = Database(settings.db_path, lock=_lock(settings, "lmsp gc"))
+    db = open_database(settings, _lock(settings, "lmsp gc"))
     try:
         kv = PrefixFiles(
             settings.kv_dir,

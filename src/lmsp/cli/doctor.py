@@ -1,7 +1,9 @@
 """``lmsp doctor``: checks on the data directory itself (it works with the server up or
 down): database integrity, schema version, model blobs against their records, blobs no
 record names, who holds the directory, and file permissions (the database holds every
-prompt and output: nobody but its user may read it)."""
+prompt and output: nobody but its user may read it). On a PostgreSQL database nodes
+share (``LMSP_DATABASE_URL``): the connection, the clock skew between this machine and
+the database (leases are judged by the database's clock), and every node's lease."""
 
 from __future__ import annotations
 
@@ -17,15 +19,28 @@ import httpx
 from rich.text import Text
 
 from lmsp import config, datadir
+from lmsp.store import checks, pg_schema
 from lmsp.store.blobs import orphans
 from lmsp.store.clients import hash_token
+from lmsp.store.db import Connection
 from lmsp.store.migrations import MIGRATIONS
+from lmsp.store.sql import SQLITE, Conn
 
 from .common import DATA_DIR_HELP, JSON_HELP, target
 from .errors import CliError
 from .remote import console, print_json, table
 
 CHUNK = 1 << 20
+#: a clock skew past this many seconds is worth a warning
+SKEW_WARN = 1.0
+#: what reading either database may raise
+DB_ERRORS: tuple[type[Exception], ...] = (sqlite3.DatabaseError, OSError)
+try:
+    import psycopg
+
+    DB_ERRORS = (*DB_ERRORS, psycopg.Error)
+except ImportError:  # pragma: no cover - psycopg is a dependency
+    pass
 
 
 @dataclass
@@ -35,24 +50,25 @@ class Check:
     detail: str
 
 
-def _open_read_only(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)
+def _open_read_only(path: Path) -> Connection:
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30, factory=Connection)
     conn.row_factory = sqlite3.Row
     return conn
 
 
-def check_integrity(conn: sqlite3.Connection) -> Check:
-    rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+def check_integrity(conn: Conn) -> Check:
+    rows = checks.integrity(conn)
     if rows == ["ok"]:
-        return Check("database integrity", "ok", "PRAGMA integrity_check: ok")
+        detail = "PRAGMA integrity_check: ok" if conn.dialect == SQLITE else "answers"
+        return Check("database integrity", "ok", detail)
     return Check("database integrity", "fail", "; ".join(rows[:5]))
 
 
-def check_schema(conn: sqlite3.Connection) -> Check:
-    known = [name for name, _ in MIGRATIONS]
+def check_schema(conn: Conn) -> Check:
+    known = [name for name, _ in (MIGRATIONS if conn.dialect == SQLITE else pg_schema.MIGRATIONS)]
     try:
-        applied = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name")]
-    except sqlite3.DatabaseError:
+        applied = checks.applied_migrations(conn)
+    except DB_ERRORS:
         return Check("schema version", "fail", "no _migrations table")
     unknown = sorted(set(applied) - set(known))
     if unknown:
@@ -71,27 +87,27 @@ def _sha256(path: Path) -> str:
     return f"sha256:{sha.hexdigest()}"
 
 
-def check_blobs(conn: sqlite3.Connection, blobs_dir: Path) -> list[Check]:
-    checks: list[Check] = []
-    for row in conn.execute("SELECT id, digest, size_bytes FROM models ORDER BY position, id"):
+def check_blobs(conn: Conn, blobs_dir: Path) -> list[Check]:
+    found: list[Check] = []
+    for row in checks.model_rows(conn):
         name = f"model {row['id']}"
         algo, _, hexdigest = str(row["digest"]).partition(":")
         path = blobs_dir / f"{algo}-{hexdigest}"
         if not path.is_file():
-            checks.append(Check(name, "fail", f"blob missing: {path.name}"))
+            found.append(Check(name, "fail", f"blob missing: {path.name}"))
         elif path.stat().st_size != row["size_bytes"]:
             size = path.stat().st_size
-            checks.append(Check(name, "fail", f"size {size} != recorded {row['size_bytes']}"))
+            found.append(Check(name, "fail", f"size {size} != recorded {row['size_bytes']}"))
         elif _sha256(path) != row["digest"]:
-            checks.append(Check(name, "fail", "blob digest differs from the record"))
+            found.append(Check(name, "fail", "blob digest differs from the record"))
         else:
-            checks.append(Check(name, "ok", f"{row['digest'][:19]}… {row['size_bytes']} bytes"))
-    if not checks:
-        checks.append(Check("models", "warn", "no model registered"))
-    return checks
+            found.append(Check(name, "ok", f"{row['digest'][:19]}… {row['size_bytes']} bytes"))
+    if not found:
+        found.append(Check("models", "warn", "no model registered"))
+    return found
 
 
-def check_orphans(conn: sqlite3.Connection, blobs_dir: Path) -> Check:
+def check_orphans(conn: Conn, blobs_dir: Path) -> Check:
     found = orphans(conn, blobs_dir)
     if not found:
         return Check("unreferenced blobs", "ok", "every blob has a model record")
@@ -123,7 +139,7 @@ def check_permissions(settings: config.Settings) -> Check:
     )
 
 
-def check_owner_token(conn: sqlite3.Connection, path: Path) -> Check:
+def check_owner_token(conn: Conn, path: Path) -> Check:
     name = "owner token file"
     if not path.is_file():
         return Check(name, "fail", f"{path} is missing")
@@ -131,10 +147,7 @@ def check_owner_token(conn: sqlite3.Connection, path: Path) -> Check:
     if mode & 0o077:
         return Check(name, "fail", f"mode {mode:04o}: readable by others (chmod 600 {path})")
     digest = hash_token(path.read_text().strip())
-    row = conn.execute(
-        "SELECT c.token_hash, c.revoked_at FROM clients c JOIN service_config s"
-        " ON s.key = 'owner_client_id' AND s.value = c.id"
-    ).fetchone()
+    row = checks.owner_row(conn)
     if row is None or not hmac.compare_digest(row["token_hash"], digest):
         return Check(name, "fail", "the token in the file is not the owner client's")
     if row["revoked_at"] is not None:
@@ -150,22 +163,68 @@ def check_server(url: str) -> Check:
     return Check("service", "ok", f"{info.get('name')} {info.get('version')} at {url}")
 
 
+def check_clock(conn: Conn) -> Check:
+    """Leases are judged by the database's clock; this machine's may drift from it
+    without harm, but a large skew shows a machine whose time is wrong."""
+    skew = checks.clock_skew(conn)
+    status = "ok" if abs(skew) < SKEW_WARN else "warn"
+    return Check("clock skew", status, f"the database's clock is {skew:+.3f}s from this machine's")
+
+
+def check_nodes(conn: Conn) -> Check:
+    rows = checks.node_rows(conn)
+    if not rows:
+        return Check("nodes", "warn", "no node has joined yet")
+    text = ", ".join(
+        f"{r['id']} {r['status']}"
+        + (f" (lease {float(r['lease_left']):.1f}s)" if r["status"] == "up" else "")
+        for r in rows
+    )
+    lost = [r["id"] for r in rows if r["status"] == "up" and float(r["lease_left"]) < 0]
+    return Check("nodes", "warn" if lost else "ok", text)
+
+
+def diagnose_shared(settings: config.Settings, url: str) -> list[Check]:
+    """A data directory whose state is in PostgreSQL."""
+    from lmsp.store.pg import PgConnection, raw_connect
+
+    try:
+        conn = PgConnection(raw_connect(url))
+    except DB_ERRORS as exc:
+        return [Check("database connection", "fail", f"cannot connect: {exc}")]
+    try:
+        found = [Check("database connection", "ok", f"PostgreSQL {checks.server_version(conn)}")]
+        found += [check_integrity(conn), check_schema(conn), check_clock(conn), check_nodes(conn)]
+        found += check_blobs(conn, settings.blobs_dir)
+        found.append(check_orphans(conn, settings.blobs_dir))
+        found.append(check_owner_token(conn, settings.owner_token_path))
+        found.append(check_permissions(settings))
+    except DB_ERRORS as exc:
+        found = [Check("database", "fail", f"cannot read the database: {exc}")]
+    finally:
+        conn.close()
+    return found
+
+
 def diagnose(settings: config.Settings) -> list[Check]:
+    if settings.database_url:
+        shared = diagnose_shared(settings, settings.database_url)
+        return [*shared, check_server(target(None, None, settings.data_dir).url)]
     if not settings.db_path.is_file():
         return [Check("database", "fail", f"no lmsp database in {settings.data_dir}")]
     conn = _open_read_only(settings.db_path)
     try:
-        checks = [check_integrity(conn), check_schema(conn)]
-        checks += check_blobs(conn, settings.blobs_dir)
-        checks.append(check_orphans(conn, settings.blobs_dir))
-        checks.append(check_owner_token(conn, settings.owner_token_path))
-        checks.append(check_permissions(settings))
+        found = [check_integrity(conn), check_schema(conn)]
+        found += check_blobs(conn, settings.blobs_dir)
+        found.append(check_orphans(conn, settings.blobs_dir))
+        found.append(check_owner_token(conn, settings.owner_token_path))
+        found.append(check_permissions(settings))
     except sqlite3.DatabaseError as exc:
-        checks = [Check("database", "fail", f"cannot read {settings.db_path}: {exc}")]
+        found = [Check("database", "fail", f"cannot read {settings.db_path}: {exc}")]
     finally:
         conn.close()
-    checks.append(check_server(target(None, None, settings.data_dir).url))
-    return checks
+    found.append(check_server(target(None, None, settings.data_dir).url))
+    return found
 
 
 @click.command("doctor", short_help="Check the data directory and the service.")

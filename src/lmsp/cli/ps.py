@@ -59,6 +59,17 @@ def render(state: dict[str, Any]) -> Group:
         for c in state["clients"]
     ]
     oldest = when(queue["oldest_created_at"]) if queue["queued"] else "-"
+    nodes = [
+        [
+            n["id"] + (" (this node)" if n["id"] == state.get("node") else ""),
+            n["address"],
+            n["status"],
+            n["epoch"],
+            f"{n['lease_seconds_left']:.1f}s" if n["status"] == "up" else "-",
+            n["unfinished"],
+        ]
+        for n in state.get("nodes", [])
+    ]
     failed = [e for e in state.get("engines", []) if e["state"] == "failed"]
     return Group(
         _table("Models loaded", ["MODEL", "PID", "RESTARTS", "DIGEST", "MEMORY", "STATE"], models),
@@ -73,6 +84,11 @@ def render(state: dict[str, Any]) -> Group:
             "Clients with unfinished work",
             ["CLIENT", "ID", "RUNNING", "QUEUED", "LAST SEEN"],
             clients,
+        ),
+        *(  # a database nodes share: every node, its lease and its unfinished tasks
+            [_table("Nodes", ["NODE", "ADDRESS", "STATE", "EPOCH", "LEASE", "TASKS"], nodes)]
+            if nodes
+            else []
         ),
     )
 

@@ -13,7 +13,6 @@ import errno
 import hashlib
 import os
 import shutil
-import sqlite3
 import stat
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from lmsp.gguf import NotGGUF, check_structure, metadata_of, read_header_from
 from lmsp.store import models
 from lmsp.store.db import Database
 from lmsp.store.models import ModelRecord
+from lmsp.store.sql import Conn
 
 CHUNK = 1 << 20
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -265,7 +265,7 @@ def import_model(
                     code="digest_mismatch",
                 )
 
-            def job(conn: sqlite3.Connection) -> bool:
+            def job(conn: Conn) -> bool:
                 if models.get(conn, model_id) is not None:
                     return False
                 models.add(
@@ -321,7 +321,7 @@ def leftovers(blobs_dir: Path) -> list[Path]:
     return sorted(blobs_dir.glob(".partial-*")) if blobs_dir.is_dir() else []
 
 
-def orphans(conn: sqlite3.Connection, blobs_dir: Path) -> list[Path]:
+def orphans(conn: Conn, blobs_dir: Path) -> list[Path]:
     """Blobs no model record names: a crash between renaming a copy into place and
     committing its record leaves one."""
     if not blobs_dir.is_dir():

@@ -11,13 +11,13 @@ import hashlib
 import hmac
 import json
 import secrets
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
+from lmsp.store.sql import Conn, Row
 
 SCOPES = ("models:read", "models:write", "responses:read", "responses:write", "admin")
 TOKEN_PREFIX = "lmsp_"
@@ -67,7 +67,7 @@ def clean_scopes(scopes: Iterable[str]) -> list[str]:
     return [s for s in SCOPES if s in wanted]
 
 
-def add(conn: sqlite3.Connection, name: str, scopes: list[str]) -> tuple[Client, str]:
+def add(conn: Conn, name: str, scopes: list[str]) -> tuple[Client, str]:
     """Create a client; returns it with its token, which is never stored in clear."""
     token = new_token()
     client_id = new_id("cli")
@@ -79,7 +79,7 @@ def add(conn: sqlite3.Connection, name: str, scopes: list[str]) -> tuple[Client,
     return Client(client_id, name, tuple(scopes)), token
 
 
-def authenticate(conn: sqlite3.Connection, token: str) -> Client | None:
+def authenticate(conn: Conn, token: str) -> Client | None:
     """The unrevoked client holding ``token``: rows are found by the non-secret prefix,
     then every candidate's hash is compared in constant time."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > 256:
@@ -98,7 +98,7 @@ def authenticate(conn: sqlite3.Connection, token: str) -> Client | None:
     return found
 
 
-def load(conn: sqlite3.Connection, client_id: str) -> Client | None:
+def load(conn: Conn, client_id: str) -> Client | None:
     """An unrevoked client by id (the console's session names its client by id)."""
     row = conn.execute(
         "SELECT id, name, scopes, last_used_at FROM clients WHERE id = ? AND revoked_at IS NULL",
@@ -113,7 +113,7 @@ def needs_touch(client: Client, now: int) -> bool:
     return client.last_used_at is None or now - client.last_used_at >= TOUCH_INTERVAL
 
 
-def touch(conn: sqlite3.Connection, client_id: str, now: int) -> bool:
+def touch(conn: Conn, client_id: str, now: int) -> bool:
     """Record a use; a no-op when one was recorded less than a minute ago."""
     cur = conn.execute(
         "UPDATE clients SET last_used_at = ? WHERE id = ?"
@@ -123,18 +123,16 @@ def touch(conn: sqlite3.Connection, client_id: str, now: int) -> bool:
     return cur.rowcount == 1
 
 
-def get(conn: sqlite3.Connection, client_id: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute(
-        "SELECT * FROM clients WHERE id = ?", (client_id,)
-    ).fetchone()
+def get(conn: Conn, client_id: str) -> Row | None:
+    row: Row | None = conn.execute("SELECT * FROM clients WHERE id = ?", (client_id,)).fetchone()
     return row
 
 
-def all_clients(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+def all_clients(conn: Conn) -> list[Row]:
     return list(conn.execute("SELECT * FROM clients ORDER BY created_at, id"))
 
 
-def revoke(conn: sqlite3.Connection, client_id: str) -> sqlite3.Row | None:
+def revoke(conn: Conn, client_id: str) -> Row | None:
     """Revoke a client (once; revoking again keeps the first time). The caller cancels
     its unfinished tasks in the same transaction (:func:`lmsp.store.tasks.unfinished_of`)."""
     conn.execute(
@@ -144,7 +142,7 @@ def revoke(conn: sqlite3.Connection, client_id: str) -> sqlite3.Row | None:
     return get(conn, client_id)
 
 
-def render(row: sqlite3.Row) -> dict[str, Any]:
+def render(row: Row) -> dict[str, Any]:
     """The wire object: never the hash, only the display prefix."""
     return {
         "id": row["id"],

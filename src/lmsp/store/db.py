@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from lmsp.datadir import create_private_file
 from lmsp.store.health import StorageHealth, insufficient_storage, is_storage_error
 from lmsp.store.migrations import migrate
+from lmsp.store.sql import SQLITE, Conn
 
 if TYPE_CHECKING:
     from lmsp.datadir import DataDirLock
@@ -44,10 +45,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Job = Callable[[sqlite3.Connection], Any]
+Job = Callable[[Conn], Any]
 AfterCommit = Callable[[], None]
 
 MAX_BATCH = 256
+# times a batch runs again after a failure :meth:`Database._retryable` calls transient
+RETRIES = 5
 # how many tasks :meth:`Versions.task` remembers (the least recently changed go first)
 TASK_STAMPS = 10_000
 
@@ -63,6 +66,8 @@ class Connection(sqlite3.Connection):
     ``events written`` metric: counted once committed)."""
 
     events_pending = 0
+    dialect = SQLITE
+    for_update = ""
 
 
 def connect(path: Path | str) -> Connection:
@@ -205,44 +210,66 @@ class _Request:
 class Database:
     """The data directory's database: thread-local readers plus one group-commit writer."""
 
+    #: what opens a write transaction (``BEGIN IMMEDIATE``: SQLite takes its write lock
+    #: at once, so a batch never fails half-way for a lock another process took)
+    BEGIN = "BEGIN IMMEDIATE"
+    #: ``"sqlite"`` or ``"postgres"`` (what :attr:`lmsp.store.sql.Conn.dialect` says)
+    dialect = SQLITE
+    #: shared by several nodes (PostgreSQL): leases, fencing and the rescuer apply
+    shared = False
+
     def __init__(self, path: Path | str, lock: DataDirLock | None = None) -> None:
         self.path = Path(path)
-        self.lock = lock  # released by :meth:`close`
         self.path.parent.mkdir(parents=True, exist_ok=True)
         create_private_file(self.path)  # 0600; the -wal and -shm files take its mode
+        with_conn = connect(self.path)
+        try:
+            migrate(with_conn)
+        finally:
+            with_conn.close()
+        writer = connect(self.path)
+        self._start(writer, lock)
+        _watch(writer, self._on_change, self._tasks_changed.add)
+        self._thread.start()
+
+    def _start(self, writer: Any, lock: DataDirLock | None) -> None:
+        """The state every store shares; the writer thread is created, not started."""
+        self.lock = lock  # released by :meth:`close`
         self.health = StorageHealth()
         self.faults: Faults | None = None  # test seam, see the module docstring
         # called (in the writer thread) when a transaction failed for lack of space:
         # frees what it can and says how many bytes (the prefix cache's ``relieve``)
         self.relief: Callable[[], int] | None = None
         self.metrics: Metrics | None = None  # the service's, once it runs
-        with_conn = connect(self.path)
-        try:
-            migrate(with_conn)
-        finally:
-            with_conn.close()
         self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
+        self._readers: list[Any] = []
         self._readers_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._writer_conn = connect(self.path)
+        self._writer_conn = writer
         self.versions = Versions()
         self._changed: set[str] = set()  # watched tables changed in this transaction
         self._tasks_changed: set[str] = set()  # tasks changed in this transaction
-        _watch(self._writer_conn, self._on_change, self._tasks_changed.add)
         self._listeners: list[Callable[[], None]] = []
         self._closed = False
         self.commits = 0
         self.jobs = 0
         self._thread = threading.Thread(target=self._run, name="lmsp-writer", daemon=True)
-        self._thread.start()
+
+    def _connect(self) -> Any:
+        """A new connection (a reader's)."""
+        return connect(self.path)
+
+    def _retryable(self, exc: BaseException) -> bool:
+        """A transaction failure that running the batch again may mend (PostgreSQL's
+        serialization failures and deadlocks; never with SQLite's single writer)."""
+        return False
 
     # -- reads ---------------------------------------------------------------------------
-    def reader(self) -> sqlite3.Connection:
+    def reader(self) -> Conn:
         """A connection for reads, one per thread."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        conn: Conn | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = connect(self.path)
+            conn = self._connect()
             self._local.conn = conn
             with self._readers_lock:
                 self._readers.append(conn)
@@ -256,14 +283,18 @@ class Database:
         self._queue.put(request)
         return request.future
 
-    def write_sync(self, job: Callable[[sqlite3.Connection], T]) -> T:
+    def write_sync(self, job: Callable[[Conn], T]) -> T:
         """Run ``job`` in a write transaction; return once it is committed."""
         result: T = self.submit(job).result()
         return result
 
-    async def write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, job: Callable[[Conn], T]) -> T:
         result: T = await asyncio.wrap_future(self.submit(job))
         return result
+
+    def on_task_change(self, listener: Callable[[str, str | None], None]) -> None:
+        """Call ``listener(task_id, status)`` when another node changed a task. One
+        SQLite database has one node: nothing to hear (PostgreSQL: :mod:`lmsp.store.pg`)."""
 
     def on_commit(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (in the writer thread) after every commit."""
@@ -282,8 +313,11 @@ class Database:
             self.versions.stamp_tasks(self._tasks_changed)
             self._tasks_changed.clear()
 
+    def _writer(self) -> Any:
+        """The writer's connection, opened again if it broke (PostgreSQL)."""
+        return self._writer_conn
+
     def _run(self) -> None:
-        conn = self._writer_conn
         while True:
             first = self._queue.get()
             if first is None:
@@ -299,19 +333,21 @@ class Database:
                     stop = True
                     break
                 batch.append(nxt)
-            self._commit_batch(conn, batch)
+            self._commit_batch(self._writer(), batch)
             if stop:
                 break
-        conn.close()
+        self._writer_conn.close()
 
-    def _commit_batch(self, conn: Connection, batch: list[_Request], again: bool = False) -> None:
+    def _commit_batch(
+        self, conn: Any, batch: list[_Request], again: bool = False, tries: int = 0
+    ) -> None:
         outcomes: list[tuple[_Request, bool, Any]] = []
         changes_before = conn.total_changes
         faults = self.faults
         began = time.perf_counter()
         conn.events_pending = 0
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(self.BEGIN)
             for request in batch:
                 conn.execute("SAVEPOINT job")
                 events_before = conn.events_pending
@@ -338,9 +374,13 @@ class Database:
             if conn.in_transaction:
                 try:
                     conn.execute("ROLLBACK")
-                except sqlite3.Error:  # pragma: no cover - SQLite rolled back itself
+                except Exception:  # pragma: no cover - the database rolled back itself
                     log.exception("rollback failed")
             self._settle_changes()
+            if not full and tries < RETRIES and self._retryable(cause):
+                # nothing was answered yet: the whole batch runs again on a sound connection
+                self._commit_batch(self._writer(), batch, again, tries + 1)
+                return
             if full and not again and self._relieved():
                 self._commit_batch(conn, batch, again=True)  # space was freed: once more
                 return
@@ -385,6 +425,10 @@ class Database:
             log.exception("relieving the disk failed")
             return False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         if self._closed:
             return
@@ -393,7 +437,7 @@ class Database:
         self._thread.join(timeout=30)
         with self._readers_lock:
             for conn in self._readers:
-                with contextlib.suppress(sqlite3.ProgrammingError):
+                with contextlib.suppress(Exception):
                     conn.close()
             self._readers.clear()
         if self.lock is not None:

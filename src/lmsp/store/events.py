@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
-from lmsp.store.db import Connection
+from lmsp.store.sql import Conn
 
 _OUTPUT_TYPES = ",".join(f"'{kind}'" for kind in sorted(ev.OUTPUT))
 
 
-def append(conn: sqlite3.Connection, task_id: str, events: list[dict[str, Any]]) -> int:
+def append(conn: Conn, task_id: str, events: list[dict[str, Any]]) -> int:
     """Append ``events`` to the task's log inside the caller's transaction.
 
     Numbers them from the task's ``last_sequence_number`` + 1 and moves that counter in
     the same transaction (11.2). Returns the last number written.
     """
-    row = conn.execute("SELECT last_sequence_number FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    # the counter moves first, in one statement: it locks the task's row, so two
+    # transactions (two nodes) can never number events alike
+    row = conn.execute(
+        "UPDATE tasks SET last_sequence_number = last_sequence_number + ? WHERE id = ?"
+        " RETURNING last_sequence_number",
+        (len(events), task_id),
+    ).fetchone()
     if row is None:
         raise LookupError(task_id)
-    seq = int(row[0])
+    seq = int(row[0]) - len(events)
     stamp = _now()
     rows = []
     for event in events:
@@ -35,14 +40,13 @@ def append(conn: sqlite3.Connection, task_id: str, events: list[dict[str, Any]])
         " VALUES (?, ?, ?, ?, ?)",
         rows,
     )
-    conn.execute("UPDATE tasks SET last_sequence_number = ? WHERE id = ?", (seq, task_id))
-    if isinstance(conn, Connection):  # the writer's: counted for the metrics at commit
+    if hasattr(conn, "events_pending"):  # the writer's: counted for the metrics at commit
         conn.events_pending += len(rows)
     return seq
 
 
 def after(
-    conn: sqlite3.Connection, task_id: str, after_seq: int, limit: int = 1000
+    conn: Conn, task_id: str, after_seq: int, limit: int = 1000
 ) -> list[tuple[int, str, str]]:
     """Events with ``sequence_number > after_seq``: ``(seq, type, json)`` in order."""
     return [
@@ -55,16 +59,22 @@ def after(
     ]
 
 
-def output_events(conn: sqlite3.Connection, task_id: str) -> list[dict[str, Any]]:
+def output_events(conn: Conn, task_id: str) -> list[dict[str, Any]]:
     """The output events of the task's current attempt (a retry's ``reset`` discards the
     output logged before it), parsed, in order."""
+    start = -1
+    for seq, data in conn.execute(
+        "SELECT sequence_number, data FROM task_events WHERE task_id = ? AND type = ?"
+        " ORDER BY sequence_number",
+        (task_id, ev.QUEUED),
+    ):
+        if json.loads(data).get("reset"):
+            start = int(seq)
     return [
         json.loads(r[0])
         for r in conn.execute(
-            "SELECT data FROM task_events WHERE task_id = ?1 AND sequence_number > coalesce(("
-            "  SELECT max(sequence_number) FROM task_events WHERE task_id = ?1"
-            f"  AND type = '{ev.QUEUED}' AND json_extract(data, '$.reset')), -1)"
+            "SELECT data FROM task_events WHERE task_id = ? AND sequence_number > ?"
             f" AND type IN ({_OUTPUT_TYPES}) ORDER BY sequence_number",
-            (task_id,),
+            (task_id, start),
         )
     ]

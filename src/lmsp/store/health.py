@@ -28,6 +28,8 @@ def is_storage_error(exc: BaseException) -> bool:
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
         return code == sqlite3.SQLITE_FULL or FULL_MESSAGE in str(exc)
+    if getattr(exc, "sqlstate", None) in ("53100", "53000"):  # PostgreSQL: disk full
+        return True
     if isinstance(exc, OSError):
         return exc.errno in NO_SPACE_ERRNOS
     return False

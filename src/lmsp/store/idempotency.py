@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.ids import now as _now
+from lmsp.store.sql import Conn
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def valid_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and all(33 <= ord(c) <= 126 for c in key)
 
 
-def lookup(conn: sqlite3.Connection, key: Key) -> Stored | None:
+def lookup(conn: Conn, key: Key) -> Stored | None:
     """The stored result for ``key``; 422 if the key was used for another request."""
     row = conn.execute(
         "SELECT request_digest, status_code, resource_id, expires_at FROM idempotency_keys"
@@ -59,7 +59,7 @@ def lookup(conn: sqlite3.Connection, key: Key) -> Stored | None:
     return Stored(int(row["status_code"]), row["resource_id"])
 
 
-def record(conn: sqlite3.Connection, key: Key, status_code: int, resource_id: str | None) -> None:
+def record(conn: Conn, key: Key, status_code: int, resource_id: str | None) -> None:
     stamp = _now()
     conn.execute(
         "INSERT INTO idempotency_keys (client_id, key, request_digest, status_code, resource_id,"
@@ -68,7 +68,7 @@ def record(conn: sqlite3.Connection, key: Key, status_code: int, resource_id: st
     )
 
 
-def remember(conn: sqlite3.Connection, key: Key, resource_id: str, status_code: int = 200) -> bool:
+def remember(conn: Conn, key: Key, resource_id: str, status_code: int = 200) -> bool:
     """Record a key for an idempotent POST; ``True`` when it was seen (a replay)."""
     if lookup(conn, key) is not None:
         return True

@@ -197,6 +197,26 @@ MIGRATIONS: list[tuple[str, str]] = [
                       WHERE p.id = json_extract(responses.request, '$.previous_response_id'));
         """,
     ),
+    (
+        # nodes sharing one database (PostgreSQL; a single SQLite node keeps one row):
+        # the node that claimed a task and the lease epoch it claimed it under, which
+        # fences every write of that task (store/nodes.py)
+        "m009_nodes",
+        """
+        ALTER TABLE tasks ADD COLUMN node_id TEXT;
+        ALTER TABLE tasks ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX tasks_node ON tasks(node_id) WHERE node_id IS NOT NULL;
+        CREATE TABLE nodes (
+            id TEXT PRIMARY KEY,
+            epoch INTEGER NOT NULL,
+            address TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            heartbeat_at REAL NOT NULL,
+            lease_expires_at REAL NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('up','left','lost'))
+        ) STRICT;
+        """,
+    ),
 ]
 
 

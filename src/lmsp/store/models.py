@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
 from lmsp.ids import now as _now
 from lmsp.protocol.states import UNFINISHED_SQL
+from lmsp.store.sql import Conn, Row
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ModelRecord:
         return self.digest.split(":", 1)[1]
 
 
-def _record(row: sqlite3.Row) -> ModelRecord:
+def _record(row: Row) -> ModelRecord:
     return ModelRecord(
         id=row["id"],
         format=row["format"],
@@ -53,17 +53,17 @@ def capabilities(record: ModelRecord) -> tuple[str, ...]:
     return ("completion",)
 
 
-def all_models(conn: sqlite3.Connection) -> list[ModelRecord]:
+def all_models(conn: Conn) -> list[ModelRecord]:
     return [_record(r) for r in conn.execute("SELECT * FROM models ORDER BY position, id")]
 
 
-def get(conn: sqlite3.Connection, model_id: str) -> ModelRecord | None:
+def get(conn: Conn, model_id: str) -> ModelRecord | None:
     row = conn.execute("SELECT * FROM models WHERE id = ?", (model_id,)).fetchone()
     return None if row is None else _record(row)
 
 
 def add(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     model_id: str,
     engine: str,
@@ -93,14 +93,14 @@ def add(
     )
 
 
-def add_once(conn: sqlite3.Connection, *, model_id: str, **fields: Any) -> None:
+def add_once(conn: Conn, *, model_id: str, **fields: Any) -> None:
     """Register a model unless one with this id exists (first-start registration)."""
     if get(conn, model_id) is None:
         add(conn, model_id=model_id, **fields)
 
 
 def set_defaults(
-    conn: sqlite3.Connection, model_id: str, changes: dict[str, float | int | None]
+    conn: Conn, model_id: str, changes: dict[str, float | int | None]
 ) -> ModelRecord | None:
     """Change a model's sampling defaults (a ``None`` value removes one); the record, or
     ``None`` if there is no such model. Tasks already created keep their numbers."""
@@ -117,9 +117,7 @@ def set_defaults(
     return get(conn, model_id)
 
 
-def set_status(
-    conn: sqlite3.Connection, model_id: str, status: str, verified: bool = False
-) -> None:
+def set_status(conn: Conn, model_id: str, status: str, verified: bool = False) -> None:
     """Mark a model ``ready`` or ``corrupt``; ``verified`` stamps a full digest check."""
     if verified:
         conn.execute(
@@ -130,12 +128,12 @@ def set_status(
         conn.execute("UPDATE models SET status = ? WHERE id = ?", (status, model_id))
 
 
-def mark_corrupt_digest(conn: sqlite3.Connection, digest: str) -> None:
+def mark_corrupt_digest(conn: Conn, digest: str) -> None:
     """Every model whose record names this blob is corrupt (they share the bad file)."""
     conn.execute("UPDATE models SET status = 'corrupt' WHERE digest = ?", (digest,))
 
 
-def users(conn: sqlite3.Connection, model_id: str) -> int:
+def users(conn: Conn, model_id: str) -> int:
     """How many unfinished tasks run (or wait to run) this model."""
     row = conn.execute(
         "SELECT count(*) FROM tasks JOIN responses ON responses.id = tasks.response_id"
@@ -145,7 +143,7 @@ def users(conn: sqlite3.Connection, model_id: str) -> int:
     return int(row[0])
 
 
-def delete(conn: sqlite3.Connection, model_id: str) -> str:
+def delete(conn: Conn, model_id: str) -> str:
     """Delete a model record: ``deleted``, ``missing`` or ``in_use`` (unfinished tasks
     use it; nothing changes then). The caller removes the blob once unreferenced."""
     if get(conn, model_id) is None:
@@ -156,5 +154,10 @@ def delete(conn: sqlite3.Connection, model_id: str) -> str:
     return "deleted"
 
 
-def referenced(conn: sqlite3.Connection, digest: str) -> bool:
+def referenced(conn: Conn, digest: str) -> bool:
     return conn.execute("SELECT 1 FROM models WHERE digest = ?", (digest,)).fetchone() is not None
+
+
+def digests(conn: Conn) -> set[str]:
+    """The digests some model record names (blobs and saved prefixes of others go)."""
+    return {str(r[0]) for r in conn.execute("SELECT DISTINCT digest FROM models")}

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.store import clients
+from lmsp.store.sql import Conn, Row
 
 # consonants only: no words, no 0/O or 1/I confusion; 20^8 codes
 CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
@@ -33,16 +33,16 @@ def normalize_code(text: str) -> str:
     return f"{raw[:4]}-{raw[4:]}" if len(raw) == 8 else text
 
 
-def get(conn: sqlite3.Connection, ident: str) -> sqlite3.Row | None:
+def get(conn: Conn, ident: str) -> Row | None:
     """A request by id or by user code (any case, with or without the dash)."""
-    row: sqlite3.Row | None = conn.execute(
+    row: Row | None = conn.execute(
         "SELECT * FROM pairing_requests WHERE id = ? OR user_code = ?",
         (ident, normalize_code(ident)),
     ).fetchone()
     return row
 
 
-def pending(conn: sqlite3.Connection, now: int) -> list[sqlite3.Row]:
+def pending(conn: Conn, now: int) -> list[Row]:
     return list(
         conn.execute(
             "SELECT * FROM pairing_requests WHERE status = 'pending' AND expires_at > ?"
@@ -58,13 +58,13 @@ def same_name(a: str, b: str) -> bool:
     return a.strip().casefold() == b.strip().casefold()
 
 
-def _refuse(waiting: list[sqlite3.Row], now: int, message: str) -> LmspError:
+def _refuse(waiting: list[Row], now: int, message: str) -> LmspError:
     retry = max(1, min(r["expires_at"] for r in waiting) - now)
     return LmspError("too_many_pairing_requests", message, headers={"Retry-After": str(retry)})
 
 
 def create(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     client_name: str,
     scopes: list[str],
@@ -74,7 +74,7 @@ def create(
     source: str = "",
     max_per_source: int | None = None,
     max_per_name: int | None = None,
-) -> sqlite3.Row:
+) -> Row:
     """A new pending request; ``429`` (with ``Retry-After``: when the oldest of those
     it counts against expires) when ``max_per_name`` unexpired ones with the same
     client name, ``max_per_source`` from the same ``source`` (the caller passes it only
@@ -117,7 +117,7 @@ def create(
     return row
 
 
-def deny_pending(conn: sqlite3.Connection, now: int, source: str | None = None) -> list[str]:
+def deny_pending(conn: Conn, now: int, source: str | None = None) -> list[str]:
     """Deny every pending request (only those of ``source``, if given): the operator
     clearing the slots. Returns the ids denied; their polls answer ``access_denied``."""
     ids = [r["id"] for r in pending(conn, now) if source is None or r["source"] == source]
@@ -146,9 +146,7 @@ def _narrow(requested: list[str], granted: list[str] | None) -> list[str]:
     return granted
 
 
-def decide(
-    conn: sqlite3.Connection, ident: str, *, approve: bool, scopes: list[str] | None, now: int
-) -> sqlite3.Row:
+def decide(conn: Conn, ident: str, *, approve: bool, scopes: list[str] | None, now: int) -> Row:
     """Approve (possibly with fewer scopes) or deny a pending, unexpired request."""
     row = get(conn, ident)
     if row is None:
@@ -177,7 +175,7 @@ def _poll_error(code: str, message: str) -> LmspError:
     return LmspError(code, message)
 
 
-def claim(conn: sqlite3.Connection, pair_id: str, now: int) -> dict[str, Any]:
+def claim(conn: Conn, pair_id: str, now: int) -> dict[str, Any]:
     """The token of an approved request, exactly once; the client is created here."""
     row = conn.execute("SELECT * FROM pairing_requests WHERE id = ?", (pair_id,)).fetchone()
     if row is None:
@@ -202,7 +200,7 @@ def claim(conn: sqlite3.Connection, pair_id: str, now: int) -> dict[str, Any]:
     return {"client_id": client.id, "token": token, "scopes": scopes}
 
 
-def render(row: sqlite3.Row) -> dict[str, Any]:
+def render(row: Row) -> dict[str, Any]:
     granted = row["granted_scopes"]
     return {
         "id": row["id"],
@@ -220,7 +218,7 @@ def render(row: sqlite3.Row) -> dict[str, Any]:
     }
 
 
-def delete_expired_batch(conn: sqlite3.Connection, now: float, batch: int) -> int:
+def delete_expired_batch(conn: Conn, now: float, batch: int) -> int:
     """Delete up to ``batch`` requests that expired more than ``GRACE`` seconds ago."""
     cur = conn.execute(
         "DELETE FROM pairing_requests WHERE id IN ("

@@ -12,7 +12,6 @@ response can no longer be run or continued (``history_deleted``).
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from lmsp.protocol import items
 from lmsp.protocol.states import FINISHED_SQL, Status
 from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
+from lmsp.store.sql import Conn, Row
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Created:
 
 
 def create(
-    conn: sqlite3.Connection,
+    conn: Conn,
     *,
     client_id: str,
     request: dict[str, Any],
@@ -112,7 +112,7 @@ def create(
     return Created(response_id, task_id, status_code, replayed=False, response=obj)
 
 
-def delete(conn: sqlite3.Connection, response_id: str, client_id: str) -> str:
+def delete(conn: Conn, response_id: str, client_id: str) -> str:
     """Delete a finished response with its task and events; ``"conflict"``/``"missing"``."""
     row = conn.execute(
         "SELECT t.status FROM responses r JOIN tasks t ON t.response_id = r.id"
@@ -129,9 +129,7 @@ def delete(conn: sqlite3.Connection, response_id: str, client_id: str) -> str:
     return "deleted" if cur.rowcount == 1 else "conflict"
 
 
-def conversation(
-    conn: sqlite3.Connection, previous_id: str, client_id: str
-) -> list[dict[str, Any]]:
+def conversation(conn: Conn, previous_id: str, client_id: str) -> list[dict[str, Any]]:
     """The context a response continuing ``previous_id`` starts from: that response's
     own context (its history and input) and then its output. Only the caller's stored,
     finished responses can be continued: ``404 not_found`` for anything else (another
@@ -142,7 +140,7 @@ def conversation(
     return context_of(conn, previous_id)
 
 
-def continuable(conn: sqlite3.Connection, previous_id: str, client_id: str) -> None:
+def continuable(conn: Conn, previous_id: str, client_id: str) -> None:
     """Raise unless the caller may continue ``previous_id`` (see :func:`conversation`);
     reads no content, only the chain of ids."""
     row = conn.execute(
@@ -177,7 +175,7 @@ WITH RECURSIVE chain(id, previous_id, depth) AS (
 """
 
 
-def _chain(conn: sqlite3.Connection, response_id: str, *, ids_only: bool) -> list[sqlite3.Row]:
+def _chain(conn: Conn, response_id: str, *, ids_only: bool) -> list[Row]:
     """The response and every response it continues, oldest first (with their request
     and output unless ``ids_only``); ``history_deleted`` if one of them is gone."""
     columns = "c.id, c.previous_id" + ("" if ids_only else ", r.request, r.output")
@@ -203,7 +201,7 @@ def history_deleted(gone: str) -> LmspError:
     )
 
 
-def context_of(conn: sqlite3.Connection, response_id: str) -> list[dict[str, Any]]:
+def context_of(conn: Conn, response_id: str) -> list[dict[str, Any]]:
     """Everything of a stored response a later turn sees: its history, its input and
     its output (``history_deleted`` if a response of its history is gone)."""
     out: list[dict[str, Any]] = []
@@ -216,7 +214,7 @@ def context_of(conn: sqlite3.Connection, response_id: str) -> list[dict[str, Any
     return out
 
 
-def history_of(conn: sqlite3.Connection, response: sqlite3.Row) -> list[dict[str, Any]]:
+def history_of(conn: Conn, response: Row) -> list[dict[str, Any]]:
     """The items before a stored response's own input (``history_deleted`` if a
     response of them is gone)."""
     request = json.loads(response["request"])
@@ -226,7 +224,7 @@ def history_of(conn: sqlite3.Connection, response: sqlite3.Row) -> list[dict[str
     return [] if previous is None else context_of(conn, previous)
 
 
-def request_of(conn: sqlite3.Connection, response: sqlite3.Row) -> dict[str, Any]:
+def request_of(conn: Conn, response: Row) -> dict[str, Any]:
     """A stored response's request with its history expanded (what the model is
     given): the runner's one read of a task's request. ``history_deleted`` (an
     :class:`LmspError`) if a response of its history was deleted meanwhile."""

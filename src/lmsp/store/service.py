@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 from lmsp.ids import new_id
+from lmsp.store.sql import Conn
 
 
-def get(conn: sqlite3.Connection, key: str) -> str | None:
+def get(conn: Conn, key: str) -> str | None:
     row = conn.execute("SELECT value FROM service_config WHERE key = ?", (key,)).fetchone()
     return None if row is None else str(row[0])
 
 
-def put(conn: sqlite3.Connection, key: str, value: str) -> None:
+def put(conn: Conn, key: str, value: str) -> None:
     conn.execute(
         "INSERT INTO service_config (key, value) VALUES (?, ?)"
         " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -20,7 +19,7 @@ def put(conn: sqlite3.Connection, key: str, value: str) -> None:
     )
 
 
-def ensure_identity(conn: sqlite3.Connection) -> str:
+def ensure_identity(conn: Conn) -> str:
     """The service id, created once on first start."""
     current = get(conn, "service_id")
     if current is None:

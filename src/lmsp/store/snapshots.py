@@ -25,9 +25,10 @@ A snapshot written before the chunks existed holds all its tokens in the JSON (n
 from __future__ import annotations
 
 import json
-import sqlite3
 import struct
 from typing import Any
+
+from lmsp.store.sql import Conn
 
 #: how many bytes one token id takes in a chunk
 TOKEN_BYTES = 4
@@ -61,7 +62,7 @@ def _counts(snapshot_json: str | None) -> tuple[int, int]:
 
 
 def write(
-    conn: sqlite3.Connection,
+    conn: Conn,
     task_id: str,
     previous_json: str | None,
     snapshot: dict[str, Any],
@@ -96,7 +97,7 @@ def write(
     return True
 
 
-def read(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
+def read(conn: Conn, task_id: str) -> dict[str, Any] | None:
     """The task's snapshot as the runner wrote it, ``tokens`` reassembled from the
     chunks (one statement, so the JSON and the chunks come from the same commit)."""
     rows = conn.execute(
@@ -125,12 +126,12 @@ def read(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
     return snap
 
 
-def clear(conn: sqlite3.Connection, task_id: str) -> None:
+def clear(conn: Conn, task_id: str) -> None:
     """Drop a task's token chunks (the caller clears its snapshot JSON with them)."""
     conn.execute("DELETE FROM task_tokens WHERE task_id = ?", (task_id,))
 
 
-def stored_bytes(conn: sqlite3.Connection, task_id: str) -> int:
+def stored_bytes(conn: Conn, task_id: str) -> int:
     """The bytes of token ids stored for a task (what the chunks cost, for tests and
     the benchmark)."""
     row = conn.execute(

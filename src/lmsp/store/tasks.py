@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from typing import Any
 
 from lmsp.errors import client_message
@@ -17,25 +16,25 @@ from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
 from lmsp.store import events, snapshots
+from lmsp.store.nodes import Node
+from lmsp.store.sql import Conn, Row, skip_locked
 
 log = logging.getLogger(__name__)
 
 
-def get(conn: sqlite3.Connection, task_id: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute(
-        "SELECT * FROM tasks WHERE id = ?", (task_id,)
-    ).fetchone()
+def get(conn: Conn, task_id: str) -> Row | None:
+    row: Row | None = conn.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
     return row
 
 
-def get_response(conn: sqlite3.Connection, response_id: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute(
+def get_response(conn: Conn, response_id: str) -> Row | None:
+    row: Row | None = conn.execute(
         "SELECT * FROM responses WHERE id = ?", (response_id,)
     ).fetchone()
     return row
 
 
-def queue_position(conn: sqlite3.Connection, task: sqlite3.Row) -> int | None:
+def queue_position(conn: Conn, task: Row) -> int | None:
     if task["status"] != Status.QUEUED:
         return None
     row = conn.execute(
@@ -44,13 +43,11 @@ def queue_position(conn: sqlite3.Connection, task: sqlite3.Row) -> int | None:
     return int(row[0])
 
 
-def queued_count(conn: sqlite3.Connection) -> int:
+def queued_count(conn: Conn) -> int:
     return int(conn.execute("SELECT count(*) FROM tasks WHERE status = 'queued'").fetchone()[0])
 
 
-def output_items(
-    conn: sqlite3.Connection, response: sqlite3.Row, task_id: str
-) -> list[dict[str, Any]]:
+def output_items(conn: Conn, response: Row, task_id: str) -> list[dict[str, Any]]:
     """The response's output: stored once its task finished, else what its log says."""
     stored = objects.load_json(response["output"])
     if stored is not None:
@@ -58,7 +55,7 @@ def output_items(
     return items_from_events(events.output_events(conn, task_id))
 
 
-def render_response(conn: sqlite3.Connection, task: sqlite3.Row) -> dict[str, Any]:
+def render_response(conn: Conn, task: Row) -> dict[str, Any]:
     response = get_response(conn, task["response_id"])
     assert response is not None
     return objects.render_response(
@@ -66,7 +63,7 @@ def render_response(conn: sqlite3.Connection, task: sqlite3.Row) -> dict[str, An
     )
 
 
-def _seal_output(conn: sqlite3.Connection, task: sqlite3.Row) -> None:
+def _seal_output(conn: Conn, task: Row) -> None:
     """A task reached a terminal state: keep its output items with the response (items
     still open are ``incomplete``: a cancel or a failure stopped them)."""
     response = get_response(conn, task["response_id"])
@@ -85,7 +82,7 @@ def _dumps(value: Any) -> str:
 
 
 def move(
-    conn: sqlite3.Connection,
+    conn: Conn,
     task_id: str,
     target: Status,
     *,
@@ -95,7 +92,7 @@ def move(
     event_type: str | None = None,
     extra: dict[str, Any] | None = None,
     emit: bool = True,
-) -> sqlite3.Row | None:
+) -> Row | None:
     """Move a task to ``target`` if it is in one of ``from_states``.
 
     Returns the updated row, or ``None`` when another transition won first (nothing is
@@ -112,7 +109,7 @@ def move(
     fields.update(sets or {})
     assignments = ", ".join(f"{name} = ?" for name in fields)
     states = sql_list(allowed)
-    row: sqlite3.Row | None = conn.execute(
+    row: Row | None = conn.execute(
         f"UPDATE tasks SET {assignments} WHERE id = ? AND status IN ({states}) RETURNING *",
         (*fields.values(), task_id),
     ).fetchone()
@@ -137,17 +134,56 @@ def move(
 # -- the runner's verbs -----------------------------------------------------------------
 
 
-def claim_next(conn: sqlite3.Connection) -> sqlite3.Row | None:
-    """Take the oldest queued task (FIFO) and move it to ``loading``."""
+def claim_next(
+    conn: Conn, node: Node | None = None, digests: list[str] | None = None
+) -> Row | None:
+    """Take the next task: on a shared database (``node`` given) first a task a lost
+    node left ``running`` to resume (it stays ``running``: the runner resumes it),
+    then the oldest queued one (FIFO), moved to ``loading``. The claim is one
+    ``UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1)``: nodes claiming
+    at once pass over each other's rows; the task records ``(node, lease epoch)``.
+    ``digests``: the model blobs this node has; a task of another model is left to the
+    nodes that have it."""
+    owner = (node.id, node.epoch) if node is not None else (None, 0)
+    lock = skip_locked(conn)
+    mine = ""
+    args: tuple[Any, ...] = ()
+    if digests is not None:
+        marks = ", ".join("?" * len(digests)) or "NULL"
+        mine = (
+            " AND response_id IN (SELECT r.id FROM responses r JOIN models m ON m.id = r.model"
+            f" WHERE m.digest IN ({marks}))"
+        )
+        args = tuple(digests)
+    if node is not None:
+        # (or cancelled since: the runner then finishes the cancel)
+        resumed: Row | None = conn.execute(
+            "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
+            "SELECT id FROM tasks WHERE status IN ('running', 'cancelling')"
+            f" AND node_id IS NULL{mine} ORDER BY seq LIMIT 1{lock})"
+            " AND status IN ('running', 'cancelling') AND node_id IS NULL RETURNING *",
+            (*owner, *args),
+        ).fetchone()
+        if resumed is not None:
+            return resumed
     row = conn.execute(
-        "SELECT id FROM tasks WHERE status = 'queued' ORDER BY seq LIMIT 1"
+        "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
+        f"SELECT id FROM tasks WHERE status = 'queued'{mine} ORDER BY seq LIMIT 1{lock})"
+        " AND status = 'queued' RETURNING id",
+        (*owner, *args),
     ).fetchone()
     if row is None:
         return None
     return move(conn, row[0], Status.LOADING)
 
 
-def _record_digest(conn: sqlite3.Connection, task_id: str, digest: str | None) -> None:
+def release(conn: Conn, task_id: str) -> None:
+    """Recovery left a task ``running`` to resume from its snapshot: no node holds it
+    now, so the next node to claim (:func:`claim_next`) resumes it."""
+    conn.execute("UPDATE tasks SET node_id = NULL WHERE id = ? AND status = 'running'", (task_id,))
+
+
+def _record_digest(conn: Conn, task_id: str, digest: str | None) -> None:
     if digest:
         conn.execute(
             "UPDATE responses SET model_digest = ? WHERE id = (SELECT response_id FROM tasks"
@@ -156,7 +192,7 @@ def _record_digest(conn: sqlite3.Connection, task_id: str, digest: str | None) -
         )
 
 
-def start(conn: sqlite3.Connection, task_id: str, model_digest: str | None) -> sqlite3.Row | None:
+def start(conn: Conn, task_id: str, model_digest: str | None) -> Row | None:
     """``loading → running`` once the model is ready; records which blob runs it."""
     task = get(conn, task_id)
     if task is None or task["status"] != Status.LOADING:
@@ -166,7 +202,7 @@ def start(conn: sqlite3.Connection, task_id: str, model_digest: str | None) -> s
     return move(conn, task_id, Status.RUNNING, sets={"snapshot": None})
 
 
-def mark_resumed(conn: sqlite3.Connection, task_id: str, model_digest: str | None) -> bool:
+def mark_resumed(conn: Conn, task_id: str, model_digest: str | None) -> bool:
     """A task recovered in ``running`` is picked up again: log ``in_progress`` (resumed)."""
     task = get(conn, task_id)
     if task is None or task["status"] != Status.RUNNING:
@@ -183,7 +219,7 @@ def mark_resumed(conn: sqlite3.Connection, task_id: str, model_digest: str | Non
 
 
 def append_output(
-    conn: sqlite3.Connection, task_id: str, batch: list[dict[str, Any]], snapshot: dict[str, Any]
+    conn: Conn, task_id: str, batch: list[dict[str, Any]], snapshot: dict[str, Any]
 ) -> bool:
     """Log a batch of output events and the snapshot covering them, if still ``running``.
 
@@ -200,20 +236,20 @@ def append_output(
     return snapshots.write(conn, task_id, task["snapshot"], snapshot, seq, _now())
 
 
-def snapshot(conn: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
+def snapshot(conn: Conn, task_id: str) -> dict[str, Any] | None:
     """What a resume continues from: ``tokens`` (all so far), ``seed``, ``held`` and the
     ``sequence_number`` of the last event they cover; ``None`` when there is none."""
     return snapshots.read(conn, task_id)
 
 
 def complete(
-    conn: sqlite3.Connection,
+    conn: Conn,
     task_id: str,
     closing: list[dict[str, Any]],
     output: list[dict[str, Any]],
     usage: dict[str, int],
     incomplete_reason: str | None = None,
-) -> sqlite3.Row | None:
+) -> Row | None:
     """``running → completed`` with the output's closing events and final items; loses
     (returns ``None``, writing nothing) if a cancel committed first."""
     task = get(conn, task_id)
@@ -233,7 +269,7 @@ def complete(
 
 
 def settle(
-    conn: sqlite3.Connection,
+    conn: Conn,
     task_id: str,
     closing: list[dict[str, Any]],
     output: list[dict[str, Any]],
@@ -250,12 +286,12 @@ def settle(
 
 
 def fail(
-    conn: sqlite3.Connection,
+    conn: Conn,
     task_id: str,
     code: str,
     message: str,
     from_states: frozenset[Status] | None = None,
-) -> sqlite3.Row | None:
+) -> Row | None:
     """Move a task to ``failed`` with its error (a message that shows a library's
     internals is logged and replaced: clients read it)."""
     shown = client_message(message)
@@ -271,7 +307,7 @@ def fail(
     )
 
 
-def cancel(conn: sqlite3.Connection, task_id: str) -> sqlite3.Row | None:
+def cancel(conn: Conn, task_id: str) -> Row | None:
     """A cancel request: ``queued → cancelled`` or ``loading|running → cancelling``.
 
     Returns the moved row, or ``None`` when the task was already past cancelling
@@ -283,15 +319,15 @@ def cancel(conn: sqlite3.Connection, task_id: str) -> sqlite3.Row | None:
     return moved
 
 
-def finish_cancel(conn: sqlite3.Connection, task_id: str) -> sqlite3.Row | None:
+def finish_cancel(conn: Conn, task_id: str) -> Row | None:
     """``cancelling → cancelled``: the runner has stopped generating."""
     return move(conn, task_id, Status.CANCELLED, from_states=frozenset({Status.CANCELLING}))
 
 
-def requeue(conn: sqlite3.Connection, task_id: str, reset: bool) -> sqlite3.Row | None:
+def requeue(conn: Conn, task_id: str, reset: bool) -> Row | None:
     """Recovery: put a ``loading``/``running`` task back in the queue, next attempt."""
     attempt = _attempt(conn, task_id) + 1
-    sets: dict[str, Any] = {"attempt": attempt}
+    sets: dict[str, Any] = {"attempt": attempt, "node_id": None}
     extra: dict[str, Any] = {"attempt": attempt}
     if reset:
         sets["snapshot"] = None
@@ -299,18 +335,18 @@ def requeue(conn: sqlite3.Connection, task_id: str, reset: bool) -> sqlite3.Row 
     return move(conn, task_id, Status.QUEUED, sets=sets, extra=extra)
 
 
-def _attempt(conn: sqlite3.Connection, task_id: str) -> int:
+def _attempt(conn: Conn, task_id: str) -> int:
     row = conn.execute("SELECT attempt FROM tasks WHERE id = ?", (task_id,)).fetchone()
     return int(row[0]) if row else 0
 
 
-def unfinished(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+def unfinished(conn: Conn) -> list[Row]:
     return list(
         conn.execute(f"SELECT * FROM tasks WHERE status IN ({UNFINISHED_SQL}) ORDER BY seq")
     )
 
 
-def unfinished_of(conn: sqlite3.Connection, client_id: str) -> list[str]:
+def unfinished_of(conn: Conn, client_id: str) -> list[str]:
     """The ids of a client's unfinished tasks, oldest first (a revoke cancels them)."""
     return [
         row[0]
@@ -322,10 +358,78 @@ def unfinished_of(conn: sqlite3.Connection, client_id: str) -> list[str]:
     ]
 
 
-def running_for_resume(conn: sqlite3.Connection) -> list[str]:
+def running_for_resume(conn: Conn) -> list[str]:
     return [
         r[0]
         for r in conn.execute(
             "SELECT id FROM tasks WHERE status = 'running' AND on_restart = 'resume' ORDER BY seq"
+        )
+    ]
+
+
+# -- reads for the API's lists and figures --------------------------------------------------
+
+
+def of_response(conn: Conn, response_id: str) -> Row | None:
+    row: Row | None = conn.execute(
+        "SELECT * FROM tasks WHERE response_id = ?", (response_id,)
+    ).fetchone()
+    return row
+
+
+def page(
+    conn: Conn, client_id: str | None, status: str | None, before_seq: int | None, limit: int
+) -> list[Row]:
+    """Tasks newest first: of one client (or all), in one status (or any), before a
+    queue position (the list's cursor)."""
+    clauses: list[str] = []
+    args: list[Any] = []
+    for clause, value in (("client_id = ?", client_id), ("status = ?", status)):
+        if value is not None:
+            clauses.append(clause)
+            args.append(value)
+    if before_seq is not None:
+        clauses.append("seq < ?")
+        args.append(before_seq)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return list(
+        conn.execute(f"SELECT * FROM tasks {where} ORDER BY seq DESC LIMIT ?", (*args, limit))
+    )
+
+
+def status_counts(conn: Conn) -> dict[str, int]:
+    """How many tasks are stored in each status."""
+    return {
+        str(r[0]): int(r[1])
+        for r in conn.execute("SELECT status, count(*) FROM tasks GROUP BY status")
+    }
+
+
+def queue_summary(conn: Conn) -> tuple[int, int | None]:
+    """Tasks queued, and when the oldest of them was created."""
+    row = conn.execute(
+        "SELECT count(*), min(created_at) FROM tasks WHERE status = 'queued'"
+    ).fetchone()
+    return int(row[0]), None if row[1] is None else int(row[1])
+
+
+def unfinished_by_client(conn: Conn) -> list[dict[str, Any]]:
+    """Each client with unfinished tasks: how many, running and queued."""
+    return [
+        {
+            "id": row["id"],
+            "name": row["name"],
+            "unfinished": int(row["unfinished"]),
+            "running": int(row["running"] or 0),
+            "queued": int(row["queued"] or 0),
+            "last_used_at": row["last_used_at"],
+        }
+        for row in conn.execute(
+            "SELECT c.id, c.name, c.last_used_at, count(t.id) AS unfinished,"
+            " sum(CASE WHEN t.status IN ('loading', 'running', 'cancelling') THEN 1 ELSE 0 END)"
+            " AS running, sum(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END) AS queued"
+            " FROM tasks t JOIN clients c ON c.id = t.client_id"
+            f" WHERE t.status IN ({UNFINISHED_SQL}) GROUP BY c.id, c.name, c.last_used_at"
+            " ORDER BY c.name, c.id"
         )
     ]

@@ -18,7 +18,6 @@ restart.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from lmsp.store import service as config_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.store.health import is_storage_error
+from lmsp.store.sql import Conn
 
 from .recovery import Report, recover_task
 
@@ -59,7 +59,7 @@ class Backoff:
 
 
 def write_until_done(
-    db: Database, job: Callable[[sqlite3.Connection], T], stop: threading.Event, what: str
+    db: Database, job: Callable[[Conn], T], stop: threading.Event, what: str
 ) -> tuple[bool, T | None]:
     """Run ``job`` through the writer, retrying it while the disk is full.
 
@@ -88,7 +88,7 @@ def write_until_done(
 
 
 def settle_interrupted(
-    conn: sqlite3.Connection,
+    conn: Conn,
     task_id: str,
     code: str = "insufficient_storage",
     message: str = STORAGE_MESSAGE,
@@ -115,6 +115,6 @@ def settle_interrupted(
     return "finished"
 
 
-def probe(conn: sqlite3.Connection) -> None:
+def probe(conn: Conn) -> None:
     """A small real write: does the storage take writes again?"""
     config_store.put(conn, "storage_probe", str(int(time.time())))

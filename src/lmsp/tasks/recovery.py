@@ -15,12 +15,13 @@ cancelling     cancelled    cancelled   cancelled
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 
 from lmsp.protocol.states import Policy, Status, recovery_target
+from lmsp.store import nodes
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
+from lmsp.store.sql import Conn
 
 RESTART_MESSAGE = "The service restarted while this task was unfinished."
 
@@ -37,7 +38,7 @@ class Report:
 
 
 def recover_task(
-    conn: sqlite3.Connection,
+    conn: Conn,
     task_id: str,
     report: Report,
     code: str = "server_restarted",
@@ -64,6 +65,7 @@ def recover_task(
             report.cancelled.append(task_id)
             outcome = "cancelled"
     elif target is Status.RUNNING:
+        task_store.release(conn, task_id)  # whichever node claims it next resumes it
         report.resumed.append(task_id)  # the runner continues it from its snapshot
         outcome = "resumed"
     elif found is Status.QUEUED:
@@ -78,13 +80,21 @@ def recover_task(
         report.outcomes.append((policy.value, outcome))
 
 
-def recover(db: Database) -> Report:
-    """Scan the leftover tasks and apply each one's restart policy."""
+def recover(db: Database, node_id: str | None = None) -> Report:
+    """Scan the leftover tasks and apply each one's restart policy. On a database nodes
+    share (``node_id`` given) while other nodes are up, only the tasks this node id held:
+    the others' are theirs (or their rescuers'), and a queued task waits for any node.
+    With no other node up, the whole cluster restarted: every leftover task, as on SQLite."""
     report = Report()
-    for task in task_store.unfinished(db.reader()):
+    conn = db.reader()
+    if node_id is None or not nodes.others_alive(conn, node_id):
+        found = task_store.unfinished(conn)
+    else:
+        found = nodes.own_unfinished(conn, node_id)
+    for task in found:
         task_id: str = task["id"]
 
-        def job(conn: sqlite3.Connection, task_id: str = task_id) -> None:
+        def job(conn: Conn, task_id: str = task_id) -> None:
             recover_task(conn, task_id, report)
 
         db.write_sync(job)

@@ -9,16 +9,16 @@ unused for its ttl, then the least recently used past its size.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from dataclasses import dataclass
 
 from lmsp.engines.kvfiles import PrefixFiles
-from lmsp.protocol.states import FINISHED_SQL
-from lmsp.store import pairing
+from lmsp.store import models, pairing
 from lmsp.store.db import Database
+from lmsp.store.retention import BATCH, delete_expired_keys_batch, delete_finished_batch
+from lmsp.store.sql import Conn
 
-BATCH = 200
+__all__ = ["BATCH", "Swept", "delete_expired_keys_batch", "delete_finished_batch", "sweep"]
 
 
 @dataclass
@@ -29,31 +29,7 @@ class Swept:
     kv_bytes: int = 0  # freed in the prefix cache
 
 
-def delete_finished_batch(conn: sqlite3.Connection, cutoff: float, batch: int = BATCH) -> int:
-    """Delete up to ``batch`` finished responses (their tasks and events cascade). A
-    response a later stored turn continues is kept while that turn is (its history is
-    stored by reference): a conversation expires from its last turn back."""
-    cur = conn.execute(
-        "DELETE FROM responses WHERE id IN ("
-        f" SELECT t.response_id FROM tasks t WHERE t.status IN ({FINISHED_SQL})"
-        "  AND t.finished_at IS NOT NULL AND t.finished_at < ?"
-        "  AND NOT EXISTS (SELECT 1 FROM responses later WHERE later.previous_id = t.response_id)"
-        "  ORDER BY t.finished_at LIMIT ?)",
-        (int(cutoff), batch),
-    )
-    return cur.rowcount
-
-
-def delete_expired_keys_batch(conn: sqlite3.Connection, now: float, batch: int = BATCH) -> int:
-    cur = conn.execute(
-        "DELETE FROM idempotency_keys WHERE rowid IN ("
-        " SELECT rowid FROM idempotency_keys WHERE expires_at <= ? LIMIT ?)",
-        (int(now), batch),
-    )
-    return cur.rowcount
-
-
-def delete_expired_pairings_batch(conn: sqlite3.Connection, now: float, batch: int = BATCH) -> int:
+def delete_expired_pairings_batch(conn: Conn, now: float, batch: int = BATCH) -> int:
     """Expired pairing requests (kept ``pairing.GRACE`` seconds so a late poll still
     hears ``expired_token``)."""
     return pairing.delete_expired_batch(conn, now, batch)
@@ -73,6 +49,6 @@ def sweep(
     while n := db.write_sync(lambda c: delete_expired_pairings_batch(c, stamp)):
         swept.pairing_requests += n
     if kv is not None:
-        named = {str(r[0]) for r in db.reader().execute("SELECT DISTINCT digest FROM models")}
+        named = models.digests(db.reader())
         swept.kv_bytes = kv.keep_only(named) + kv.sweep(stamp)
     return swept

@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -32,11 +31,13 @@ from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.states import Status
-from lmsp.store import events, models
+from lmsp.store import events, models, nodes
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.store.health import is_storage_error
+from lmsp.store.nodes import Node
+from lmsp.store.sql import Conn, Row
 
 from . import durable
 from .plan import plan_for
@@ -67,10 +68,17 @@ class Runner:
         self._resume: deque[str] = deque()
         self._threads: list[threading.Thread] = []
         self.busy = 0
+        # on a database nodes share: this node under its lease (tasks/nodes.py), and the
+        # lease each task in flight was claimed under, which fences its every write
+        self.node: Node | None = None
+        self._held: dict[str, Node | None] = {}
 
     # -- control -------------------------------------------------------------------------
     def start(self, resume: list[str] | None = None) -> None:
-        self._resume.extend(resume or [])
+        """Start the workers; ``resume``: tasks recovery left ``running`` (on a shared
+        database they are claimed like any other task, by whichever node comes first)."""
+        if self.node is None:
+            self._resume.extend(resume or [])
         for slot in range(self.parallel):
             thread = threading.Thread(
                 target=self._work, args=(slot,), name=f"lmsp-runner-{slot}", daemon=True
@@ -82,6 +90,34 @@ class Runner:
         """A task was queued: wake a worker."""
         with self._wake:
             self._wake.notify()
+
+    def heard(self, task_id: str, status: str | None) -> None:
+        """Another node changed a task (:meth:`Database.on_task_change`): a cancel of one
+        this node generates reaches it here; a task queued there wakes a worker here."""
+        if status == Status.CANCELLING and task_id in self._held:
+            self.request_cancel(task_id)
+        elif status in (Status.QUEUED, Status.RUNNING):
+            self.notify()
+
+    def lease_lost(self) -> None:
+        """This node's lease was lost: its tasks in flight are other nodes' now. Stop
+        generating them; their writes are fenced, so none of them lands."""
+        for task_id in list(self._held):
+            self.request_cancel(task_id)
+
+    def _fenced(self, task_id: str, job: Any) -> Any:
+        """``job`` preceded, in its transaction, by the check that this node still holds
+        ``task_id`` under the lease it claimed it with (nothing to check on a database
+        of one node)."""
+        holder = self._held.get(task_id, self.node)
+        if holder is None:
+            return job
+
+        def fenced(conn: Conn) -> Any:
+            nodes.fence(conn, task_id, holder)
+            return job(conn)
+
+        return fenced
 
     def request_cancel(self, task_id: str) -> None:
         """A cancel committed: show no more of ``task_id``'s tokens, and have the engine
@@ -115,11 +151,26 @@ class Runner:
             task_id = self._resume.popleft()
             self._run(task_id, slot, resumed=True)
             return task_id
-        claimed: sqlite3.Row | None = self.db.write_sync(task_store.claim_next)
+        node = self.node
+        # on a shared database, only tasks of models whose blob this node has
+        digests = None if node is None else self._local_digests()
+        claimed: Row | None = self.db.write_sync(lambda c: task_store.claim_next(c, node, digests))
         if claimed is None:
             return None
-        self._run(claimed["id"], slot, resumed=False)
+        if node is not None:
+            self._held[claimed["id"]] = node
+        # a task a lost node left running is resumed from its snapshot
+        self._run(claimed["id"], slot, resumed=claimed["status"] != Status.LOADING)
         return str(claimed["id"])
+
+    def _local_digests(self) -> list[str]:
+        """The digests of the model blobs in this node's data directory."""
+        blobs = self.host.blobs_dir
+        if not blobs.is_dir():
+            return []
+        return sorted(
+            f"sha256:{path.name.removeprefix('sha256-')}" for path in blobs.glob("sha256-*")
+        )
 
     def _work(self, slot: int) -> None:
         backoff = durable.Backoff(0.1, 1.0)
@@ -152,7 +203,8 @@ class Runner:
 
     def _durably(self, task_id: str, job: Any) -> Any:
         """A terminal write: retried while the disk is full (``None`` at shutdown)."""
-        return durable.write_until_done(self.db, job, self._shutdown, f"task {task_id}")[1]
+        fenced = self._fenced(task_id, job)
+        return durable.write_until_done(self.db, fenced, self._shutdown, f"task {task_id}")[1]
 
     def _interrupted(self, task_id: str, crash: EngineCrashed | None = None) -> None:
         """A write of the task failed for lack of space, or its engine died: its
@@ -173,7 +225,7 @@ class Runner:
             outcome,
             extra={"task_id": task_id, "event": "task.interrupted"},
         )
-        if outcome == "resume":
+        if outcome == "resume" and self.node is None:  # shared: the next claim resumes it
             self._resume.append(task_id)
         if outcome in ("resume", "requeued"):
             self.notify()
@@ -182,7 +234,28 @@ class Runner:
     def _run(self, task_id: str, slot: int, resumed: bool) -> None:
         self.busy += 1
         try:
+            self._outcome(task_id, slot, resumed)
+        except nodes.LeaseLost:  # its run, or the write of its end, was fenced off
+            log.warning(
+                "task %s: this node no longer holds it; dropped without a write",
+                task_id,
+                extra={"task_id": task_id, "event": "task.lease_lost"},
+            )
+        finally:
+            self.metrics.end(task_id)
+            self._live.pop(task_id, None)
+            self.host.release(slot)
+            self._cancels.discard(task_id)
+            self._held.pop(task_id, None)
+            log_outcome(self.db, task_id)
+            self.busy -= 1
+
+    def _outcome(self, task_id: str, slot: int, resumed: bool) -> None:
+        """Run the task; turn what went wrong into its state."""
+        try:
             self._execute(task_id, slot, resumed)
+        except nodes.LeaseLost:
+            raise
         except EngineCrashed as exc:
             if not self._shutdown.is_set():  # at shutdown, startup recovery decides
                 self._interrupted(task_id, exc)
@@ -197,18 +270,11 @@ class Runner:
                 return
             log.exception("task %s failed", task_id, extra={"task_id": task_id})
             self._fail(task_id, "engine_error", f"The engine failed: {type(exc).__name__}.")
-        finally:
-            self.metrics.end(task_id)
-            self._live.pop(task_id, None)
-            self.host.release(slot)
-            self._cancels.discard(task_id)
-            log_outcome(self.db, task_id)
-            self.busy -= 1
 
     def _fail(self, task_id: str, code: str, message: str) -> None:
         corrupt = self._model_of(task_id) if code == "model_corrupt" else None
 
-        def job(conn: sqlite3.Connection) -> None:
+        def job(conn: Conn) -> None:
             if corrupt is not None:  # the blob failed its check: no task may use it
                 models.mark_corrupt_digest(conn, corrupt.digest)
             task_store.fail(conn, task_id, code, message)
@@ -241,10 +307,18 @@ class Runner:
             raise EngineError("model_load_failed", f"The model {response['model']!r} is gone.")
         model = self.host.get(record, slot)
         if resumed:
-            if not self.db.write_sync(lambda c: task_store.mark_resumed(c, task_id, record.digest)):
+            resume = self._fenced(
+                task_id, lambda c: task_store.mark_resumed(c, task_id, record.digest)
+            )
+            if not self.db.write_sync(resume):
                 self._cancelled(task_id)  # a cancel won before the resume
                 return
-        elif self.db.write_sync(lambda c: task_store.start(c, task_id, record.digest)) is None:
+        elif (
+            self.db.write_sync(
+                self._fenced(task_id, lambda c: task_store.start(c, task_id, record.digest))
+            )
+            is None
+        ):
             self._cancelled(task_id)  # a cancel won while loading
             return
 
@@ -283,7 +357,9 @@ class Runner:
             snap = {"tokens": list(tokens), "seed": sampling.seed, "held": assembler.held}
             batch = list(pending)  # one delta event per token, many per transaction
             pending.clear()
-            return self.db.submit(lambda c: task_store.append_output(c, task_id, batch, snap))
+            return self.db.submit(
+                self._fenced(task_id, lambda c: task_store.append_output(c, task_id, batch, snap))
+            )
 
         cached = 0
         resumed_at = len(tokens)
@@ -356,7 +432,7 @@ class Runner:
         closing = assembler.finish("incomplete" if incomplete else "completed")
         output = assembler.items
 
-        def finish(c: sqlite3.Connection) -> None:
+        def finish(c: Conn) -> None:
             if last:
                 task_store.append_output(c, task_id, last, snap)
             task_store.settle(c, task_id, closing, output, usage, incomplete)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from lmsp.protocol.states import UNFINISHED_SQL
+from lmsp.store import nodes
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 
@@ -48,25 +48,18 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
                 "started_at": int(seq.started_at),
             }
         )
-    queued = conn.execute(
-        "SELECT count(*), min(created_at) FROM tasks WHERE status = 'queued'"
-    ).fetchone()
-    clients = [
+    queued = task_store.queue_summary(conn)
+    clients = task_store.unfinished_by_client(conn)
+    shared = [  # the nodes sharing the database (none on SQLite: one node)
         {
             "id": row["id"],
-            "name": row["name"],
-            "unfinished": row["unfinished"],
-            "running": row["running"],
-            "queued": row["queued"],
-            "last_used_at": row["last_used_at"],
+            "epoch": row["epoch"],
+            "address": row["address"],
+            "status": row["status"],
+            "lease_seconds_left": round(float(row["lease_left"]), 1),
+            "unfinished": int(row["tasks"]),
         }
-        for row in conn.execute(
-            "SELECT c.id, c.name, c.last_used_at, count(t.id) AS unfinished,"
-            " sum(t.status IN ('loading', 'running', 'cancelling')) AS running,"
-            " sum(t.status = 'queued') AS queued"
-            f" FROM tasks t JOIN clients c ON c.id = t.client_id"
-            f" WHERE t.status IN ({UNFINISHED_SQL}) GROUP BY c.id ORDER BY c.name, c.id"
-        )
+        for row in (nodes.all_nodes(conn) if svc.db.shared else [])
     ]
     return {
         "object": "service.activity",
@@ -78,4 +71,6 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
         "sequences": sequences,
         "queue": {"queued": int(queued[0]), "oldest_created_at": queued[1]},
         "clients": clients,
+        "node": svc.membership.node_id if svc.membership is not None else None,
+        "nodes": shared,
     }

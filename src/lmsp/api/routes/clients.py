@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
@@ -14,6 +13,7 @@ from lmsp.store import clients
 from lmsp.store import service as config_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
+from lmsp.store.sql import Conn, Row
 
 from ..auth import require
 from .deps import service
@@ -42,7 +42,7 @@ async def create_client(body: NewClient, request: Request, client: Admin) -> JSO
     svc = service(request)
     scopes = clients.clean_scopes(body.scopes)
 
-    def job(conn: sqlite3.Connection) -> dict[str, Any]:
+    def job(conn: Conn) -> dict[str, Any]:
         created, token = clients.add(conn, body.name, scopes)
         row = clients.get(conn, created.id)
         assert row is not None
@@ -58,7 +58,7 @@ async def revoke_client(client_id: str, request: Request, client: Admin) -> dict
     Its finished tasks and responses stay."""
     svc = service(request)
 
-    def job(conn: sqlite3.Connection) -> tuple[sqlite3.Row, list[sqlite3.Row]]:
+    def job(conn: Conn) -> tuple[Row, list[Row]]:
         if clients.get(conn, client_id) is None:
             raise errors.not_found("client", client_id)
         if config_store.get(conn, "owner_client_id") == client_id:

@@ -7,7 +7,6 @@ code (``ABCD-EFGH``), so an operator can act on what the agent shows.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import Annotated, Any, Literal
 
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp.store import clients, pairing
 from lmsp.store.clients import Client
+from lmsp.store.sql import Conn, Row
 
 from ..auth import require
 from .console import console_origin
@@ -57,7 +57,7 @@ async def request_pairing(body: PairingRequest, request: Request) -> JSONRespons
     # name tells them apart, and a per-address limit would let one block the others
     per_source = None if loopback(source) else svc.settings.max_pending_pairings_per_source
 
-    def job(conn: sqlite3.Connection) -> sqlite3.Row:
+    def job(conn: Conn) -> Row:
         return pairing.create(
             conn,
             client_name=body.client_name,

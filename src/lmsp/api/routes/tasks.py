@@ -6,7 +6,6 @@ the task objects it gets name their ``client_id``."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -18,6 +17,7 @@ from lmsp.protocol.states import Status
 from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
+from lmsp.store.sql import Conn, Row
 
 from .. import inputs
 from ..auth import require
@@ -32,7 +32,7 @@ Reader = Annotated[Client, Depends(require("responses:read"))]
 Writer = Annotated[Client, Depends(require("responses:write"))]
 
 
-def render(conn: sqlite3.Connection, task: sqlite3.Row, client: Client) -> dict[str, Any]:
+def render(conn: Conn, task: Row, client: Client) -> dict[str, Any]:
     """The task object; an admin (who sees every client's tasks) also gets its owner."""
     obj = objects.render_task(task, task_store.queue_position(conn, task))
     if client.admin:
@@ -69,24 +69,14 @@ def _list_page(
 ) -> dict[str, Any]:
     """One page of the task list (in a reader thread)."""
     conn = svc.db.reader()
-    clauses: list[str] = []
-    args: list[Any] = []
-    if client_id is not None or not client.admin:
-        clauses.append("client_id = ?")
-        args.append(client_id or client.id)
-    if status is not None:
-        clauses.append("status = ?")
-        args.append(status.value)
+    before: int | None = None
     if after is not None:
         cursor = task_store.get(conn, after)
         if cursor is None or not client.oversees(cursor["client_id"]):
             raise errors.invalid(f"Unknown cursor {after!r}.", param="after")
-        clauses.append("seq < ?")
-        args.append(cursor["seq"])
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = list(
-        conn.execute(f"SELECT * FROM tasks {where} ORDER BY seq DESC LIMIT ?", (*args, limit + 1))
-    )
+        before = int(cursor["seq"])
+    owner = client_id or client.id if client_id is not None or not client.admin else None
+    rows = task_store.page(conn, owner, status.value if status else None, before, limit + 1)
     page = rows[:limit]
     data = [render(conn, t, client) for t in page]
     return {

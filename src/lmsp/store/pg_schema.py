@@ -1,0 +1,203 @@
+"""The PostgreSQL schema: named, idempotent migrations, as :mod:`lmsp.store.migrations`
+is for SQLite.
+
+``p001_schema`` is the SQLite schema as its migrations ``m001`` … ``m008`` leave it,
+written for PostgreSQL (``BIGINT`` for every integer: times and sizes outgrow 32 bits;
+``BYTEA`` for blobs; an identity column for the queue order). Later migrations
+follow both dialects in step (``p009_nodes`` is ``m009_nodes``). Each migration runs in
+one transaction under an advisory lock, so nodes starting together apply it once.
+
+Triggers turn every change of a task (its row, its event log) and of a watched client
+column into a ``NOTIFY``: delivered at commit to every node, it wakes streams, reaches a
+generating node with a cancel, and expires token caches (:mod:`lmsp.store.pg`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+#: the advisory lock id migrations hold ("lmsp" in ASCII)
+LOCK_ID = 0x6C6D7370
+
+TASKS_CHANNEL = "lmsp_tasks"
+CLIENTS_CHANNEL = "lmsp_clients"
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "p001_schema",
+        """
+        CREATE TABLE service_config (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        CREATE TABLE clients (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            token_prefix TEXT NOT NULL,
+            token_hash TEXT NOT NULL UNIQUE,
+            scopes TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            last_used_at BIGINT,
+            revoked_at BIGINT
+        );
+        CREATE TABLE models (
+            id TEXT PRIMARY KEY,
+            format TEXT NOT NULL,
+            engine TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            size_bytes BIGINT NOT NULL,
+            owned_by TEXT NOT NULL,
+            metadata TEXT NOT NULL DEFAULT '{}',
+            position BIGINT NOT NULL,
+            created_at BIGINT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'ready' CHECK (status IN ('ready','corrupt')),
+            verified_at BIGINT,
+            defaults TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE TABLE responses (
+            id TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            model TEXT NOT NULL,
+            model_digest TEXT,
+            created_at BIGINT NOT NULL,
+            request TEXT NOT NULL,
+            background BIGINT NOT NULL,
+            store BIGINT NOT NULL,
+            usage TEXT,
+            incomplete_reason TEXT,
+            output TEXT,
+            previous_id TEXT
+        );
+        CREATE INDEX responses_previous ON responses(previous_id) WHERE previous_id IS NOT NULL;
+        CREATE TABLE tasks (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            response_id TEXT NOT NULL UNIQUE REFERENCES responses(id) ON DELETE CASCADE,
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            status TEXT NOT NULL CHECK (status IN
+                ('queued','loading','running','cancelling','completed','failed','cancelled')),
+            on_restart TEXT NOT NULL CHECK (on_restart IN ('fail','retry','resume')),
+            attempt BIGINT NOT NULL DEFAULT 1,
+            last_sequence_number BIGINT NOT NULL,
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL,
+            finished_at BIGINT,
+            error_code TEXT,
+            error_message TEXT,
+            snapshot TEXT
+        );
+        CREATE INDEX tasks_status ON tasks(status, seq);
+        CREATE INDEX tasks_client ON tasks(client_id, seq);
+        CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
+        CREATE TABLE task_events (
+            task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+            sequence_number BIGINT NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            PRIMARY KEY (task_id, sequence_number)
+        );
+        CREATE TABLE idempotency_keys (
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            key TEXT NOT NULL,
+            request_digest TEXT NOT NULL,
+            status_code BIGINT NOT NULL,
+            resource_id TEXT,
+            created_at BIGINT NOT NULL,
+            expires_at BIGINT NOT NULL,
+            PRIMARY KEY (client_id, key)
+        );
+        CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
+        CREATE TABLE pairing_requests (
+            id TEXT PRIMARY KEY,
+            user_code TEXT NOT NULL UNIQUE,
+            client_name TEXT NOT NULL,
+            scopes TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('pending','approved','denied','claimed')),
+            granted_scopes TEXT,
+            client_id TEXT REFERENCES clients(id),
+            created_at BIGINT NOT NULL,
+            expires_at BIGINT NOT NULL,
+            decided_at BIGINT,
+            claimed_at BIGINT,
+            source TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX pairing_expiry ON pairing_requests(expires_at);
+        CREATE INDEX pairing_source ON pairing_requests(source, status);
+        CREATE TABLE task_tokens (
+            task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+            start BIGINT NOT NULL,
+            tokens BYTEA NOT NULL,
+            PRIMARY KEY (task_id, start)
+        );
+
+        CREATE FUNCTION lmsp_task_row_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'DELETE' THEN
+                PERFORM pg_notify('lmsp_tasks', OLD.id || ' deleted');
+            ELSE
+                PERFORM pg_notify('lmsp_tasks', NEW.id || ' ' || NEW.status);
+            END IF;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER lmsp_watch_tasks AFTER UPDATE OR DELETE ON tasks
+            FOR EACH ROW EXECUTE FUNCTION lmsp_task_row_changed();
+        CREATE FUNCTION lmsp_task_logged() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('lmsp_tasks', NEW.task_id);
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER lmsp_watch_task_events AFTER INSERT ON task_events
+            FOR EACH ROW EXECUTE FUNCTION lmsp_task_logged();
+        CREATE FUNCTION lmsp_clients_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('lmsp_clients', '');
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER lmsp_watch_clients
+            AFTER INSERT OR DELETE
+               OR UPDATE OF token_prefix, token_hash, scopes, name, revoked_at ON clients
+            FOR EACH STATEMENT EXECUTE FUNCTION lmsp_clients_changed();
+        """,
+    ),
+    (
+        "p009_nodes",
+        """
+        ALTER TABLE tasks ADD COLUMN node_id TEXT;
+        ALTER TABLE tasks ADD COLUMN lease_epoch BIGINT NOT NULL DEFAULT 0;
+        CREATE INDEX tasks_node ON tasks(node_id) WHERE node_id IS NOT NULL;
+        CREATE TABLE nodes (
+            id TEXT PRIMARY KEY,
+            epoch BIGINT NOT NULL,
+            address TEXT NOT NULL,
+            started_at DOUBLE PRECISION NOT NULL,
+            heartbeat_at DOUBLE PRECISION NOT NULL,
+            lease_expires_at DOUBLE PRECISION NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('up','left','lost'))
+        );
+        """,
+    ),
+]
+
+
+def migrate(raw: Any) -> list[str]:
+    """Apply every migration not yet recorded on a psycopg connection in autocommit
+    mode; return the names applied now."""
+    done: list[str] = []
+    for name, sql in MIGRATIONS:
+        with raw.transaction():
+            raw.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_ID,))
+            raw.execute(
+                "CREATE TABLE IF NOT EXISTS _migrations ("
+                " name TEXT PRIMARY KEY, applied_at BIGINT NOT NULL)"
+            )
+            if raw.execute("SELECT 1 FROM _migrations WHERE name = %s", (name,)).fetchone():
+                continue
+            raw.execute(sql)
+            raw.execute(
+                "INSERT INTO _migrations (name, applied_at) VALUES (%s, %s)",
+                (name, int(time.time())),
+            )
+        done.append(name)
+    return done

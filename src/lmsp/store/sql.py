@@ -1,0 +1,66 @@
+"""The connection contract the store's verbs are written against.
+
+Two databases implement it: SQLite (``sqlite3``, the default, embedded) and PostgreSQL
+(psycopg 3, :mod:`lmsp.store.pg`). A verb takes a :class:`Conn`, runs statements with
+``?`` placeholders and reads :class:`Row`\\ s by name or by position; whatever differs
+between the two dialects is asked of the connection (:attr:`Conn.dialect`) inside
+``store/``, so nothing above the store knows which database is in use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+SQLITE = "sqlite"
+POSTGRES = "postgres"
+
+
+class Row(Protocol):
+    """A result row: ``row["name"]`` or ``row[0]`` (``sqlite3.Row`` and the PostgreSQL
+    row of :mod:`lmsp.store.pg` both are one)."""
+
+    def __getitem__(self, key: Any, /) -> Any: ...
+
+    def keys(self) -> list[str]: ...
+
+    def __len__(self) -> int: ...
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    """What a store verb needs of a connection."""
+
+    #: ``"sqlite"`` or ``"postgres"``
+    dialect: str
+    #: appended to a ``SELECT`` that a write transaction acts upon: ``" FOR UPDATE"`` on
+    #: a PostgreSQL writer (rows are not serialised by a database-wide write lock there),
+    #: empty elsewhere (SQLite's ``BEGIN IMMEDIATE`` serialises every writer already)
+    for_update: str
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor: ...
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /) -> Cursor: ...
+
+
+def clock_sql(conn: Conn) -> str:
+    """An SQL expression for the database's clock in seconds since the epoch (a float):
+    leases are judged by one clock, the database's, never a node's."""
+    if conn.dialect == POSTGRES:
+        return "extract(epoch from clock_timestamp())::float8"
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def skip_locked(conn: Conn) -> str:
+    """What makes a claim's ``SELECT`` pass over rows another node is claiming."""
+    return " FOR UPDATE SKIP LOCKED" if conn.dialect == POSTGRES else ""
