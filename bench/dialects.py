@@ -26,64 +26,76 @@ GOAL = 1.05
 PAUSE = 0.25
 
 
-def _messages(http: httpx.Client, tokens: int, stream: bool) -> tuple[float, int, str]:
-    body: dict[str, Any] = {
+def _run(
+    http: httpx.Client,
+    path: str,
+    body: dict[str, Any],
+    read: Callable[[httpx.Response, bool], tuple[int, str]],
+) -> tuple[float, int, str]:
+    """One request to its last byte: (seconds, output tokens, text)."""
+    stream = bool(body.get("stream"))
+    start = time.perf_counter()
+    if stream:
+        with http.stream("POST", path, json=body) as answer:
+            answer.raise_for_status()
+            used, text = read(answer, True)
+    else:
+        answer = http.post(path, json=body)
+        answer.raise_for_status()
+        used, text = read(answer, False)
+    return time.perf_counter() - start, used, text
+
+
+def _body(tokens: int) -> dict[str, Any]:
+    return {
         "model": MODEL,
         "max_tokens": tokens,
         "messages": [{"role": "user", "content": PROMPT}],
         "temperature": 0,
         "seed": 1,
     }
-    start = time.perf_counter()
+
+
+def _read_message(answer: httpx.Response, stream: bool) -> tuple[int, str]:
     if not stream:
-        answer = http.post("/v1/messages", json=body)
-        answer.raise_for_status()
         made = answer.json()
-        return (
-            time.perf_counter() - start,
-            made["usage"]["output_tokens"],
-            made["content"][0]["text"],
-        )
+        return made["usage"]["output_tokens"], made["content"][0]["text"]
     text, used = "", 0
-    with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as answer:
-        answer.raise_for_status()
-        for event, data in sse_lines(answer):
-            payload = json.loads(data)
-            if event == "content_block_delta" and payload["delta"]["type"] == "text_delta":
-                text += payload["delta"]["text"]
-            elif event == "message_delta":
-                used = payload["usage"]["output_tokens"]
-    return time.perf_counter() - start, used, text
+    for event, data in sse_lines(answer):
+        payload = json.loads(data)
+        if event == "content_block_delta" and payload["delta"]["type"] == "text_delta":
+            text += payload["delta"]["text"]
+        elif event == "message_delta":
+            used = payload["usage"]["output_tokens"]
+    return used, text
+
+
+def _read_chat(answer: httpx.Response, stream: bool) -> tuple[int, str]:
+    if not stream:
+        made = answer.json()
+        return made["usage"]["completion_tokens"], made["choices"][0]["message"]["content"]
+    text, used = "", 0
+    for _, data in sse_lines(answer):
+        if data == "[DONE]":
+            continue
+        chunk = json.loads(data)
+        for choice in chunk["choices"]:
+            text += choice["delta"].get("content") or ""
+        if chunk.get("usage"):
+            used = chunk["usage"]["completion_tokens"]
+    return used, text
+
+
+def _messages(http: httpx.Client, tokens: int, stream: bool) -> tuple[float, int, str]:
+    body = {**_body(tokens), "stream": stream}
+    return _run(http, "/v1/messages", body, _read_message)
 
 
 def _chat(http: httpx.Client, tokens: int, stream: bool) -> tuple[float, int, str]:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "max_tokens": tokens,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "temperature": 0,
-        "seed": 1,
-    }
-    start = time.perf_counter()
-    if not stream:
-        answer = http.post("/v1/chat/completions", json=body)
-        answer.raise_for_status()
-        made = answer.json()
-        text = made["choices"][0]["message"]["content"]
-        return time.perf_counter() - start, made["usage"]["completion_tokens"], text
-    text, used = "", 0
-    options = {"stream": True, "stream_options": {"include_usage": True}}
-    with http.stream("POST", "/v1/chat/completions", json={**body, **options}) as answer:
-        answer.raise_for_status()
-        for _, data in sse_lines(answer):
-            if data == "[DONE]":
-                continue
-            chunk = json.loads(data)
-            for choice in chunk["choices"]:
-                text += choice["delta"].get("content") or ""
-            if chunk.get("usage"):
-                used = chunk["usage"]["completion_tokens"]
-    return time.perf_counter() - start, used, text
+    body = {**_body(tokens), "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return _run(http, "/v1/chat/completions", body, _read_chat)
 
 
 def bench_dialects(
@@ -130,7 +142,7 @@ def bench_dialects(
         server.stop()
     after = busy_cpus()
     table(
-        f"(f) Messages vs Chat Completions: {MODEL}, greedy, {tokens} tokens, the same"
+        f"(i) Messages vs Chat Completions: {MODEL}, greedy, {tokens} tokens, the same"
         f" prompt, median of {reps} alternated runs (goal: messages / chat <= {GOAL})",
         ["path", "out tok", "ms", "tok/s", "goal"],
         rows,

@@ -8,7 +8,6 @@ translated into Responses input items, the answer is rendered from the finished 
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -27,7 +26,7 @@ from ..errors import body as error_body
 from ..revocation import until_revoked
 from ..schemas import ChatCompletionCreate, check_chat
 from ..sse import event_response, sse, task_events
-from .deps import idempotency_key, service
+from .deps import idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"])
 
@@ -86,10 +85,7 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
         "background": False,
         "store": body.store is not False,
     }
-    stored = {name: value for name, value in given.items() if value is not None}
-    stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
-    stored["on_restart"] = body.on_restart or on_restart
-    return stored
+    return stored_task_request(given, body.seed, body.on_restart, on_restart)
 
 
 def _error(payload: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ resumable). The completion's id is its response's.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -26,7 +25,7 @@ from ..errors import body as error_body
 from ..revocation import until_revoked
 from ..schemas import COMPLETION_MAX_TOKENS, CompletionCreate, check_completion
 from ..sse import event_response, sse, task_events
-from .deps import idempotency_key, service
+from .deps import idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1", tags=["completions"])
 
@@ -55,10 +54,7 @@ def stored_request(body: CompletionCreate, prompt: str, on_restart: str) -> dict
         "background": False,
         "store": True,
     }
-    stored = {name: value for name, value in given.items() if value is not None}
-    stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
-    stored["on_restart"] = body.on_restart or on_restart
-    return stored
+    return stored_task_request(given, body.seed, body.on_restart, on_restart)
 
 
 @router.post("/completions")

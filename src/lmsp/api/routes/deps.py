@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from fastapi import Request
@@ -65,3 +66,15 @@ async def idempotency_key(request: Request, client: Client) -> idempotency.Key |
         raise errors.invalid("The body is not valid JSON.", code="invalid_json") from None
     digest = idempotency.request_digest(request.method, request.url.path, body)
     return idempotency.Key(client.id, raw_key, digest, service(request).settings.idempotency_ttl)
+
+
+def stored_task_request(
+    given: dict[str, Any], seed: int | None, on_restart: str | None, default_on_restart: str
+) -> dict[str, Any]:
+    """The response request a dialect's body is stored as: the fields it gave (``None``
+    dropped), a seed drawn now when it gave none (so a retried or resumed task samples
+    the same way), and its ``on_restart`` policy or the service's."""
+    stored = {name: value for name, value in given.items() if value is not None}
+    stored["seed"] = seed if seed is not None else secrets.randbits(31)
+    stored["on_restart"] = on_restart or default_on_restart
+    return stored

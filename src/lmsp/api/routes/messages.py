@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -36,7 +35,7 @@ from ..message_schemas import CountTokens, MessageCreate, check_message
 from ..revocation import until_revoked
 from ..service import Service, model_not_found
 from ..sse import MessagesPing, event_response, sse, task_events
-from .deps import idempotency_key, service
+from .deps import idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
 
@@ -99,10 +98,7 @@ def stored_request(body: MessageCreate, on_restart: str) -> dict[str, Any]:
         "background": False,
         "store": True,
     }
-    stored = {name: value for name, value in given.items() if value is not None}
-    stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
-    stored["on_restart"] = body.on_restart or on_restart
-    return stored
+    return stored_task_request(given, body.seed, body.on_restart, on_restart)
 
 
 @router.post("")
