@@ -7,9 +7,10 @@ placeholders (translated to psycopg's), rows read by name or position, and
 it locks that row, as SQLite's ``BEGIN IMMEDIATE`` serialises every writer.
 
 :class:`PgDatabase` is :class:`lmsp.store.db.Database` with PostgreSQL connections:
-thread-local readers in autocommit (each read sees the latest commit, as SQLite's
-readers do), one writer that batches jobs into one transaction (a batch that hits a
-serialization failure or a deadlock with another node's runs again), and a listener.
+readers lent by psycopg's pool (bounded; one to a thread while it lives; each read in
+autocommit sees the latest commit, as SQLite's readers do), one writer that batches jobs
+into one transaction (a batch that hits a serialization failure or a deadlock with
+another node's runs again), and a listener.
 Every commit on any node that changes a task or a client ``NOTIFY``\\ s (triggers in
 :mod:`lmsp.store.pg_schema`); the notification is only a wake-up (streams read the
 log from the table): it stamps the task in :attr:`Database.versions`, bumps the
@@ -21,16 +22,19 @@ answered, as the SQLite triggers do.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool
 
 from lmsp.store import pg_schema
 from lmsp.store.db import Database
@@ -46,6 +50,12 @@ log = logging.getLogger(__name__)
 IDLE_IN_TRANSACTION = 5.0
 #: SQLSTATEs after which a batch runs again: serialization failure, deadlock
 RETRY_STATES = frozenset({"40001", "40P01"})
+#: reader connections a node holds at most (each thread that reads keeps one while it
+#: lives; the API's readers, the runners and the housekeeping threads are about a dozen);
+#: with the writer and the listener, a node opens at most this many plus two
+READER_CONNECTIONS = 24
+#: how long a reading thread waits for a connection when all are taken
+READER_WAIT = 30.0
 
 
 class PgRow(tuple[Any, ...]):
@@ -86,6 +96,39 @@ def translate(sql: str) -> str:
 def raw_connect(url: str) -> psycopg.Connection[Any]:
     """An autocommit psycopg connection whose rows are :class:`PgRow`."""
     return psycopg.connect(url, autocommit=True, row_factory=_rows)
+
+
+def _reader_pool(url: str, size: int) -> ConnectionPool[psycopg.Connection[Any]]:
+    """psycopg's pool of reader connections (autocommit, :class:`PgRow` rows): bounded,
+    checked when lent, and a broken one given back is replaced."""
+    return ConnectionPool(
+        url,
+        min_size=1,
+        max_size=size,
+        kwargs={"autocommit": True, "row_factory": _rows},
+        check=ConnectionPool.check_connection,
+        timeout=READER_WAIT,
+        name="lmsp-readers",
+        open=True,
+    )
+
+
+class _Lent:
+    """A reader connection lent to one thread: given back to the pool when the thread
+    ends (its thread-local state is dropped) or when it broke."""
+
+    def __init__(self, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
+        raw = pool.getconn()
+        self.conn = PgConnection(raw)
+        self._give_back = weakref.finalize(self, _give_back, pool, raw)
+
+    def give_back(self) -> None:
+        self._give_back()
+
+
+def _give_back(pool: ConnectionPool[psycopg.Connection[Any]], raw: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(Exception):  # a closed pool closes it
+        pool.putconn(raw)
 
 
 class PgConnection:
@@ -142,6 +185,7 @@ class PgDatabase(Database):
         lock: DataDirLock | None = None,
         *,
         idle_in_transaction: float = IDLE_IN_TRANSACTION,
+        readers: int = READER_CONNECTIONS,
     ) -> None:
         self.url = url
         self.path = Path("postgresql")  # nothing on disk: for messages only
@@ -151,6 +195,7 @@ class PgDatabase(Database):
             pg_schema.migrate(raw)
         finally:
             raw.close()
+        self._pool = _reader_pool(url, readers)
         self._task_listeners: list[TaskListener] = []
         self._start(self._open_writer(), lock)
         self._listening = threading.Event()
@@ -160,12 +205,6 @@ class PgDatabase(Database):
         self._thread.start()
 
     # -- connections ------------------------------------------------------------------------
-    def _connect(self) -> PgConnection:
-        conn = PgConnection(raw_connect(self.url))
-        with self._readers_lock:
-            self._readers.append(conn)
-        return conn
-
     def _open_writer(self) -> PgConnection:
         raw = raw_connect(self.url)
         timeout = max(1, int(self.idle_in_transaction * 1000))
@@ -193,11 +232,15 @@ class PgDatabase(Database):
         return conn
 
     def reader(self) -> PgConnection:
-        conn: PgConnection | None = getattr(self._local, "conn", None)
-        if conn is None or conn.broken:
-            conn = self._connect()
-            self._local.conn = conn
-        return conn
+        """This thread's reader connection, lent by the pool for as long as the thread
+        lives (a broken one is given back and another lent)."""
+        lent: _Lent | None = getattr(self._local, "lent", None)
+        if lent is None or lent.conn.broken:
+            if lent is not None:
+                lent.give_back()
+            lent = _Lent(self._pool)
+            self._local.lent = lent
+        return lent.conn
 
     def _retryable(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) in RETRY_STATES
@@ -275,3 +318,4 @@ class PgDatabase(Database):
             return
         super().close()
         self._listener.join(timeout=5)
+        self._pool.close()
