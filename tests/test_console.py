@@ -437,3 +437,38 @@ def test_the_console_of_a_fresh_service_follows_the_bundled_model(
     finally:
         context.close()
         fresh.stop()
+
+
+def test_a_node_on_a_shared_database_shows_every_node_and_its_tasks(
+    browser: Any, page: Any, tmp_path: Path, pg_url: str, blob_cache: Path
+) -> None:
+    """Issue 18: on PostgreSQL the console lists the nodes, their leases, clocks and the
+    unfinished tasks each holds; on SQLite (one node) the section stays hidden."""
+    assert page.locator("#nodes").is_hidden()  # the module's server: SQLite, one node
+    env = {
+        "LMSP_DATABASE_URL": pg_url,
+        "LMSP_NODE_ID": "console-node",
+        "LMSP_TEST_ENGINE_DELAY": "0.4",
+    }
+    node = Server(seeded_data_dir(tmp_path / "data", blob_cache), env=env).start()
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    try:
+        with node.client() as http:
+            body = {"model": "lmsp-test", "input": "held", "background": True}
+            task_id = http.post("/v1/responses", json=body).json()["task"]["id"]
+        tab = context.new_page()
+        tab.goto(login_link(node))
+        row = tab.locator('#node-rows tr[data-id="console-node"]')
+        row.wait_for(timeout=30_000)
+        tab.wait_for_function(
+            "id => document.querySelector('#node-rows').textContent.includes(id)",
+            arg=task_id,
+            timeout=30_000,
+        )
+        cells = row.locator("td").all_inner_texts()
+        assert cells[0] == "console-node (this node)" and cells[2] == "up"
+        assert cells[3].endswith("s left") and cells[4].endswith("s")
+        assert any(f"{task_id} ({state})" in cells[5] for state in ("loading", "running"))
+    finally:
+        context.close()
+        node.stop()

@@ -132,6 +132,10 @@ def test_a_killed_node_s_tasks_end_per_policy_on_another(
     wait_for(lambda: all(running_on(url, t) == "a" for t in ids.values()), 60, "three on A")
     b.start()
     c.start()
+    with client(b, token) as http:  # every node shows every node and the tasks it holds
+        shown = {n["id"]: n for n in http.get("/v1/service/activity").json()["nodes"]}
+    assert {t["id"] for t in shown["a"]["tasks"]} == set(ids.values())
+    assert shown["a"]["unfinished"] == 3 and shown["b"]["tasks"] == []
     held = ids
     victim = "a"
     committed = {t: task_row(url, t)["last_sequence_number"] for t in held.values()}

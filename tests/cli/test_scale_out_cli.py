@@ -46,6 +46,8 @@ def test_doctor_checks_the_database_and_the_clock_skew(
     assert checks["clock skew"]["status"] == "ok"
     assert "from this machine's" in checks["clock skew"]["detail"]
     assert checks["nodes"]["status"] == "ok" and "node-1 up" in checks["nodes"]["detail"]
+    clocks = checks["nodes' clocks"]  # each node's, measured when it joined or renewed
+    assert clocks["status"] == "ok" and clocks["detail"].startswith("node-1 ")
     assert checks["owner token file"]["status"] == "ok"
     assert checks["model lmsp-test"]["status"] == "ok"
     unreachable = dict(env, LMSP_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none")
@@ -60,10 +62,11 @@ def test_activity_and_ps_show_the_nodes(pg_client: TestClient) -> None:
     assert state["node"] == "node-1"
     [node] = state["nodes"]
     assert node["id"] == "node-1" and node["status"] == "up" and node["epoch"] == 1
-    assert node["lease_seconds_left"] > 0 and node["unfinished"] == 0
+    assert node["lease_seconds_left"] > 0 and node["unfinished"] == 0 and node["tasks"] == []
+    assert abs(node["clock_skew_seconds"]) < 1  # one machine: the database's clock is ours
     from rich.console import Console
 
     console = Console(width=200, record=True)
     console.print(render(state))
     shown = console.export_text()
-    assert "Nodes" in shown and "node-1 (this node)" in shown
+    assert "Nodes" in shown and "node-1 (this node)" in shown and "SKEW" in shown

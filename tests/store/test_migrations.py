@@ -164,7 +164,7 @@ def test_m008_turns_copied_histories_into_references(
             " store, output) VALUES (?, 'c', 'm', 0, ?, 0, 1, ?)",
             (ident, json.dumps(request), json.dumps(output)),
         )
-    assert migrate(conn) == ["m008_history_by_reference", "m009_nodes"]
+    assert migrate(conn) == [name for name, _ in MIGRATIONS[7:]]  # m008 and later
     stored = {
         r["id"]: (json.loads(r["request"]), r["previous_id"])
         for r in conn.execute("SELECT id, request, previous_id FROM responses")

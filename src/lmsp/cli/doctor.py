@@ -184,6 +184,21 @@ def check_nodes(conn: Conn) -> Check:
     return Check("nodes", "warn" if lost else "ok", text)
 
 
+def check_node_clocks(conn: Conn) -> Check:
+    """Each live node's clock against the database's, as the node measured it at its
+    last lease renewal."""
+    rows = [r for r in checks.node_rows(conn) if r["status"] == "up"]
+    measured = [r for r in rows if r["clock_skew"] is not None]
+    if not measured:
+        return Check("nodes' clocks", "ok", "no live node has measured its clock yet")
+    off = [r["id"] for r in measured if abs(float(r["clock_skew"])) >= SKEW_WARN]
+    text = (
+        ", ".join(f"{r['id']} {float(r['clock_skew']):+.3f}s" for r in measured)
+        + " (the database's clock minus each node's)"
+    )
+    return Check("nodes' clocks", "warn" if off else "ok", text)
+
+
 def diagnose_shared(settings: config.Settings, url: str) -> list[Check]:
     """A data directory whose state is in PostgreSQL."""
     from lmsp.store.pg import PgConnection, raw_connect
@@ -195,6 +210,7 @@ def diagnose_shared(settings: config.Settings, url: str) -> list[Check]:
     try:
         found = [Check("database connection", "ok", f"PostgreSQL {checks.server_version(conn)}")]
         found += [check_integrity(conn), check_schema(conn), check_clock(conn), check_nodes(conn)]
+        found.append(check_node_clocks(conn))
         found += check_blobs(conn, settings.blobs_dir)
         found.append(check_orphans(conn, settings.blobs_dir))
         found.append(check_owner_token(conn, settings.owner_token_path))

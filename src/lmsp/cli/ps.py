@@ -66,7 +66,10 @@ def render(state: dict[str, Any]) -> Group:
             n["status"],
             n["epoch"],
             f"{n['lease_seconds_left']:.1f}s" if n["status"] == "up" else "-",
+            "-" if n.get("clock_skew_seconds") is None else f"{n['clock_skew_seconds']:+.3f}s",
             n["unfinished"],
+            " ".join(t["id"] for t in n.get("tasks", [])[:4])
+            + (" …" if len(n.get("tasks", [])) > 4 else ""),
         ]
         for n in state.get("nodes", [])
     ]
@@ -86,7 +89,13 @@ def render(state: dict[str, Any]) -> Group:
             clients,
         ),
         *(  # a database nodes share: every node, its lease and its unfinished tasks
-            [_table("Nodes", ["NODE", "ADDRESS", "STATE", "EPOCH", "LEASE", "TASKS"], nodes)]
+            [
+                _table(
+                    "Nodes",
+                    ["NODE", "ADDRESS", "STATE", "EPOCH", "LEASE", "SKEW", "UNFINISHED", "TASKS"],
+                    nodes,
+                )
+            ]
             if nodes
             else []
         ),

@@ -217,6 +217,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         ) STRICT;
         """,
     ),
+    (
+        # each node's clock skew (the database's clock minus the node's) at its last
+        # lease renewal: leases are judged by the database's clock, ``lmsp doctor``
+        # flags a node whose own clock is far off
+        "m010_node_clock",
+        """
+        ALTER TABLE nodes ADD COLUMN clock_skew REAL;
+        """,
+    ),
 ]
 
 

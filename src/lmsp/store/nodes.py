@@ -15,6 +15,7 @@ error code ``node_lost`` (:mod:`lmsp.tasks.nodes`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from lmsp.errors import LmspError
@@ -44,23 +45,26 @@ def join(conn: Conn, node_id: str, address: str, ttl: float) -> Node:
     now = clock_sql(conn)
     row = conn.execute(
         "INSERT INTO nodes (id, epoch, address, started_at, heartbeat_at, lease_expires_at,"
-        f" status) VALUES (?, 1, ?, {now}, {now}, {now} + ?, 'up')"
+        f" status, clock_skew) VALUES (?, 1, ?, {now}, {now}, {now} + ?, 'up', {now} - ?)"
         " ON CONFLICT (id) DO UPDATE SET epoch = nodes.epoch + 1, address = excluded.address,"
         " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,"
-        " lease_expires_at = excluded.lease_expires_at, status = 'up' RETURNING epoch",
-        (node_id, address, ttl),
+        " lease_expires_at = excluded.lease_expires_at, status = 'up',"
+        " clock_skew = excluded.clock_skew RETURNING epoch",
+        (node_id, address, ttl, time.time()),
     ).fetchone()
     return Node(node_id, int(row[0]))
 
 
 def renew(conn: Conn, node: Node, ttl: float) -> bool:
     """Extend this node's lease; ``False`` when it is lost already (another node marked
-    it so: its tasks were, or are being, rescued)."""
+    it so: its tasks were, or are being, rescued). Records the node's clock skew (the
+    database's clock minus this machine's) as it goes."""
     now = clock_sql(conn)
     cur = conn.execute(
-        f"UPDATE nodes SET heartbeat_at = {now}, lease_expires_at = {now} + ?"
+        f"UPDATE nodes SET heartbeat_at = {now}, lease_expires_at = {now} + ?,"
+        f" clock_skew = {now} - ?"
         f" WHERE id = ? AND epoch = ? AND status = 'up' AND lease_expires_at > {now}",
-        (ttl, node.id, node.epoch),
+        (ttl, time.time(), node.id, node.epoch),
     )
     return cur.rowcount == 1
 
@@ -150,18 +154,33 @@ def others_alive(conn: Conn, node_id: str) -> bool:
 
 
 def all_nodes(conn: Conn) -> list[Row]:
-    """Every node that ever joined, with its lease's seconds left (database clock) and
-    how many unfinished tasks it holds."""
+    """Every node that ever joined, with its lease's seconds left (database clock), its
+    clock skew at its last renewal and how many unfinished tasks it holds."""
     now = clock_sql(conn)
     return list(
         conn.execute(
             "SELECT n.id, n.epoch, n.address, n.status, n.started_at, n.heartbeat_at,"
+            " n.clock_skew,"
             f" n.lease_expires_at - {now} AS lease_left,"
             " (SELECT count(*) FROM tasks t WHERE t.node_id = n.id"
             f"  AND t.status IN ({UNFINISHED_SQL})) AS tasks"
             " FROM nodes n ORDER BY n.id"
         )
     )
+
+
+def held_tasks(conn: Conn, limit: int = 50) -> dict[str, list[Row]]:
+    """Each node's unfinished tasks (id, status, client), oldest first, at most
+    ``limit`` a node."""
+    held: dict[str, list[Row]] = {}
+    for row in conn.execute(
+        "SELECT node_id, id, status, client_id FROM tasks"
+        f" WHERE node_id IS NOT NULL AND status IN ({UNFINISHED_SQL}) ORDER BY seq"
+    ):
+        mine = held.setdefault(str(row["node_id"]), [])
+        if len(mine) < limit:
+            mine.append(row)
+    return held
 
 
 def clock_skew(conn: Conn, local: float) -> float:

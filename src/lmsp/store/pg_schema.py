@@ -178,6 +178,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "p010_node_clock",
+        """
+        ALTER TABLE nodes ADD COLUMN clock_skew DOUBLE PRECISION;
+        """,
+    ),
 ]
 
 

@@ -376,6 +376,27 @@ function renderModels(models) {
   );
 }
 
+// nodes sharing one PostgreSQL database (none on SQLite: the section stays hidden)
+function renderNodes(nodes, self) {
+  $("nodes").hidden = nodes.length === 0;
+  syncRows(
+    $("node-rows"),
+    nodes,
+    (n) => n.id,
+    () => el("tr", {}, el("td"), el("td"), el("td"), el("td"), el("td"), el("td")),
+    (row, n) => {
+      row.children[0].textContent = n.id === self ? `${n.id} (this node)` : n.id;
+      row.children[1].textContent = n.address;
+      row.children[2].textContent = n.status;
+      row.children[3].textContent = n.status === "up" ? `${n.lease_seconds_left.toFixed(1)}s left` : "";
+      row.children[4].textContent =
+        n.clock_skew_seconds === null ? "" : `${n.clock_skew_seconds >= 0 ? "+" : ""}${n.clock_skew_seconds.toFixed(3)}s`;
+      const held = n.tasks.map((t) => `${t.id} (${t.status})`).join(", ");
+      row.children[5].textContent = n.unfinished > n.tasks.length ? `${held}, … (${n.unfinished} in all)` : held;
+    },
+  );
+}
+
 // -- the loop ----------------------------------------------------------------------------
 let me = "";
 
@@ -392,6 +413,7 @@ async function refresh() {
   renderTasks(tasks.data);
   renderClients(clients.data, me);
   renderModels(models.data);
+  renderNodes(activity.nodes, activity.node);
   const running = activity.sequences
     .map((s) => `${s.task_id} ${s.tokens_per_second ? s.tokens_per_second.toFixed(1) + " tok/s" : ""}`)
     .join(", ");

@@ -50,6 +50,7 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
         )
     queued = task_store.queue_summary(conn)
     clients = task_store.unfinished_by_client(conn)
+    held = nodes.held_tasks(conn) if svc.db.shared else {}
     shared = [  # the nodes sharing the database (none on SQLite: one node)
         {
             "id": row["id"],
@@ -57,7 +58,14 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
             "address": row["address"],
             "status": row["status"],
             "lease_seconds_left": round(float(row["lease_left"]), 1),
+            "clock_skew_seconds": (
+                None if row["clock_skew"] is None else round(float(row["clock_skew"]), 3)
+            ),
             "unfinished": int(row["tasks"]),
+            "tasks": [
+                {"id": t["id"], "status": t["status"], "client_id": t["client_id"]}
+                for t in held.get(row["id"], [])
+            ],
         }
         for row in (nodes.all_nodes(conn) if svc.db.shared else [])
     ]
