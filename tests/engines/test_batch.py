@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from lmsp.engines.batch import (
     CHUNK,
+    MIN_REUSE,
     ExactSteps,
     FastSteps,
     Request,
@@ -70,11 +71,14 @@ def test_the_pool_reuses_the_longest_prefix_and_evicts_the_least_recently_used()
     assert d.slot is b.slot  # least recently given back among those sharing nothing
 
 
-def test_a_short_shared_start_is_not_reused() -> None:
+def test_only_a_shared_start_of_min_reuse_tokens_is_reused() -> None:
     pool = SequencePool(1)
     first = pool.take(list(range(50)))
     pool.give_back(first.slot, list(range(50)))
-    assert pool.take(list(range(40))).cached == 0  # under MIN_REUSE
+    short = pool.take(list(range(MIN_REUSE - 1)))
+    assert short.cached == 0  # under MIN_REUSE
+    pool.give_back(short.slot, list(range(50)))
+    assert pool.take([*range(MIN_REUSE), 99]).cached == MIN_REUSE  # a system prompt's worth
 
 
 def test_common_prefix() -> None:
