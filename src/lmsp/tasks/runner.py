@@ -93,10 +93,16 @@ class Runner:
 
     def heard(self, task_id: str, status: str | None) -> None:
         """Another node changed a task (:meth:`Database.on_task_change`): a cancel of one
-        this node generates reaches it here; a task queued there wakes a worker here."""
+        this node generates reaches it here; a task queued there wakes a worker here.
+
+        Not a task another node moved to ``running`` or logged to (every flush of a
+        generating task's text updates its row): waking a claim on each would cost every
+        node a claim per flush of every other node. A lost node's task left ``running``
+        for its next holder is claimed by the rescuer's own runner at once (it is told)
+        and by any other node's idle workers, which look again every half second."""
         if status == Status.CANCELLING and task_id in self._held:
             self.request_cancel(task_id)
-        elif status in (Status.QUEUED, Status.RUNNING):
+        elif status == Status.QUEUED:
             self.notify()
 
     def lease_lost(self) -> None:
