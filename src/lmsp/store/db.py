@@ -259,6 +259,12 @@ class Database:
         """A new connection (a reader's)."""
         return connect(self.path)
 
+    def _control(self, conn: Any, statements: list[str]) -> None:
+        """The writer's transaction control statements (``BEGIN``, savepoints, ``COMMIT``),
+        in order: one call each here (SQLite runs in this process)."""
+        for statement in statements:
+            conn.execute(statement)
+
     def _retryable(self, exc: BaseException) -> bool:
         """A transaction failure that running the batch again may mend (PostgreSQL's
         serialization failures and deadlocks; never with SQLite's single writer)."""
@@ -347,9 +353,9 @@ class Database:
         began = time.perf_counter()
         conn.events_pending = 0
         try:
-            conn.execute(self.BEGIN)
+            before = [self.BEGIN]  # what must run before the next statement of ours
             for request in batch:
-                conn.execute("SAVEPOINT job")
+                self._control(conn, [*before, "SAVEPOINT job"])
                 events_before = conn.events_pending
                 try:
                     if faults is not None:
@@ -358,16 +364,15 @@ class Database:
                 except BaseException as exc:
                     if is_storage_error(exc):
                         raise _StorageFull(exc) from exc
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
+                    self._control(conn, ["ROLLBACK TO job"])
                     conn.events_pending = events_before
                     outcomes.append((request, False, exc))
                 else:
-                    conn.execute("RELEASE job")
                     outcomes.append((request, True, value))
+                before = ["RELEASE job"]
             if faults is not None:
                 faults.commit()
-            conn.execute("COMMIT")
+            self._control(conn, [*before, "COMMIT"])
         except BaseException as exc:
             cause = exc.cause if isinstance(exc, _StorageFull) else exc
             full = is_storage_error(cause)

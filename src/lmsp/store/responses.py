@@ -19,7 +19,7 @@ from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
-from lmsp.protocol import items
+from lmsp.protocol import items, objects
 from lmsp.protocol.states import FINISHED_SQL, Status
 from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
@@ -71,7 +71,8 @@ def create(
                 " replayed; send a new key to create another response.",
                 param="Idempotency-Key",
             )
-    if task_store.queued_count(conn) >= max_queue:
+    queued = task_store.queued_count(conn)
+    if queued >= max_queue:
         raise LmspError(
             "queue_full",
             f"The queue holds {max_queue} tasks already; retry later.",
@@ -81,9 +82,10 @@ def create(
     response_id = new_id("resp")
     task_id = new_id("task")
     kept = {k: v for k, v in request.items() if k != items.HISTORY}  # history by reference
-    conn.execute(
+    # the rows as stored (RETURNING): the first events render them with no reads back
+    response = conn.execute(
         "INSERT INTO responses (id, client_id, model, created_at, request, background, store,"
-        " previous_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        " previous_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
         (
             response_id,
             client_id,
@@ -94,15 +96,15 @@ def create(
             int(request.get("store", True)),
             request.get("previous_response_id"),
         ),
-    )
-    conn.execute(
+    ).fetchone()
+    task = conn.execute(
         "INSERT INTO tasks (id, response_id, client_id, status, on_restart, attempt,"
-        " last_sequence_number, created_at, updated_at) VALUES (?, ?, ?, 'queued', ?, 1, -1, ?, ?)",
+        " last_sequence_number, created_at, updated_at)"
+        " VALUES (?, ?, ?, 'queued', ?, 1, -1, ?, ?) RETURNING *",
         (task_id, response_id, client_id, on_restart, stamp, stamp),
-    )
-    task = task_store.get(conn, task_id)
-    assert task is not None
-    obj = task_store.render_response(conn, task)
+    ).fetchone()
+    # no output yet; the last in the queue (the writer admits one transaction at a time)
+    obj = objects.render_response(response, task, [], queued + 1)
     batch = [ev.lifecycle(ev.CREATED, obj)]
     if background:
         batch.append(ev.lifecycle(ev.QUEUED, obj))
