@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,16 @@ class Server:
     def restart(self) -> Server:
         self.kill()
         return self.start()
+
+
+@contextlib.contextmanager
+def served(data_dir: Path, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A real ``lmsp serve`` on ``data_dir`` for the block's length (a fixture's)."""
+    srv = Server(data_dir, env).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def children(pid: int) -> list[int]:

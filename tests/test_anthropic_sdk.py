@@ -20,7 +20,7 @@ import pytest
 from anthropic.types import RawMessageStreamEvent
 from jsonschema import validate
 
-from tests.helpers import Server, check_log_invariants, open_db
+from tests.helpers import Server, check_log_invariants, open_db, served
 
 pytestmark = pytest.mark.slow
 
@@ -46,11 +46,8 @@ QUESTION: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("anthropic-sdk") / "data").start()
-    try:
+    with served(tmp_path_factory.mktemp("anthropic-sdk") / "data") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 
 from lmsp.protocol import events as ev
 from tests.api.test_wire import parse_stream
-from tests.helpers import Server, check_log_invariants, open_db
+from tests.helpers import Server, check_log_invariants, open_db, served
 from tests.openresponses import check_chunk, check_completion, check_event, check_object
 
 pytestmark = pytest.mark.slow
@@ -31,12 +31,8 @@ HANG_GUARD = 300.0  # seconds; only a hung service ever reaches it
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("conformance") / "data")
-    srv.start()
-    try:
+    with served(tmp_path_factory.mktemp("conformance") / "data") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 
 from lmsp.bootstrap import bundled_model_path
 from tests.gguf_files import with_pooling
-from tests.helpers import Server, open_db
+from tests.helpers import Server, open_db, served
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +36,8 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env = {"LMSP_EMBED_MAX_INPUTS": "16", "LMSP_EMBED_MAX_TOKENS": "64"}
-    server = Server(tmp_path_factory.mktemp("embeddings-sdk") / "data", env).start()
-    try:
+    with served(tmp_path_factory.mktemp("embeddings-sdk") / "data", env) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import anthropic
 import pytest
 from anthropic.types import RawMessageStreamEvent
 
-from tests.helpers import Server, check_log_invariants, open_db, task_log
+from tests.helpers import Server, check_log_invariants, open_db, served, task_log
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +29,8 @@ SEEN_BEFORE_KILL = 5  # text deltas read before the kill (of 24)
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    srv = Server(tmp_path / "data", env={"LMSP_TEST_ENGINE_DELAY": "0.15"}).start()
-    try:
+    with served(tmp_path / "data", env={"LMSP_TEST_ENGINE_DELAY": "0.15"}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def sdk_for(server: Server) -> anthropic.Anthropic:

@@ -17,7 +17,7 @@ import pytest
 from openai.types.responses import Response
 
 from lmsp.protocol.events import LMSP_LIFECYCLE
-from tests.helpers import TERMINAL_EVENTS, Server, check_log_invariants, open_db
+from tests.helpers import TERMINAL_EVENTS, Server, check_log_invariants, open_db, served
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +29,8 @@ HANG_GUARD = 300.0  # seconds; only a hung service ever reaches it
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("sdk") / "data")
-    srv.start()
-    try:
+    with served(tmp_path_factory.mktemp("sdk") / "data") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
