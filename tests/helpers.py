@@ -134,6 +134,20 @@ def served(data_dir: Path, env: dict[str, str] | None = None) -> Iterator[Server
         srv.stop()
 
 
+def llama_tokens(text: str, special: bool = True) -> int:
+    """The text's tokens by llama.cpp itself (the bundled model's vocabulary, a BOS first,
+    no template)."""
+    from llama_cpp import Llama
+
+    from lmsp.bootstrap import bundled_model_path
+
+    llm: Any = Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
+    try:
+        return len(llm.tokenize(text.encode(), add_bos=True, special=special))
+    finally:
+        llm.close()
+
+
 def children(pid: int) -> list[int]:
     """The processes ``pid`` started that still run (its engine processes, …)."""
     found: list[int] = []

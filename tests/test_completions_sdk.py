@@ -5,13 +5,11 @@ stream agree."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import openai
 import pytest
 
-from lmsp.bootstrap import bundled_model_path
-from tests.helpers import Server
+from tests.helpers import Server, llama_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -34,13 +32,7 @@ def sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
 
 def raw_count(text: str, special: bool) -> int:
     """The prompt's tokens by llama.cpp itself, with no template."""
-    from llama_cpp import Llama
-
-    llm: Any = Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
-    try:
-        return len(llm.tokenize(text.encode(), add_bos=True, special=special))
-    finally:
-        llm.close()
+    return llama_tokens(text, special=special)
 
 
 def test_the_prompt_is_continued_as_raw_text(sdk: openai.OpenAI) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from lmsp.bootstrap import bundled_model_path
 from tests.gguf_files import with_pooling
-from tests.helpers import Server, open_db, served
+from tests.helpers import Server, llama_tokens, open_db, served
 
 pytestmark = pytest.mark.slow
 
@@ -65,13 +65,7 @@ def rows(made: Any) -> np.ndarray[Any, np.dtype[np.float32]]:
 
 def token_count(text: str) -> int:
     """The text's tokens by llama.cpp itself, as an embedding reads it."""
-    from llama_cpp import Llama
-
-    llm: Any = Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
-    try:
-        return len(llm.tokenize(text.encode(), add_bos=True, special=True))
-    finally:
-        llm.close()
+    return llama_tokens(text, special=True)
 
 
 def test_same_in_same_out_and_different_texts_differ(sdk: openai.OpenAI) -> None:
