@@ -103,6 +103,9 @@ class Settings:
     database_url: str | None = None
     node_id: str | None = None
     lease_ttl: float = 15.0
+    # LMSP_DEFAULT_LIMITS: the limits a new client gets (PROTOCOL.md 13), as
+    # ``(name, value)`` pairs; the owner is never limited
+    default_limits: tuple[tuple[str, int], ...] = ()
 
     @property
     def node(self) -> str:
@@ -292,4 +295,25 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
                 raise ValueError(f"{name} must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
+    if v := env.get("LMSP_DEFAULT_LIMITS"):
+        changes["default_limits"] = parse_limits(v)
     return s.with_overrides(**changes)
+
+
+LIMIT_NAMES = ("max_queued", "max_running", "tokens_per_minute", "tokens_per_day")
+
+
+def parse_limits(text: str) -> tuple[tuple[str, int], ...]:
+    """``max_queued=10,tokens_per_day=200000`` (LMSP_DEFAULT_LIMITS): each a known limit
+    and a whole number of at least 1."""
+    found: dict[str, int] = {}
+    for part in _names(text):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in LIMIT_NAMES:
+            known = ", ".join(LIMIT_NAMES)
+            raise ValueError(f"LMSP_DEFAULT_LIMITS: unknown limit {name!r} ({known})")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"LMSP_DEFAULT_LIMITS: {name} must be a whole number of at least 1")
+        found[name] = int(value)
+    return tuple(found.items())

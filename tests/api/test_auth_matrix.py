@@ -242,6 +242,16 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("DELETE", "/v1/clients/{client_id}"): Route(
         lambda w, t: Call("DELETE", f"/v1/clients/{w.new_client(['models:read'])[0]}"), 200
     ),
+    ("PATCH", "/v1/clients/{client_id}"): Route(
+        lambda w, t: Call(
+            "PATCH",
+            f"/v1/clients/{w.new_client(['models:read'])[0]}",
+            json={"limits": {"max_queued": 5}},
+        ),
+        200,
+    ),
+    ("GET", "/v1/usage"): Route(_static("GET", "/v1/usage"), 200),
+    ("GET", "/v1/audit"): Route(_static("GET", "/v1/audit"), 200),
 }
 
 

@@ -246,7 +246,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
-    ({"service_tier": "flex"}, "service_tier"),
+    ({"service_tier": "scale"}, "service_tier"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),

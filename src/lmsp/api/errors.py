@@ -45,6 +45,7 @@ STATUS: dict[str, int] = {
     # 429
     "queue_full": 429,
     "too_many_pairing_requests": 429,
+    "rate_limit_exceeded": 429,  # over a client's limit (PROTOCOL.md 13)
     # 5xx
     "internal_error": 500,
     "service_unavailable": 503,

@@ -46,6 +46,9 @@ StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Stop = StopString | Annotated[list[StopString], Field(max_length=4)]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
 Verbosity = Literal["low", "medium", "high"]
+#: the tiers the claim orders by (PROTOCOL.md 13; ``priority`` needs its scope)
+TIERS = (None, "auto", "default", "flex", "priority")
+TIER_HELP = "The service tiers here are auto, default, flex and priority."
 
 #: ``include`` values: lmsp's own, the two of Open Responses, the rest of OpenAI's
 INCLUDABLE = frozenset(
@@ -240,8 +243,8 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
         yield unsupported("reasoning.effort", "The models here do not reason.")
     if body.reasoning and (body.reasoning.summary or body.reasoning.generate_summary):
         yield unsupported("reasoning.summary", "The models here do not reason.")
-    if body.service_tier not in (None, "auto", "default"):
-        yield unsupported("service_tier", "Only the default service tier exists here.")
+    if body.service_tier not in TIERS:
+        yield unsupported("service_tier", TIER_HELP)
     if body.stream_options is not None:
         if not body.stream:
             yield LmspError(
@@ -401,8 +404,8 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
         yield unsupported("verbosity", "Only the model's own verbosity (medium) is supported.")
     if body.reasoning_effort not in (None, "none"):
         yield unsupported("reasoning_effort", "The models here do not reason.")
-    if body.service_tier not in (None, "auto", "default"):
-        yield unsupported("service_tier", "Only the default service tier exists here.")
+    if body.service_tier not in TIERS:
+        yield unsupported("service_tier", TIER_HELP)
     if body.stream_options is not None:
         if not body.stream:
             yield LmspError(

@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from lmsp import datadir, errors
 from lmsp.bootstrap import bootstrap
@@ -30,6 +30,7 @@ from lmsp.sandbox import Sandbox
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
+from lmsp.store import usage as usage_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
 from lmsp.store.open import open_database
@@ -177,6 +178,8 @@ class Service:
         running. ``item_names``: how errors name each input item (``input.3`` by
         default); ``param``: how they name the other fields."""
         model = request["model"]
+        if request.get("service_tier") == "priority" and not client.allows("priority"):
+            raise errors.forbidden("priority")  # the priority tier needs its scope
         record = await self.read(lambda: models.get(self.db.reader(), model))
         if record is None:
             raise model_not_found(model)
@@ -413,6 +416,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         db.on_task_change(runner.heard)
     metrics.add_collector(lambda: database_figures(db))
     metrics.add_collector(lambda: engine_figures(host))
+    metrics.add_collector(lambda: usage_figures(db))
     service = Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
     service.membership = membership
     return service
@@ -448,3 +452,22 @@ def database_figures(db: Database) -> list[Metric]:
     queue = GaugeMetricFamily("lmsp_queue_depth", "Tasks queued, waiting for a runner slot.")
     queue.add_metric([], counts.get(Status.QUEUED.value, 0))
     return [by_status, queue]
+
+
+def usage_figures(db: Database) -> list[Metric]:
+    """Each client's requests and tokens, from the usage ledger (durable: a restart
+    does not reset these counters)."""
+    names = {
+        "requests": "Finished requests of a client.",
+        "input_tokens": "Prompt tokens of a client's finished requests.",
+        "cached_tokens": "Prompt tokens read from a cached prefix.",
+        "output_tokens": "Generated tokens of a client's finished requests.",
+    }
+    families = {
+        key: CounterMetricFamily(f"lmsp_client_{key}", text, labels=["client_id", "client"])
+        for key, text in names.items()
+    }
+    for row in usage_store.totals_by_client(db.reader()):
+        for key, family in families.items():
+            family.add_metric([row["client_id"], row["name"] or ""], int(row[key] or 0))
+    return list(families.values())

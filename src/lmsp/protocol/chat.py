@@ -204,7 +204,7 @@ def completion(response: dict[str, Any]) -> dict[str, Any]:
             }
         ],
         "usage": usage(response),
-        "service_tier": "default",
+        "service_tier": response.get("service_tier") or "default",
         "system_fingerprint": response.get("model_digest"),
     }
 

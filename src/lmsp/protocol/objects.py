@@ -176,7 +176,7 @@ def render_response(
         "max_tool_calls": request.get("max_tool_calls"),
         "store": bool(response["store"]),
         "background": bool(response["background"]),
-        "service_tier": "default",
+        "service_tier": tier_used(request.get("service_tier")),
         "metadata": request.get("metadata") or {},
         "safety_identifier": request.get("safety_identifier"),
         "prompt_cache_key": request.get("prompt_cache_key"),
@@ -239,3 +239,9 @@ def _as_given(item: dict[str, Any]) -> dict[str, Any]:
         return item
     content = [{k: v for k, v in part.items() if k != items.FILE_TEXT} for part in item["content"]]
     return {**item, "content": content}
+
+
+def tier_used(asked: Any) -> str:
+    """The service tier a response ran in: ``priority``, ``flex``, else ``default``
+    (``auto`` and no tier run as ``default``)."""
+    return asked if asked in ("priority", "flex") else "default"

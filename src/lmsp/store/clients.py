@@ -19,7 +19,14 @@ from lmsp.ids import new_id
 from lmsp.ids import now as _now
 from lmsp.store.sql import Conn, Row
 
-SCOPES = ("models:read", "models:write", "responses:read", "responses:write", "admin")
+SCOPES = (
+    "models:read",
+    "models:write",
+    "responses:read",
+    "responses:write",
+    "admin",
+    "priority",  # may ask for service_tier "priority" (PROTOCOL.md 13)
+)
 TOKEN_PREFIX = "lmsp_"
 PREFIX_CHARS = 6
 # ``last_used_at`` is written at most this often per client (seconds)
@@ -130,6 +137,11 @@ def get(conn: Conn, client_id: str) -> Row | None:
 
 def all_clients(conn: Conn) -> list[Row]:
     return list(conn.execute("SELECT * FROM clients ORDER BY created_at, id"))
+
+
+def set_scopes(conn: Conn, client_id: str, scopes: list[str]) -> None:
+    """Replace a client's scopes (token caches drop it at their next look)."""
+    conn.execute("UPDATE clients SET scopes = ? WHERE id = ?", (json.dumps(scopes), client_id))
 
 
 def revoke(conn: Conn, client_id: str) -> Row | None:

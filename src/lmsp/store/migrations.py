@@ -226,6 +226,53 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE nodes ADD COLUMN clock_skew REAL;
         """,
     ),
+    (
+        # fair share (PROTOCOL.md 13): each client's limits (NULL: none) and its turn in
+        # the claim order (``served``: when it last got a sequence, a counter), each
+        # task's service tier (0 flex, 1 default, 2 priority), the usage ledger (per
+        # client, model and UTC day; per client and minute for tokens_per_minute) and
+        # the audit log (append-only, each row hashing the one before: store/audit.py)
+        "m016_fair_share",
+        """
+        ALTER TABLE clients ADD COLUMN max_queued INTEGER;
+        ALTER TABLE clients ADD COLUMN max_running INTEGER;
+        ALTER TABLE clients ADD COLUMN tokens_per_minute INTEGER;
+        ALTER TABLE clients ADD COLUMN tokens_per_day INTEGER;
+        ALTER TABLE clients ADD COLUMN served INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE tasks ADD COLUMN tier INTEGER NOT NULL DEFAULT 1;
+        CREATE TABLE usage_daily (
+            client_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            day TEXT NOT NULL,
+            requests INTEGER NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            cached_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            PRIMARY KEY (client_id, model, day)
+        ) STRICT;
+        CREATE INDEX usage_day ON usage_daily(day);
+        CREATE TABLE usage_minutes (
+            client_id TEXT NOT NULL,
+            minute INTEGER NOT NULL,
+            tokens INTEGER NOT NULL,
+            PRIMARY KEY (client_id, minute)
+        ) STRICT, WITHOUT ROWID;
+        CREATE TABLE audit_log (
+            id INTEGER PRIMARY KEY,
+            at INTEGER NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL,
+            change TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        ) STRICT;
+        CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+        CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+        """,
+    ),
 ]
 
 

@@ -184,6 +184,50 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE nodes ADD COLUMN clock_skew DOUBLE PRECISION;
         """,
     ),
+    (
+        "p016_fair_share",
+        """
+        ALTER TABLE clients ADD COLUMN max_queued BIGINT;
+        ALTER TABLE clients ADD COLUMN max_running BIGINT;
+        ALTER TABLE clients ADD COLUMN tokens_per_minute BIGINT;
+        ALTER TABLE clients ADD COLUMN tokens_per_day BIGINT;
+        ALTER TABLE clients ADD COLUMN served BIGINT NOT NULL DEFAULT 0;
+        ALTER TABLE tasks ADD COLUMN tier BIGINT NOT NULL DEFAULT 1;
+        CREATE TABLE usage_daily (
+            client_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            day TEXT NOT NULL,
+            requests BIGINT NOT NULL,
+            input_tokens BIGINT NOT NULL,
+            cached_tokens BIGINT NOT NULL,
+            output_tokens BIGINT NOT NULL,
+            PRIMARY KEY (client_id, model, day)
+        );
+        CREATE INDEX usage_day ON usage_daily(day);
+        CREATE TABLE usage_minutes (
+            client_id TEXT NOT NULL,
+            minute BIGINT NOT NULL,
+            tokens BIGINT NOT NULL,
+            PRIMARY KEY (client_id, minute)
+        );
+        CREATE TABLE audit_log (
+            id BIGINT PRIMARY KEY,
+            at BIGINT NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL,
+            change TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        );
+        CREATE FUNCTION lmsp_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'the audit log is append-only';
+        END $$;
+        CREATE TRIGGER lmsp_audit_append_only BEFORE UPDATE OR DELETE ON audit_log
+            FOR EACH ROW EXECUTE FUNCTION lmsp_audit_append_only();
+        """,
+    ),
 ]
 
 

@@ -21,7 +21,7 @@ from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
 from lmsp.protocol import items, objects
 from lmsp.protocol.states import FINISHED_SQL, Status
-from lmsp.store import events, idempotency
+from lmsp.store import events, idempotency, limits
 from lmsp.store import tasks as task_store
 from lmsp.store.sql import Conn, Row
 
@@ -71,6 +71,7 @@ def create(
                 " replayed; send a new key to create another response.",
                 param="Idempotency-Key",
             )
+    limits.check(conn, client_id)  # over a client's limit: 429, nothing written
     queued = task_store.queued_count(conn)
     if queued >= max_queue:
         raise LmspError(
@@ -99,12 +100,12 @@ def create(
     ).fetchone()
     task = conn.execute(
         "INSERT INTO tasks (id, response_id, client_id, status, on_restart, attempt,"
-        " last_sequence_number, created_at, updated_at)"
-        " VALUES (?, ?, ?, 'queued', ?, 1, -1, ?, ?) RETURNING *",
-        (task_id, response_id, client_id, on_restart, stamp, stamp),
+        " last_sequence_number, created_at, updated_at, tier)"
+        " VALUES (?, ?, ?, 'queued', ?, 1, -1, ?, ?, ?) RETURNING *",
+        (task_id, response_id, client_id, on_restart, stamp, stamp, tier_of(request)),
     ).fetchone()
-    # no output yet; the last in the queue (the writer admits one transaction at a time)
-    obj = objects.render_response(response, task, [], queued + 1)
+    # no output yet; its place in the fair order the claim follows
+    obj = objects.render_response(response, task, [], task_store.queue_position(conn, task))
     batch = [ev.lifecycle(ev.CREATED, obj)]
     if background:
         batch.append(ev.lifecycle(ev.QUEUED, obj))
@@ -112,6 +113,14 @@ def create(
     if key is not None:
         idempotency.record(conn, key, status_code, response_id)
     return Created(response_id, task_id, status_code, replayed=False, response=obj)
+
+
+#: ``service_tier`` → the task's tier in the claim order (higher first)
+TIERS = {"priority": 2, "default": 1, "auto": 1, "flex": 0}
+
+
+def tier_of(request: dict[str, Any]) -> int:
+    return TIERS.get(str(request.get("service_tier") or "default"), 1)
 
 
 def delete(conn: Conn, response_id: str, client_id: str) -> str:

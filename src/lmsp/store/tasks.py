@@ -15,7 +15,7 @@ from lmsp.protocol import events as ev
 from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
-from lmsp.store import events, snapshots
+from lmsp.store import events, fairness, snapshots, usage
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row, skip_locked
 
@@ -34,13 +34,18 @@ def get_response(conn: Conn, response_id: str) -> Row | None:
     return row
 
 
+#: each client's tasks holding a sequence (loading, running, cancelling)
+_RUNNING = (
+    "SELECT client_id, count(*) AS n FROM tasks"
+    " WHERE status IN ('loading', 'running', 'cancelling') GROUP BY client_id"
+)
+
+
 def queue_position(conn: Conn, task: Row) -> int | None:
+    """Where a queued task stands in the fair order the claim follows (1: next)."""
     if task["status"] != Status.QUEUED:
         return None
-    row = conn.execute(
-        "SELECT count(*) FROM tasks WHERE status = 'queued' AND seq <= ?", (task["seq"],)
-    ).fetchone()
-    return int(row[0])
+    return fairness.position(conn, task["id"])
 
 
 def queued_count(conn: Conn) -> int:
@@ -123,6 +128,7 @@ def move(
             events.append(conn, task_id, batch)
             batch = []
         _seal_output(conn, row)
+        usage.record_finished(conn, row)  # the ledger counts it in this transaction
     if emit:
         kind = event_type or ev.LIFECYCLE[target]
         batch.append(ev.lifecycle(kind, render_response(conn, row), **(extra or {})))
@@ -139,13 +145,17 @@ def claim_next(
 ) -> Row | None:
     """Take the next task: on a shared database (``node`` given) first a task a lost
     node left ``running`` to resume (it stays ``running``: the runner resumes it),
-    then the oldest queued one (FIFO), moved to ``loading``. The claim is one
+    then the next queued one in the fair order (PROTOCOL.md 13), moved to ``loading``:
+    the highest service tier first (priority, default, flex); within it the client
+    with the fewest tasks running (a client at its ``max_running`` is passed over),
+    ties to the client served longest ago; within a client FIFO. The claim is one
     ``UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1)``: nodes claiming
     at once pass over each other's rows; the task records ``(node, lease epoch)``.
     ``digests``: the model blobs this node has; a task of another model is left to the
     nodes that have it."""
     owner = (node.id, node.epoch) if node is not None else (None, 0)
     lock = skip_locked(conn)
+    lock_of_t = lock.replace("FOR UPDATE", "FOR UPDATE OF t")
     mine = ""
     args: tuple[Any, ...] = ()
     if digests is not None:
@@ -168,12 +178,21 @@ def claim_next(
             return resumed
     row = conn.execute(
         "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
-        f"SELECT id FROM tasks WHERE status = 'queued'{mine} ORDER BY seq LIMIT 1{lock})"
-        " AND status = 'queued' RETURNING id",
+        "SELECT t.id FROM tasks t JOIN clients c ON c.id = t.client_id"
+        f" LEFT JOIN ({_RUNNING}) r ON r.client_id = t.client_id"
+        f" WHERE t.status = 'queued'{mine}"
+        " AND (c.max_running IS NULL OR coalesce(r.n, 0) < c.max_running)"
+        f" ORDER BY t.tier DESC, coalesce(r.n, 0), c.served, t.seq LIMIT 1{lock_of_t})"
+        " AND status = 'queued' RETURNING id, client_id",
         (*owner, *args),
     ).fetchone()
     if row is None:
         return None
+    # the client's turn: among clients running as many, the one served longest ago next
+    conn.execute(
+        "UPDATE clients SET served = (SELECT max(served) FROM clients) + 1 WHERE id = ?",
+        (row[1],),
+    )
     return move(conn, row[0], Status.LOADING)
 
 

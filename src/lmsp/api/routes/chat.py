@@ -81,6 +81,7 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
         "user": body.user,
         "safety_identifier": body.safety_identifier,
         "prompt_cache_key": body.prompt_cache_key,
+        "service_tier": body.service_tier,
         "stream": bool(body.stream),
         "background": False,
         "store": body.store is not False,

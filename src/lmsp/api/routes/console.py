@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from lmsp import errors
 from lmsp.config import Settings
-from lmsp.store import clients
+from lmsp.store import audit, clients
 from lmsp.store.clients import Client
 
 from .. import sessions
@@ -135,6 +135,7 @@ async def sign_in(body: LoginCode, request: Request) -> JSONResponse:
     if client is None:  # revoked since the link was made
         svc.console.end(secret)
         raise errors.unauthorized(SPENT)
+    await svc.db.write(lambda c: audit.record(c, client.id, "console.login", client.id))
     shown = dict(_session(client, session.expires), secret=secret)
     return JSONResponse(shown, 201, headers=NO_STORE)
 

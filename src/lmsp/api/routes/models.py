@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from lmsp import errors
-from lmsp.store import blobs, models
+from lmsp.store import audit, blobs, models
 from lmsp.store.clients import Client
 from lmsp.store.models import ModelRecord
 
@@ -118,6 +118,8 @@ async def import_model(body: ImportModel, request: Request, client: ModelWriter)
         body.digest,
         defaults=defaults,
     )
+    change = {"digest": record.digest, "size_bytes": record.size_bytes}
+    await svc.db.write(lambda c: audit.record(c, client.id, "model.added", body.id, change))
     return JSONResponse(render(request, record), 201, headers={"Location": f"/v1/models/{body.id}"})
 
 
@@ -155,6 +157,8 @@ async def verify_model(model_id: str, request: Request, client: ModelWriter) -> 
 async def delete_model(model_id: str, request: Request, client: ModelWriter) -> dict[str, Any]:
     svc = service(request)
     record = await asyncio.to_thread(blobs.delete_model, svc.db, svc.settings.blobs_dir, model_id)
+    gone = {"digest": record.digest}
+    await svc.db.write(lambda c: audit.record(c, client.id, "model.removed", model_id, gone))
     svc.host.evict(record)
     kv = svc.kv
     if kv is not None and not await svc.read(

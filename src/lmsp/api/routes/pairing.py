@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from lmsp.store import clients, pairing
+from lmsp.store import audit, clients, limits, pairing
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, Row
 
@@ -26,7 +26,9 @@ from .meta import loopback
 router = APIRouter(prefix="/v1/pairing", tags=["pairing"])
 
 Admin = Annotated[Client, Depends(require("admin"))]
-Scope = Literal["models:read", "models:write", "responses:read", "responses:write", "admin"]
+Scope = Literal[
+    "models:read", "models:write", "responses:read", "responses:write", "admin", "priority"
+]
 DEFAULT_SCOPES: list[Scope] = ["models:read", "responses:read", "responses:write"]
 
 
@@ -102,14 +104,24 @@ async def clear_pairing(
 
 
 async def _decide(
-    request: Request, pairing_id: str, approve: bool, body: Decision | None
+    request: Request, pairing_id: str, approve: bool, body: Decision | None, actor: Client
 ) -> dict[str, Any]:
     svc = service(request)
     scopes = None if body is None or body.scopes is None else clients.clean_scopes(body.scopes)
-    row = await svc.db.write(
-        lambda c: pairing.decide(c, pairing_id, approve=approve, scopes=scopes, now=_now())
-    )
-    return pairing.render(row)
+
+    def job(conn: Conn) -> Row:
+        row = pairing.decide(conn, pairing_id, approve=approve, scopes=scopes, now=_now())
+        shown = pairing.render(row)
+        audit.record(
+            conn,
+            actor.id,
+            "pairing.approved" if approve else "pairing.denied",
+            str(row["id"]),
+            {"client_name": row["client_name"], "scopes": shown.get("granted_scopes")},
+        )
+        return row
+
+    return pairing.render(await svc.db.write(job))
 
 
 @router.post("/{pairing_id}/approve")
@@ -117,12 +129,12 @@ async def approve_pairing(
     pairing_id: str, request: Request, client: Admin, body: Decision | None = None
 ) -> dict[str, Any]:
     """Approve, optionally with fewer scopes than requested (``{"scopes": […]}``)."""
-    return await _decide(request, pairing_id, True, body)
+    return await _decide(request, pairing_id, True, body, client)
 
 
 @router.post("/{pairing_id}/deny")
 async def deny_pairing(pairing_id: str, request: Request, client: Admin) -> dict[str, Any]:
-    return await _decide(request, pairing_id, False, None)
+    return await _decide(request, pairing_id, False, None, client)
 
 
 @router.post("/{pairing_id}/token")
@@ -130,5 +142,18 @@ async def claim_token(pairing_id: str, request: Request) -> dict[str, Any]:
     """``400`` (``authorization_pending``, ``access_denied``, ``expired_token``,
     ``already_claimed``) until approved; then the new client's token, exactly once."""
     svc = service(request)
-    result: dict[str, Any] = await svc.db.write(lambda c: pairing.claim(c, pairing_id, _now()))
-    return result
+    defaults = dict(svc.settings.default_limits)
+
+    def job(conn: Conn) -> dict[str, Any]:
+        result: dict[str, Any] = pairing.claim(conn, pairing_id, _now())
+        limits.update(conn, result["client_id"], defaults)  # LMSP_DEFAULT_LIMITS
+        audit.record(
+            conn,
+            f"pairing:{pairing_id}",
+            "client.created",
+            result["client_id"],
+            {"scopes": result.get("scopes"), "limits": limits.of(conn, result["client_id"])},
+        )
+        return result
+
+    return await svc.db.write(job)
