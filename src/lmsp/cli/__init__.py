@@ -240,5 +240,11 @@ from .models import models  # noqa: E402
 
 main.add_command(models)
 
+from .fairshare import audit, limit, usage  # noqa: E402
+
+clients.add_command(limit)
+clients.add_command(usage)
+main.add_command(audit)
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

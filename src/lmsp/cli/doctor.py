@@ -19,7 +19,7 @@ import httpx
 from rich.text import Text
 
 from lmsp import config, datadir
-from lmsp.store import checks, pg_schema
+from lmsp.store import audit, checks, pg_schema
 from lmsp.store.blobs import orphans
 from lmsp.store.clients import hash_token
 from lmsp.store.db import Connection
@@ -155,6 +155,17 @@ def check_owner_token(conn: Conn, path: Path) -> Check:
     return Check(name, "ok", f"mode {mode:04o}, matches the owner client")
 
 
+def check_audit(conn: Conn) -> Check:
+    """The audit log's hash chain: every row hashes the one before and itself."""
+    try:
+        checked, broken, why = audit.verify(conn)
+    except DB_ERRORS:
+        return Check("audit log", "warn", "no audit log yet (made on the next start)")
+    if broken is not None:
+        return Check("audit log", "fail", f"row {broken} breaks the hash chain: {why}")
+    return Check("audit log", "ok", f"{checked} row(s), hash chain intact")
+
+
 def check_server(url: str) -> Check:
     try:
         info = httpx.get(f"{url}/v1/service", timeout=2).json()
@@ -215,6 +226,7 @@ def diagnose_shared(settings: config.Settings, url: str) -> list[Check]:
         found.append(check_orphans(conn, settings.blobs_dir))
         found.append(check_owner_token(conn, settings.owner_token_path))
         found.append(check_permissions(settings))
+        found.append(check_audit(conn))
     except DB_ERRORS as exc:
         found = [Check("database", "fail", f"cannot read the database: {exc}")]
     finally:
@@ -235,6 +247,7 @@ def diagnose(settings: config.Settings) -> list[Check]:
         found.append(check_orphans(conn, settings.blobs_dir))
         found.append(check_owner_token(conn, settings.owner_token_path))
         found.append(check_permissions(settings))
+        found.append(check_audit(conn))
     except sqlite3.DatabaseError as exc:
         found = [Check("database", "fail", f"cannot read {settings.db_path}: {exc}")]
     finally:
