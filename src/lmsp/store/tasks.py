@@ -156,6 +156,8 @@ def claim_next(
     owner = (node.id, node.epoch) if node is not None else (None, 0)
     lock = skip_locked(conn)
     lock_of_t = lock.replace("FOR UPDATE", "FOR UPDATE OF t")
+    # the client's row: a lock its tasks' key checks (FOR KEY SHARE) do not wait for
+    turn_lock = lock.replace("FOR UPDATE", "FOR NO KEY UPDATE")
     mine = ""
     args: tuple[Any, ...] = ()
     if digests is not None:
@@ -188,9 +190,12 @@ def claim_next(
     ).fetchone()
     if row is None:
         return None
-    # the client's turn: among clients running as many, the one served longest ago next
+    # the client's turn: among clients running as many, the one served longest ago next.
+    # Its row is passed over if another node's claim holds it (that claim moves the
+    # turn on itself): a claim never waits for another's transaction
     conn.execute(
-        "UPDATE clients SET served = (SELECT max(served) FROM clients) + 1 WHERE id = ?",
+        "UPDATE clients SET served = (SELECT max(served) FROM clients) + 1"
+        f" WHERE id = (SELECT id FROM clients WHERE id = ?{turn_lock})",
         (row[1],),
     )
     return move(conn, row[0], Status.LOADING)
