@@ -22,6 +22,8 @@
     the overhead of Anthropic's shapes over the same durable core.
 (j) scale-out (bench/scaleout.py): durable creates with 64 clients, PostgreSQL against
     SQLite, one node and three; the recovery of a killed node's task against the lease TTL.
+(n) fair share (bench/fairshare.py): creates/s and 8-stream throughput with limits and the
+    usage ledger on vs off; a light client's wait while a heavy one keeps 100 queued.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -529,6 +531,7 @@ def main() -> None:
             "embeddings",
             "hostile",
             "scaleout",
+            "fairshare",
         ],
         default=None,
     )
@@ -570,6 +573,10 @@ def main() -> None:
             from bench.scaleout import bench_scaleout
 
             bench_scaleout(work, 64, args.seconds, table)
+        if args.only in (None, "fairshare"):
+            from bench.fairshare import bench_fairshare
+
+            bench_fairshare(work, args.seconds, table, compare.quick())
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -342,11 +342,61 @@ function renderClients(clients, me) {
         el("td"),
         el("td"),
         el("td", {}, el("button", { type: "button", class: "revoke danger", text: "Revoke", onclick: () => revoke(c.id) })),
+        el("td"),
+        el("td", {}, el("button", { type: "button", class: "limits", text: "Limits…", onclick: () => setLimits(c) })),
       ),
     (row, c) => {
       row.children[3].textContent = when(c.last_used_at);
       row.children[4].textContent = c.revoked_at ? when(c.revoked_at) : "";
       row.querySelector("button.revoke").hidden = Boolean(c.revoked_at) || c.id === me;
+      row.children[6].textContent = limitsText(c.limits || {});
+      row.querySelector("button.limits").hidden = Boolean(c.revoked_at) || c.id === me;
+    },
+  );
+}
+
+// fair share: a client's limits (PROTOCOL.md 13), "name=value" pairs, "none" lifts one
+const LIMITS = ["max_queued", "max_running", "tokens_per_minute", "tokens_per_day"];
+
+function limitsText(limits) {
+  return LIMITS.filter((k) => limits[k] !== null && limits[k] !== undefined)
+    .map((k) => `${k}=${limits[k]}`)
+    .join(" ");
+}
+
+async function setLimits(client) {
+  const given = window.prompt(
+    `Limits of ${client.name} (${LIMITS.join(", ")}; a number, or none to lift):`,
+    LIMITS.map((k) => `${k}=${client.limits && client.limits[k] != null ? client.limits[k] : "none"}`).join(" "),
+  );
+  if (given === null) return;
+  const limits = {};
+  for (const pair of given.split(/[\s,]+/).filter(Boolean)) {
+    const [name, value] = pair.split("=");
+    if (!LIMITS.includes(name)) return showError(`Unknown limit ${name}`);
+    limits[name] = value === "none" || value === "" ? null : Number(value);
+  }
+  try {
+    await api("PATCH", `/v1/clients/${encodeURIComponent(client.id)}`, { limits });
+    await refresh();
+  } catch (err) {
+    showError(`Changing the limits failed: ${err.message}`);
+  }
+}
+
+function renderUsage(rows) {
+  syncRows(
+    $("usage-rows"),
+    rows,
+    (u) => `${u.client_id} ${u.model}`,
+    () => el("tr", {}, el("td"), el("td"), el("td"), el("td"), el("td"), el("td")),
+    (row, u) => {
+      row.children[0].textContent = u.client_name || u.client_id;
+      row.children[1].textContent = u.model;
+      row.children[2].textContent = String(u.requests);
+      row.children[3].textContent = String(u.input_tokens);
+      row.children[4].textContent = String(u.cached_tokens);
+      row.children[5].textContent = String(u.output_tokens);
     },
   );
 }
@@ -401,13 +451,15 @@ function renderNodes(nodes, self) {
 let me = "";
 
 async function refresh() {
-  const [tasks, pairing, clients, models, activity] = await Promise.all([
+  const [tasks, pairing, clients, models, activity, usage] = await Promise.all([
     api("GET", "/v1/tasks?limit=50"),
     api("GET", "/v1/pairing"),
     api("GET", "/v1/clients"),
     api("GET", "/v1/models"),
     api("GET", "/v1/service/activity"),
+    api("GET", "/v1/usage?group_by=model"),
   ]);
+  renderUsage(usage.data);
   clientNames = Object.fromEntries(clients.data.map((c) => [c.id, c.name]));
   renderPairing(pairing.data);
   renderTasks(tasks.data);
