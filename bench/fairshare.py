@@ -142,17 +142,19 @@ def overhead(
                 timeout=600,
                 headers={"Authorization": f"Bearer {token}"},
             ) as http:
-                await _creates(http, concurrency, 1.0)  # warm-up
+                # streams first: the creates leave a backlog the streams would wait behind
                 await _streams(http, 2, 8)  # the real model loaded
+                for _ in range(reps):
+                    for side in ("off", "on"):
+                        with switched_off(side == "off"):
+                            rate = await _streams(http, 8, tokens)
+                        found["streams"][side].append(rate)
+                await _creates(http, concurrency, 1.0)  # warm-up
                 for _ in range(reps):
                     for side in ("on", "off"):
                         with switched_off(side == "off"):
                             rate = await _creates(http, concurrency, seconds)
                         found["creates"][side].append(rate)
-                    for side in ("off", "on"):
-                        with switched_off(side == "off"):
-                            rate = await _streams(http, 8, tokens)
-                        found["streams"][side].append(rate)
         return found
 
     found = asyncio.run(main())

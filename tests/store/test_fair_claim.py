@@ -94,7 +94,7 @@ def test_tiers_priority_then_default_then_flex(svc: Service) -> None:
     auto = queue(svc, a, "auto")
     urgent = queue(svc, b, "priority")
     shown = positions(svc, [flex, default, auto, urgent])
-    # b was served (its priority task): a's turn comes first among the default ones
+    # b is served for its priority task first: a's turn comes first among the default ones
     assert shown == {urgent: 1, auto: 2, default: 3, flex: 4}
     assert claim_one_by_one(svc, 4) == [urgent, auto, default, flex]
 

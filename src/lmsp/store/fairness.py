@@ -3,68 +3,66 @@
 
 The claim takes the highest tier first; within it the client with the fewest tasks
 running, ties to the client served longest ago (``clients.served``, a counter each claim
-advances), and within a client FIFO. :func:`position` plays those claims forward on
-the queue as it is — no task arriving, and each claimed task ending before the next
-claim, as with one sequence — and answers how many claims it takes to reach the task.
-With one sequence that is exact until another task arrives; with several it is an
-estimate (a client's running tasks count at claim time, and which ends first cannot be
-known).
+advances), and within a client FIFO. With one sequence nothing else runs when a claim
+is made, so within a tier the clients take turns in a fixed cycle — ordered by when each
+was last served (a client whose tasks of a higher tier are still queued is served
+after those, so it comes last) — and a client's ``k``-th task runs in round ``k``. The
+position of a task is then: every queued task of a higher tier, plus the client's own
+earlier tasks, plus from every other client of its tier ``min(its queued, k - 1)``
+tasks and one more if it has a ``k``-th and its turn comes first.
+
+That is exact with one sequence until another task arrives; with several it is an
+estimate (which running task ends first cannot be known). It costs one aggregate over
+the tier's queued tasks (by client) and a loop over the clients, not the tasks.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import defaultdict, deque
+from typing import Any
 
 from lmsp.store.sql import Conn
 
 
 def position(conn: Conn, task_id: str) -> int | None:
     """The task's place in the queue (1: the next claimed), ``None`` if not queued."""
-    rows = conn.execute(
-        "SELECT t.id, t.tier, t.client_id, c.served FROM tasks t"
-        " JOIN clients c ON c.id = t.client_id WHERE t.status = 'queued' ORDER BY t.seq"
-    ).fetchall()
-    queues: dict[int, dict[str, deque[tuple[int, str]]]] = defaultdict(lambda: defaultdict(deque))
-    served: dict[str, int] = {}
-    tier: int | None = None
-    for index, row in enumerate(rows):
-        queues[int(row["tier"])][row["client_id"]].append((index, row["id"]))
-        served[row["client_id"]] = int(row["served"])
-        if row["id"] == task_id:
-            tier = int(row["tier"])
-    if tier is None:
+    mine = conn.execute(
+        "SELECT tier, client_id, seq FROM tasks WHERE id = ? AND status = 'queued'", (task_id,)
+    ).fetchone()
+    if mine is None:
         return None
-    # every claim of a higher tier comes first; they move the clients' turns on
-    ahead = 0
-    counter = max(served.values(), default=0)
-    for higher in sorted((t for t in queues if t > tier), reverse=True):
-        counter, claimed = _play(queues[higher], served, counter, None)
-        ahead += claimed
-    counter, claimed = _play(queues[tier], served, counter, task_id)
-    return ahead + claimed
-
-
-def _play(
-    by_client: dict[str, deque[tuple[int, str]]],
-    served: dict[str, int],
-    counter: int,
-    stop: str | None,
-) -> tuple[int, int]:
-    """Claim one tier's tasks in order until ``stop`` (or all); returns the turn counter
-    and how many claims were made (``stop``'s included)."""
-    # a client's turn: when it was last served, then its oldest task's place in the queue
-    heap = [(served[c], queue[0][0], c) for c, queue in by_client.items()]
-    heapq.heapify(heap)
-    claims = 0
-    while heap:
-        _, _, client = heapq.heappop(heap)
-        _, task = by_client[client].popleft()
-        claims += 1
-        counter += 1
-        served[client] = counter
-        if task == stop:
-            return counter, claims
-        if by_client[client]:
-            heapq.heappush(heap, (counter, by_client[client][0][0], client))
-    return counter, claims
+    tier, client, seq = int(mine["tier"]), mine["client_id"], int(mine["seq"])
+    higher = int(
+        conn.execute(
+            "SELECT count(*) FROM tasks WHERE status = 'queued' AND tier > ?", (tier,)
+        ).fetchone()[0]
+    )
+    earlier = int(
+        conn.execute(
+            "SELECT count(*) FROM tasks WHERE status = 'queued' AND tier = ? AND client_id = ?"
+            " AND seq < ?",
+            (tier, client, seq),
+        ).fetchone()[0]
+    )
+    turns: dict[str, tuple[int, tuple[Any, ...]]] = {}
+    for row in conn.execute(
+        "SELECT g.client_id, g.n, g.head, c.served, (SELECT max(h.seq) FROM tasks h"
+        " WHERE h.client_id = g.client_id AND h.status = 'queued' AND h.tier > ?) AS later"
+        " FROM (SELECT client_id, count(*) AS n, min(seq) AS head FROM tasks"
+        " WHERE status = 'queued' AND tier = ? GROUP BY client_id) g"
+        " JOIN clients c ON c.id = g.client_id",
+        (tier, tier),
+    ):
+        if row["later"] is None:  # its turn: when it was last served, its oldest task
+            turn: tuple[Any, ...] = (0, int(row["served"]), int(row["head"]))
+        else:  # served for its higher-tier tasks first: after every other client
+            turn = (1, int(row["later"]), int(row["head"]))
+        turns[row["client_id"]] = (int(row["n"]), turn)
+    _, my_turn = turns[client]
+    ahead = higher + earlier
+    for other, (queued, turn) in turns.items():
+        if other == client:
+            continue
+        ahead += min(queued, earlier)
+        if queued > earlier and turn < my_turn:
+            ahead += 1
+    return ahead + 1

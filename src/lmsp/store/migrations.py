@@ -240,6 +240,8 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE clients ADD COLUMN tokens_per_day INTEGER;
         ALTER TABLE clients ADD COLUMN served INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE tasks ADD COLUMN tier INTEGER NOT NULL DEFAULT 1;
+        CREATE INDEX tasks_client_status ON tasks(client_id, status);
+        CREATE INDEX tasks_queue ON tasks(status, tier, client_id, seq);
         CREATE TABLE usage_daily (
             client_id TEXT NOT NULL,
             model TEXT NOT NULL,
