@@ -103,6 +103,10 @@ class Settings:
     database_url: str | None = None
     node_id: str | None = None
     lease_ttl: float = 15.0
+    # the model hub ``lmsp pull`` reads (LMSP_HF_ENDPOINT) and the token for its gated
+    # repositories (HF_TOKEN; never shown: not in this object's repr, never logged)
+    hf_endpoint: str = "https://huggingface.co"
+    hf_token: str | None = field(default=None, repr=False)
 
     @property
     def node(self) -> str:
@@ -292,4 +296,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
                 raise ValueError(f"{name} must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
+    if v := env.get("LMSP_HF_ENDPOINT"):
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("LMSP_HF_ENDPOINT must be an http(s):// URL")
+        changes["hf_endpoint"] = v.rstrip("/")
+    if v := env.get("HF_TOKEN"):
+        changes["hf_token"] = v.strip()
     return s.with_overrides(**changes)

@@ -39,6 +39,7 @@ from .routes import (
     meta,
     models,
     pairing,
+    pulls,
     responses,
     tasks,
 )
@@ -309,6 +310,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(pairing.router)
     app.include_router(client_routes.router)
+    app.include_router(pulls.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     app.add_middleware(
         RequestGate,

@@ -240,5 +240,9 @@ from .models import models  # noqa: E402
 
 main.add_command(models)
 
+from .pull import pull  # noqa: E402
+
+main.add_command(pull)
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

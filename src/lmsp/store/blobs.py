@@ -343,3 +343,13 @@ def remove_orphans(db: Database, blobs_dir: Path) -> list[Path]:
         for path in gone:
             path.unlink(missing_ok=True)
     return gone
+
+
+#: held while pulled files become blobs and their model is registered (a pull's files
+#: are blobs no record names until that commit: nothing may remove them meanwhile)
+blob_lock = _blob_lock
+
+
+def remove_unreferenced(db: Database, blobs_dir: Path, digest: str) -> bool:
+    """Delete a blob no model record names (a pull that did not register its files)."""
+    return _remove_unreferenced(db, blobs_dir, digest)
