@@ -242,7 +242,8 @@ def finish(
         [{"type": PROGRESS, "bytes": pull.total_bytes, "total": pull.total_bytes, "rate": 0}],
     )
     conn.execute("UPDATE model_pulls SET bytes_done = total_bytes WHERE task_id = ?", (task_id,))
-    if task_store.complete(conn, task_id, [], [], {}) is None:  # pragma: no cover - checked
+    usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cached_tokens": 0}
+    if task_store.complete(conn, task_id, [], [], usage) is None:  # pragma: no cover - checked
         return None
     return "completed"
 

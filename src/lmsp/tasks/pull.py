@@ -382,15 +382,18 @@ class Downloader:
                         ready.unlink()
                     else:
                         os.replace(ready, target)
-            outcome = self._end(
-                pull.task_id,
-                lambda c: pulls.finish(
-                    c, pull, digest=first.digest, size=first.size, metadata=meta
-                ),
-            )
-            if outcome != "completed":
-                for file in pull.files:
-                    blobs.remove_unreferenced(self.db, self.blobs_dir, file.digest)
+            outcome: str | None = None
+            try:
+                outcome = self._end(
+                    pull.task_id,
+                    lambda c: pulls.finish(
+                        c, pull, digest=first.digest, size=first.size, metadata=meta
+                    ),
+                )
+            finally:
+                if outcome != "completed":  # no record names them: they go
+                    for file in pull.files:
+                        blobs.remove_unreferenced(self.db, self.blobs_dir, file.digest)
         shutil.rmtree(work, ignore_errors=True)
         log.info(
             "pull %s: %s",
