@@ -24,6 +24,7 @@ import pytest
 
 from lmsp.bootstrap import bundled_model_path
 from lmsp.tasks.hub import parse_reference, pick_files
+from tests.campaigns.smallfs import fill, require_small_fs, seed_by_symlink, small_fs
 from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir, task_log
 from tests.hub_standin import Hub, HubFile, serve, sha256_of, variant_gguf
 
@@ -298,3 +299,55 @@ def test_lmsp_pull_shows_progress_and_refuses_bad_references_in_one_line(
         assert removed.returncode == 0, removed.stderr
     finally:
         server.stop()
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_full_disk_refuses_a_pull_up_front_or_fails_it_mid_way_and_deletes_the_partial(
+    tmp_path: Path, blob_cache: Path, hub_factory: Callable[..., Hub], variant: tuple[Path, str]
+) -> None:
+    """On a real small filesystem (a tmpfs): too little room for the file is a ``507``
+    before anything is written; a disk that fills up during the download fails the task
+    (``insufficient_storage``), deletes its partial file, and the service stays healthy."""
+    require_small_fs()
+    size = variant[0].stat().st_size
+    hub = hub_factory(rate=size / 8)
+    with small_fs(tmp_path / "small", 160) as mount:
+        data_dir = seed_by_symlink(mount / "data", blob_cache)
+        server = Server(data_dir, env={"LMSP_HF_ENDPOINT": hub.url})
+        server.log_path = tmp_path / "server.log"
+        server.start()
+        filler = mount / "filler"
+        try:
+            with server.client() as http:
+                fill(filler, leave=size // 2)
+                refused = http.post("/v1/models/pull", json={"from": REF})
+                assert refused.status_code == 507, refused.text
+                assert refused.json()["error"]["code"] == "insufficient_storage"
+                assert http.get("/v1/tasks").json()["data"] == []  # nothing was written
+                filler.unlink()
+
+                task_id = http.post("/v1/models/pull", json={"from": REF}).json()["task"]["id"]
+                wait_for(
+                    lambda: any(e["bytes"] > size // 5 for e in progress_events(http, task_id)),
+                    "a fifth of the file",
+                )
+                fill(filler)  # the disk is full now
+                task = wait_for(lambda: finished(http, task_id), "the pull to fail")
+                assert task["status"] == "failed", task
+                assert task["error"]["code"] == "insufficient_storage", task
+                assert leftovers(data_dir) == []
+                assert http.get(f"/v1/models/{MODEL}").status_code == 404
+                filler.unlink()
+                wait_for(lambda: httpx.get(f"{server.url}/healthz").status_code == 200, "health")
+                after = http.post("/v1/responses", json={"model": "lmsp-test", "input": "ok"})
+                assert after.status_code == 200 and after.json()["status"] == "completed"
+        finally:
+            server.stop()
+        conn = open_db(data_dir)
+        try:
+            check_log_invariants(conn)
+        finally:
+            conn.close()
