@@ -249,6 +249,15 @@ def test_a_cancel_deletes_the_partial_file(
             task_id = http.post("/v1/models/pull", json={"from": REF}).json()["task"]["id"]
             wait_for(lambda: progress_events(http, task_id), "some progress")
             assert leftovers(server.data_dir), "a partial file while it downloads"
+            # it shows in the activity (lmsp ps, the console), the task list and metrics
+            [shown] = http.get("/v1/service/activity").json()["pulls"]
+            assert shown["task_id"] == task_id and shown["model"] == MODEL
+            assert 0 < shown["bytes"] < shown["total"]
+            ps = lmsp(server, "ps")
+            assert "Pulls" in ps.stdout and task_id in ps.stdout, ps.stdout
+            assert task_id in lmsp(server, "tasks", "ls").stdout
+            metrics = http.get("/metrics").text
+            assert f'lmsp_model_pull_bytes{{model="{MODEL}"}}' in metrics
             http.post(f"/v1/tasks/{task_id}/cancel")
             task = wait_for(lambda: finished(http, task_id), "the cancel")
             assert task["status"] == "cancelled"
