@@ -139,7 +139,7 @@ def test_a_cut_connection_resumes_with_range_and_the_pulled_model_answers(
     hub = hub_factory(cut_first=2)
     server = start(tmp_path, blob_cache, hub)
     try:
-        with server.client() as http:
+        with server.client(timeout=600) as http:  # the model loads for its first answer
             answer = http.post("/v1/models/pull", json={"from": REF})
             assert answer.status_code == 202, answer.text
             body = answer.json()
