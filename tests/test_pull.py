@@ -360,3 +360,58 @@ def test_a_full_disk_refuses_a_pull_up_front_or_fails_it_mid_way_and_deletes_the
             check_log_invariants(conn)
         finally:
             conn.close()
+
+
+# -- a split file ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def split_parts(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The bundled model written again as a split GGUF of two parts (gguf's writer, as
+    llama.cpp's gguf-split would)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+
+    folder = tmp_path_factory.mktemp("split")
+    reader = gguf.GGUFReader(str(bundled_model_path()))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(folder / "SmolSplit-Q4_1.gguf"), arch, split_max_tensors=150)
+    copy_with_new_metadata(reader, writer, {}, [])
+    parts = sorted(folder.glob("SmolSplit-Q4_1-*-of-00002.gguf"))
+    assert len(parts) == 2
+    return parts
+
+
+@pytest.mark.slow
+def test_a_split_gguf_is_pulled_whole_and_loads_from_its_parts(
+    tmp_path: Path, blob_cache: Path, split_parts: list[Path]
+) -> None:
+    repo = "test-owner/SmolSplit-GGUF"
+    files = [HubFile(f"Q4_1/{p.name}", p, p.stat().st_size, sha256_of(p)) for p in split_parts]
+    hub = serve(Hub(repo, list(reversed(files))))  # listed out of order
+    server = start(tmp_path, blob_cache, hub)
+    try:
+        with server.client(timeout=600) as http:
+            body = {"from": f"hf.co/{repo}:q4_1", "id": "smol-split"}
+            task_id = http.post("/v1/models/pull", json=body).json()["task"]["id"]
+            task = wait_for(lambda: finished(http, task_id), "the pull")
+            assert task["status"] == "completed", task
+            model = http.get("/v1/models/smol-split").json()
+            parts = model["metadata"]["parts"]
+            assert [p["file"] for p in parts] == [p.name for p in split_parts]
+            assert model["digest"] == files[0].sha256.join(("sha256:", ""))
+            for part in parts:  # every part is a blob
+                blob = server.data_dir / "blobs" / part["digest"].replace(":", "-")
+                assert blob.stat().st_size == part["size"]
+            reply = http.post(
+                "/v1/responses",
+                json={"model": "smol-split", "input": "Say hi.", "max_output_tokens": 8},
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["output"][0]["content"][0]["text"]
+            assert http.delete("/v1/models/smol-split").status_code == 200
+            left = {p.name for p in (server.data_dir / "blobs").iterdir()}
+            assert not any(p["digest"].replace(":", "-") in left for p in parts)
+    finally:
+        server.stop()
+        hub.close()
