@@ -24,6 +24,9 @@
     SQLite, one node and three; the recovery of a killed node's task against the lease TTL.
 (n) fair share (bench/fairshare.py): creates/s and 8-stream throughput with limits and the
     usage ledger on vs off; a light client's wait while a heavy one keeps 100 queued.
+(l) model pulls (bench/pull.py): ``POST /v1/models/pull`` from a loopback stand-in hub
+    against ``curl`` of the same file (goal: ≥ 0.9x, hashing included), and the CPU a
+    pull takes while 8 streams generate.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -532,6 +535,7 @@ def main() -> None:
             "hostile",
             "scaleout",
             "fairshare",
+            "pull",
         ],
         default=None,
     )
@@ -577,6 +581,10 @@ def main() -> None:
             from bench.fairshare import bench_fairshare
 
             bench_fairshare(work, args.seconds, table, compare.quick())
+        if args.only in (None, "pull"):
+            from bench.pull import bench_pull
+
+            bench_pull(work, 1 if compare.quick() else 3, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

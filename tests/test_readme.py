@@ -39,6 +39,7 @@ import pytest
 import lmsp
 from lmsp.cli import main
 from tests.helpers import Server, free_port
+from tests.hub_standin import Hub, HubFile, serve, sha256_of, variant_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -249,10 +250,26 @@ def newcomer(tmp_path: Path, blob_cache: Path) -> Iterator[tuple[User, Service]]
         if not k.startswith("LMSP_") and k not in ("VIRTUAL_ENV", "XDG_DATA_HOME")
     }
     env.update({"HOME": str(home), "PATH": path, "LMSP_PORT": str(port)})
-    service = Service(dict(env), data_dir)
+    # the tour's `lmsp pull` reads a stand-in for the hub on loopback (nothing downloads
+    # a model in the tests): the repository it names, serving the bundled model changed
+    # by one byte under that repository's file name
+    hub = tour_hub(tmp_path)
+    service = Service({**env, "LMSP_HF_ENDPOINT": hub.url}, data_dir)
     user = User(checkout, env, port)
     yield user, service
     service.stop()
+    hub.close()
+
+
+def tour_hub(tmp_path: Path) -> Hub:
+    from lmsp.bootstrap import bundled_model_path
+
+    pulled = re.search(r"^lmsp pull hf\.co/([^:\s]+):(\S+)", section("A 60-second tour"), re.M)
+    assert pulled, "the tour pulls a model"
+    repo, quant = pulled.groups()
+    name = f"{repo.split('/')[1].removesuffix('-GGUF').lower()}-{quant.lower()}.gguf"
+    file = variant_gguf(bundled_model_path(), tmp_path / name)
+    return serve(Hub(repo, [HubFile(name, file, file.stat().st_size, sha256_of(file))]))
 
 
 def test_the_tour_works_as_written(newcomer: tuple[User, Service]) -> None:

@@ -106,6 +106,10 @@ class Settings:
     # LMSP_DEFAULT_LIMITS: the limits a new client gets (PROTOCOL.md 13), as
     # ``(name, value)`` pairs; the owner is never limited
     default_limits: tuple[tuple[str, int], ...] = ()
+    # the model hub ``lmsp pull`` reads (LMSP_HF_ENDPOINT) and the token for its gated
+    # repositories (HF_TOKEN; never shown: not in this object's repr, never logged)
+    hf_endpoint: str = "https://huggingface.co"
+    hf_token: str | None = field(default=None, repr=False)
 
     @property
     def node(self) -> str:
@@ -297,6 +301,12 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["enable_test_engine"] = _flag(v)
     if v := env.get("LMSP_DEFAULT_LIMITS"):
         changes["default_limits"] = parse_limits(v)
+    if v := env.get("LMSP_HF_ENDPOINT"):
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("LMSP_HF_ENDPOINT must be an http(s):// URL")
+        changes["hf_endpoint"] = v.rstrip("/")
+    if v := env.get("HF_TOKEN"):
+        changes["hf_token"] = v.strip()
     return s.with_overrides(**changes)
 
 

@@ -40,6 +40,7 @@ from .routes import (
     meta,
     models,
     pairing,
+    pulls,
     responses,
     tasks,
 )
@@ -311,6 +312,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(pairing.router)
     app.include_router(client_routes.router)
     app.include_router(fairshare.router)
+    app.include_router(pulls.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     app.add_middleware(
         RequestGate,

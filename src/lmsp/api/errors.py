@@ -56,6 +56,9 @@ STATUS: dict[str, int] = {
     "model_corrupt": 500,
     "model_load_failed": 500,
     "server_restarted": 500,
+    # the model hub a pull reads (PROTOCOL.md section 12) is down or answers oddly
+    "hub_unavailable": 503,
+    "hub_error": 503,
 }
 
 TYPES: dict[int, str] = {

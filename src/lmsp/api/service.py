@@ -38,6 +38,7 @@ from lmsp.store.sql import Conn, Row
 from lmsp.tasks import recovery, retention
 from lmsp.tasks.nodes import Membership
 from lmsp.tasks.plan import full_context_of, messages_of, tools_of, truncate
+from lmsp.tasks.pull import Downloader
 from lmsp.tasks.runner import Runner
 
 from . import toolcheck
@@ -408,6 +409,14 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         host,
         parallel=settings.parallel,
         flush_interval=settings.flush_interval,
+        metrics=metrics,
+    )
+    runner.pulls = Downloader(
+        db,
+        settings.data_dir,
+        settings.hf_endpoint,
+        settings.hf_token,
+        node=settings.node if db.shared else "",
         metrics=metrics,
     )
     if membership is not None:

@@ -245,6 +245,9 @@ from .fairshare import audit, limit, usage  # noqa: E402
 clients.add_command(limit)
 clients.add_command(usage)
 main.add_command(audit)
+from .pull import pull  # noqa: E402
+
+main.add_command(pull)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

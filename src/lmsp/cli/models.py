@@ -49,10 +49,11 @@ def models() -> None:
     """Models of the running service: list, import, delete, verify."""
 
 
-@models.command("ls", short_help="List models: digest, size, status, loaded.")
+@models.command("ls", short_help="List models: size, quantization, context, capabilities.")
 @remote_options
 def list_models(url: str | None, token: str | None, as_json: bool) -> None:
-    """List models with their digest, size, status and whether they are loaded."""
+    """List models: size, quantization, context length, capabilities, status, whether
+    loaded, and digest."""
     with connect(url, token) as api:
         data = api.models()
     if as_json:
@@ -61,18 +62,23 @@ def list_models(url: str | None, token: str | None, as_json: bool) -> None:
     rows = []
     for m in data:
         meta = m.get("metadata") or {}
-        kind = " ".join(str(meta[k]) for k in ("architecture", "quantization") if meta.get(k))
+        kind = " ".join(str(meta[k]) for k in ("architecture",) if meta.get(k))
+        context = meta.get("context_length")
         rows.append(
             (
                 m["id"],
-                m["digest"].split(":", 1)[-1][:12],
                 size(m["size_bytes"]),
                 f"{m['format']} {kind}".strip(),
+                str(meta.get("quantization") or ""),
+                f"{context:,}" if isinstance(context, int) else "",
+                ", ".join(m.get("capabilities") or []),
                 m.get("status", "ready"),
                 "yes" if m["loaded"] else "",
+                m["digest"].split(":", 1)[-1][:12],
             )
         )
-    table(None, ["ID", "DIGEST", "SIZE", "FORMAT", "STATUS", "LOADED"], rows)
+    columns = ["ID", "SIZE", "FORMAT", "QUANT", "CONTEXT", "CAPABILITIES", "STATUS", "LOADED"]
+    table(None, [*columns, "DIGEST"], rows)
 
 
 def _bar() -> Progress:

@@ -73,6 +73,17 @@ def render(state: dict[str, Any]) -> Group:
         ]
         for n in state.get("nodes", [])
     ]
+    pulling = [
+        [
+            p["task_id"],
+            p["model"],
+            p["status"],
+            size(p["bytes"]),
+            size(p["total"]),
+            f"{100 * p['bytes'] / p['total']:.0f}" if p["total"] else "-",
+        ]
+        for p in state.get("pulls", [])
+    ]
     failed = [e for e in state.get("engines", []) if e["state"] == "failed"]
     return Group(
         _table("Models loaded", ["MODEL", "PID", "RESTARTS", "DIGEST", "MEMORY", "STATE"], models),
@@ -97,6 +108,11 @@ def render(state: dict[str, Any]) -> Group:
                 )
             ]
             if nodes
+            else []
+        ),
+        *(  # models being pulled from the hub
+            [_table("Pulls", ["TASK", "MODEL", "STATUS", "DONE", "OF", "%"], pulling)]
+            if pulling
             else []
         ),
     )

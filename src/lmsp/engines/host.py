@@ -39,7 +39,7 @@ from lmsp.engines.base import Engine, EngineCrashed, EngineError, LoadOptions, T
 from lmsp.engines.client import EngineClient
 from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
-from lmsp.store.blobs import blob_path, check_digest, check_size
+from lmsp.store.blobs import blob_path, check_digest, check_size, model_path
 from lmsp.store.models import ModelRecord
 
 __all__ = ["ModelHost", "blob_path"]
@@ -318,7 +318,7 @@ class ModelHost:
 
     def _launch(self, record: ModelRecord, engine: Engine) -> EngineClient:
         """Start an engine process for ``record`` and wait for its model to load."""
-        path = blob_path(self.blobs_dir, record.digest)
+        path = model_path(self.blobs_dir, record)  # a split model: its first part
         options = self._options(record)
         spec = EngineSpec(
             engine,
@@ -525,7 +525,7 @@ class ModelHost:
         with self._tokenizer_lock:
             tokenizer = self._tokenizers.get(record.digest)
             if tokenizer is None:
-                path = blob_path(self.blobs_dir, record.digest)
+                path = model_path(self.blobs_dir, record)
                 tokenizer = engine.tokenizer(path, self.n_ctx, self._options(record))
                 self._tokenizers[record.digest] = tokenizer
             return tokenizer

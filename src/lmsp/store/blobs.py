@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -296,10 +297,37 @@ def import_model(
 
 
 def _remove_unreferenced(db: Database, blobs_dir: Path, digest: str) -> bool:
-    if models.referenced(db.reader(), digest):
+    conn = db.reader()
+    if models.referenced(conn, digest) or digest in part_digests(conn):
         return False
     blob_path(blobs_dir, digest).unlink(missing_ok=True)
     return True
+
+
+def part_digests(conn: Conn) -> set[str]:
+    """The blobs of every part of the split models (a pulled ``-0000k-of-0000n.gguf``):
+    the record's own digest names the first part, its metadata all of them."""
+    found: set[str] = set()
+    for (metadata,) in conn.execute("SELECT metadata FROM models WHERE metadata LIKE '%parts%'"):
+        for part in json.loads(metadata).get("parts") or []:
+            found.add(str(part["digest"]))
+    return found
+
+
+def model_path(blobs_dir: Path, record: ModelRecord) -> Path:
+    """The file an engine loads for ``record``: its blob; for a split model, the first
+    part under its own name in ``split-<hex>/``, where links give every part the name
+    llama.cpp looks for (``…-00002-of-00003.gguf`` beside ``…-00001-of-00003.gguf``)."""
+    parts = record.metadata.get("parts") or []
+    if len(parts) < 2:
+        return blob_path(blobs_dir, record.digest)
+    folder = blobs_dir / f"split-{record.hex}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for part in parts:
+        link = folder / str(part["file"])
+        if not link.is_symlink():
+            link.symlink_to(Path("..") / blob_path(blobs_dir, str(part["digest"])).name)
+    return folder / str(parts[0]["file"])
 
 
 def delete_model(db: Database, blobs_dir: Path, model_id: str) -> ModelRecord:
@@ -313,6 +341,9 @@ def delete_model(db: Database, blobs_dir: Path, model_id: str) -> ModelRecord:
         if outcome == "in_use":
             raise errors.LmspError("model_in_use", f"Unfinished tasks use the model {model_id!r}.")
         _remove_unreferenced(db, blobs_dir, record.digest)
+        for part in record.metadata.get("parts") or []:  # a split model's other parts
+            _remove_unreferenced(db, blobs_dir, str(part["digest"]))
+        shutil.rmtree(blobs_dir / f"split-{record.hex}", ignore_errors=True)
     return record
 
 
@@ -327,6 +358,7 @@ def orphans(conn: Conn, blobs_dir: Path) -> list[Path]:
     if not blobs_dir.is_dir():
         return []
     named = {str(r[0]) for r in conn.execute("SELECT DISTINCT digest FROM models")}
+    named |= part_digests(conn)
     found = []
     for path in sorted(blobs_dir.glob("sha256-*")):
         if f"sha256:{path.name.removeprefix('sha256-')}" not in named:
@@ -343,3 +375,13 @@ def remove_orphans(db: Database, blobs_dir: Path) -> list[Path]:
         for path in gone:
             path.unlink(missing_ok=True)
     return gone
+
+
+#: held while pulled files become blobs and their model is registered (a pull's files
+#: are blobs no record names until that commit: nothing may remove them meanwhile)
+blob_lock = _blob_lock
+
+
+def remove_unreferenced(db: Database, blobs_dir: Path, digest: str) -> bool:
+    """Delete a blob no model record names (a pull that did not register its files)."""
+    return _remove_unreferenced(db, blobs_dir, digest)

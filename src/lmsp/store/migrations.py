@@ -275,6 +275,31 @@ MIGRATIONS: list[tuple[str, str]] = [
         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
         """,
     ),
+    (
+        # a model pulled from a hub (PROTOCOL.md section 12): the task that downloads it,
+        # what it downloads (the files pinned to one commit, with the hub's SHA-256) and
+        # how far it got: ``part`` the file being fetched, ``part_bytes`` its bytes on
+        # disk that a progress event recorded (synced first), where a resume starts
+        "m014_model_pulls",
+        """
+        CREATE TABLE model_pulls (
+            task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
+            ref TEXT NOT NULL,
+            model_id TEXT NOT NULL,
+            node TEXT NOT NULL DEFAULT '',
+            repo TEXT NOT NULL,
+            revision TEXT NOT NULL,
+            quant TEXT NOT NULL,
+            files TEXT NOT NULL,
+            total_bytes INTEGER NOT NULL,
+            part INTEGER NOT NULL DEFAULT 0,
+            part_bytes INTEGER NOT NULL DEFAULT 0,
+            bytes_done INTEGER NOT NULL DEFAULT 0,
+            created_at INTEGER NOT NULL
+        ) STRICT;
+        CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
+        """,
+    ),
 ]
 
 

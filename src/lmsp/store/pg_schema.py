@@ -230,6 +230,27 @@ MIGRATIONS: list[tuple[str, str]] = [
             FOR EACH ROW EXECUTE FUNCTION lmsp_audit_append_only();
         """,
     ),
+    (
+        "p014_model_pulls",
+        """
+        CREATE TABLE model_pulls (
+            task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
+            ref TEXT NOT NULL,
+            model_id TEXT NOT NULL,
+            node TEXT NOT NULL DEFAULT '',
+            repo TEXT NOT NULL,
+            revision TEXT NOT NULL,
+            quant TEXT NOT NULL,
+            files TEXT NOT NULL,
+            total_bytes BIGINT NOT NULL,
+            part BIGINT NOT NULL DEFAULT 0,
+            part_bytes BIGINT NOT NULL DEFAULT 0,
+            bytes_done BIGINT NOT NULL DEFAULT 0,
+            created_at BIGINT NOT NULL
+        );
+        CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
+        """,
+    ),
 ]
 
 

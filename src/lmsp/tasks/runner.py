@@ -41,6 +41,7 @@ from lmsp.store.sql import Conn, Row
 
 from . import durable
 from .plan import plan_for
+from .pull import Downloader
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class Runner:
         # lease each task in flight was claimed under, which fences its every write
         self.node: Node | None = None
         self._held: dict[str, Node | None] = {}
+        # the downloader a pull task goes to instead of the engine (tasks/pull.py)
+        self.pulls: Downloader | None = None
 
     # -- control -------------------------------------------------------------------------
     def start(self, resume: list[str] | None = None) -> None:
@@ -79,6 +82,9 @@ class Runner:
         database they are claimed like any other task, by whichever node comes first)."""
         if self.node is None:
             self._resume.extend(resume or [])
+        if self.pulls is not None:
+            self.pulls.owner = lambda: self.node
+            self.pulls.start()
         for slot in range(self.parallel):
             thread = threading.Thread(
                 target=self._work, args=(slot,), name=f"lmsp-runner-{slot}", daemon=True
@@ -129,6 +135,8 @@ class Runner:
         """A cancel committed: show no more of ``task_id``'s tokens, and have the engine
         stop its sequence (its iteration then ends, even inside a long prompt)."""
         self._cancels.add(task_id)
+        if self.pulls is not None:
+            self.pulls.cancel(task_id)
         generation = self._live.get(task_id)
         if generation is not None:
             generation.cancel()
@@ -148,6 +156,8 @@ class Runner:
         self._shutdown.set()
         for generation in list(self._live.values()):
             generation.interrupt()
+        if self.pulls is not None:
+            self.pulls.stop()
         self.pause(timeout)
 
     # -- the test helper: run the next task in this thread ---------------------------------
@@ -238,6 +248,8 @@ class Runner:
 
     # -- one task --------------------------------------------------------------------------
     def _run(self, task_id: str, slot: int, resumed: bool) -> None:
+        if self.pulls is not None and self.pulls.take(task_id, resumed):
+            return  # a model pull: the downloader runs it, on a thread of its own
         self.busy += 1
         try:
             self._outcome(task_id, slot, resumed)

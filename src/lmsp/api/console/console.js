@@ -470,7 +470,10 @@ async function refresh() {
     .map((s) => `${s.task_id} ${s.tokens_per_second ? s.tokens_per_second.toFixed(1) + " tok/s" : ""}`)
     .join(", ");
   $("summary").textContent =
-    `${activity.sequences.length} running${running ? ` (${running})` : ""}, ${activity.queue.queued} queued`;
+    `${activity.sequences.length} running${running ? ` (${running})` : ""}, ${activity.queue.queued} queued` +
+    (activity.pulls || [])
+      .map((p) => `, pulling ${p.model} ${p.total ? Math.floor((100 * p.bytes) / p.total) : 0}%`)
+      .join("");
 }
 
 // a login link: spend the code in its fragment for a session, then go where the

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from lmsp.store import nodes
+from lmsp.store import nodes, pulls
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 
@@ -81,4 +81,14 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
         "clients": clients,
         "node": svc.membership.node_id if svc.membership is not None else None,
         "nodes": shared,
+        "pulls": [  # models being pulled from the hub (PROTOCOL.md section 12)
+            {
+                "task_id": row["task_id"],
+                "model": row["model_id"],
+                "status": row["status"],
+                "bytes": int(row["bytes_done"]),
+                "total": int(row["total_bytes"]),
+            }
+            for row in pulls.active(conn)
+        ],
     }

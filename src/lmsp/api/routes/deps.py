@@ -24,6 +24,7 @@ IDEMPOTENT_ROUTES = frozenset(
         "/v1/completions",
         "/v1/responses/{response_id}/cancel",
         "/v1/tasks/{task_id}/cancel",
+        "/v1/models/pull",
     }
 )
 

@@ -1,0 +1,230 @@
+"""The model hub's file API, as lmsp uses it (PROTOCOL.md section 12).
+
+Only four routes of a Hugging Face-compatible hub: ``GET /api/models/{repo}`` (the
+commit a pull is pinned to), ``GET /api/models/{repo}/tree/{rev}`` (names, sizes and the
+LFS SHA-256 of each file) and ``HEAD``/``GET /{repo}/resolve/{rev}/{file}`` with
+``Range``. They are called with ``httpx`` rather than ``huggingface_hub``: a pull must
+resume from the bytes lmsp itself has on disk (and recorded), hash them while they
+arrive and keep that hash across a restart, and fail cleanly on a full disk — the
+library keeps its own cache layout and its own resume files, which lmsp would have to
+trust instead (docs/models.md, "Why not huggingface_hub").
+
+``HF_TOKEN`` goes into the ``Authorization`` header of requests to the hub only (httpx
+drops it on a redirect to another host, e.g. the hub's CDN); it is never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from lmsp import errors
+from lmsp.store.pulls import HubFile
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_QUANT = "Q4_K_M"
+CHUNK = 1 << 20
+_REF = re.compile(
+    r"^(?:https?://)?(?:hf\.co|huggingface\.co)/"
+    r"(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95})"
+    r"(?::(?P<quant>[A-Za-z0-9._-]{1,64}))?$"
+)
+_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Reference:
+    repo: str
+    quant: str
+
+    @property
+    def canonical(self) -> str:
+        return f"hf.co/{self.repo}:{self.quant}"
+
+    @property
+    def default_id(self) -> str:
+        return f"{self.repo}:{self.quant}"
+
+
+def parse_reference(text: str) -> Reference:
+    """``hf.co/{owner}/{repo}[:{quant}]`` (``huggingface.co/…`` too); the quantization
+    defaults to ``Q4_K_M``. Anything else: ``400 invalid_reference``."""
+    match = _REF.match(text.strip())
+    if match is None:
+        raise errors.invalid(
+            "A model reference is hf.co/{owner}/{repo}:{quant}, e.g. "
+            "hf.co/bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M.",
+            "from",
+            code="invalid_reference",
+        )
+    return Reference(match["repo"], match["quant"] or DEFAULT_QUANT)
+
+
+def _tag_pattern(quant: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![A-Za-z0-9]){re.escape(quant)}(?![A-Za-z0-9_])", re.IGNORECASE)
+
+
+def quant_tags(names: list[str]) -> list[str]:
+    """The quantization tags a repo's GGUF file names carry (for an error message)."""
+    found = set()
+    tag = re.compile(r"(?<![A-Za-z0-9])((?:I?Q\d[A-Za-z0-9_]*)|F16|F32|BF16)(?![A-Za-z0-9])", re.I)
+    for name in names:
+        base = _SPLIT.sub(lambda m: m["stem"] + ".gguf", name.rsplit("/", 1)[-1])
+        for match in tag.finditer(base.removesuffix(".gguf")):
+            found.add(match.group(1).upper())
+    return sorted(found)
+
+
+def pick_files(tree: list[dict[str, Any]], quant: str) -> list[HubFile]:
+    """The GGUF file(s) of ``quant``: one file, or every part of a split file
+    (``-00001-of-00003.gguf``) in order. ``400 quant_not_found`` / ``ambiguous_quant``."""
+    ggufs = [
+        entry
+        for entry in tree
+        if entry.get("type", "file") == "file"
+        and str(entry.get("path", "")).lower().endswith(".gguf")
+        and "mmproj" not in str(entry.get("path", "")).lower()
+    ]
+    tag = _tag_pattern(quant)
+    chosen = [e for e in ggufs if tag.search(str(e["path"]))]
+    if not chosen:
+        tags = quant_tags([str(e["path"]) for e in ggufs])
+        listed = f" It has: {', '.join(tags)}." if tags else " It has no GGUF file."
+        raise errors.invalid(
+            f"The repository has no GGUF file tagged {quant}.{listed}",
+            "from",
+            code="quant_not_found",
+        )
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for entry in chosen:
+        split = _SPLIT.match(str(entry["path"]))
+        groups.setdefault(split["stem"] if split else str(entry["path"]), []).append(entry)
+    if len(groups) > 1:
+        raise errors.invalid(
+            f"Several GGUF files are tagged {quant}: {', '.join(sorted(groups))}.",
+            "from",
+            code="ambiguous_quant",
+        )
+    entries = next(iter(groups.values()))
+    split = _SPLIT.match(str(entries[0]["path"]))
+    if split is not None:
+        entries.sort(key=lambda e: str(e["path"]))
+        count = int(split["count"])
+        if len(entries) != count:
+            raise errors.invalid(
+                f"The split GGUF file of {quant} lists {len(entries)} of its {count} parts.",
+                "from",
+                code="quant_not_found",
+            )
+    files = []
+    for entry in entries:
+        lfs = entry.get("lfs") or {}
+        sha = lfs.get("oid") or lfs.get("sha256")
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise errors.LmspError(
+                "hub_error", f"The hub lists no SHA-256 for {entry['path']}; it cannot be verified."
+            )
+        files.append(HubFile(str(entry["path"]), int(lfs.get("size", entry.get("size", 0))), sha))
+    return files
+
+
+class Hub:
+    """A client of the hub's file API (one ``httpx.Client``, closed with ``close``)."""
+
+    def __init__(self, endpoint: str, token: str | None = None, timeout: float = 30) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        headers = {"User-Agent": "lmsp", "Accept-Encoding": "identity"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.http = httpx.Client(
+            headers=headers,
+            follow_redirects=True,
+            timeout=httpx.Timeout(timeout, connect=10),
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Hub:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _get_json(self, path: str, what: str) -> Any:
+        try:
+            answer = self.http.get(f"{self.endpoint}{path}")
+        except httpx.HTTPError as exc:
+            raise hub_unreachable(exc) from None
+        if answer.status_code in (401, 403):
+            raise errors.LmspError(
+                "hub_forbidden",
+                f"The hub refuses access to {what} (a gated or private repository: "
+                "set HF_TOKEN in the service's environment).",
+                param="from",
+            )
+        if answer.status_code == 404:
+            raise errors.invalid(f"The hub has no {what}.", "from", code="repo_not_found")
+        if answer.status_code != 200:
+            raise errors.LmspError(
+                "hub_error", f"The hub answered {answer.status_code} for {what}."
+            )
+        try:
+            return answer.json()
+        except ValueError:
+            raise errors.LmspError(
+                "hub_error", f"The hub's answer for {what} is not JSON."
+            ) from None
+
+    def resolve(self, ref: Reference) -> tuple[str, list[HubFile]]:
+        """The commit ``ref``'s repo is at now and the file(s) of its quantization."""
+        repo = quote(ref.repo)
+        info = self._get_json(f"/api/models/{repo}", f"repository {ref.repo!r}")
+        revision = info.get("sha") if isinstance(info, dict) else None
+        if not isinstance(revision, str) or not revision:
+            revision = "main"
+        tree = self._get_json(
+            f"/api/models/{repo}/tree/{quote(revision)}?recursive=true", f"tree of {ref.repo!r}"
+        )
+        if not isinstance(tree, list):
+            raise errors.LmspError("hub_error", "The hub's file list is not a list.")
+        return revision, pick_files(tree, ref.quant)
+
+    def file_url(self, repo: str, revision: str, path: str) -> str:
+        return f"{self.endpoint}/{quote(repo)}/resolve/{quote(revision)}/{quote(path)}"
+
+    @staticmethod
+    def _range_start(answer: httpx.Response) -> int:
+        """Where a ``206``'s ``Content-Range: bytes START-END/SIZE`` starts."""
+        match = re.match(r"bytes (\d+)-", answer.headers.get("content-range", ""))
+        return int(match.group(1)) if match else -1
+
+    @contextlib.contextmanager
+    def open_range(self, url: str, start: int) -> Iterator[tuple[int, Iterator[bytes]]]:
+        """Open ``url`` from byte ``start`` (``Range``): ``(offset, chunks)``, ``offset``
+        where the chunks begin (``0`` when the hub sent the whole file instead)."""
+        headers = {"Range": f"bytes={start}-"} if start else {}
+        with self.http.stream("GET", url, headers=headers) as answer:
+            if answer.status_code == 416 and start:
+                yield start, iter(())  # nothing past start: the file is whole already
+                return
+            if answer.status_code not in (200, 206):
+                raise errors.LmspError(
+                    "hub_error", f"The hub answered {answer.status_code} for a file."
+                )
+            offset = self._range_start(answer) if answer.status_code == 206 else 0
+            if offset < 0:
+                raise errors.LmspError("hub_error", "The hub sent a range it did not name.")
+            yield offset, answer.iter_raw(CHUNK)
+
+
+def hub_unreachable(exc: BaseException) -> errors.LmspError:
+    return errors.LmspError(
+        "hub_unavailable", f"The model hub cannot be reached ({type(exc).__name__})."
+    )

@@ -1,0 +1,189 @@
+"""A stand-in for the model hub's file API, on loopback, for the pull tests and bench.
+
+A real HTTP server (a thread of the test) with the four routes lmsp uses:
+``GET /api/models/{repo}``, ``GET /api/models/{repo}/tree/{rev}``, and
+``HEAD``/``GET /{repo}/resolve/{rev}/{file}`` with ``Range``, ``ETag``,
+``X-Linked-Size`` and ``X-Repo-Commit``. It can cut the first GETs of a file mid-way
+(the connection closes with the body unfinished), throttle what it sends, list a wrong
+SHA-256, and it records every file request with its ``Range``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+COMMIT = "5f1c0e7d2a9b8c4e3f6a1b2c3d4e5f60718293a4"
+CHUNK = 64 << 10
+
+
+def variant_gguf(source: Path, target: Path) -> Path:
+    """A copy of a GGUF file with one metadata byte changed (the first letter of its
+    ``general.name`` flips case): still a whole model, with another digest."""
+    shutil.copyfile(source, target)
+    with target.open("r+b") as fh:
+        head = fh.read(1 << 20)
+        at = head.index(b"general.name") + len(b"general.name") + 4 + 8
+        fh.seek(at)
+        byte = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([byte ^ 0x20]))
+    return target
+
+
+def sha256_of(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+@dataclass
+class HubFile:
+    path: str
+    source: Path | None  # None: listed, never served
+    size: int
+    sha256: str
+
+
+@dataclass
+class Hub:
+    """What the stand-in serves and what it saw."""
+
+    repo: str
+    files: list[HubFile]
+    cut_first: int = 0  # the first N file GETs break off half-way
+    rate: float | None = None  # bytes per second, None: as fast as it goes
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    url: str = ""
+    server: ThreadingHTTPServer | None = None
+
+    def ranges(self) -> list[int]:
+        """The start of every file GET (0 without ``Range``)."""
+        return [r["start"] for r in self.requests if r["method"] == "GET"]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def serve(hub: Hub) -> Hub:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _json(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._route(head=False)
+
+        def do_HEAD(self) -> None:
+            self._route(head=True)
+
+        def _route(self, head: bool) -> None:
+            path = self.path.split("?", 1)[0]
+            repo = re.escape(hub.repo)
+            if re.fullmatch(f"/api/models/{repo}", path):
+                siblings = [{"rfilename": f.path} for f in hub.files]
+                return self._json(200, {"id": hub.repo, "sha": COMMIT, "siblings": siblings})
+            if re.fullmatch(f"/api/models/{repo}/tree/[^/]+", path):
+                tree: list[dict[str, Any]] = [
+                    {
+                        "type": "file",
+                        "oid": hashlib.sha1(f.path.encode()).hexdigest(),
+                        "size": f.size,
+                        "path": f.path,
+                        "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134},
+                    }
+                    for f in hub.files
+                ]
+                tree.append({"type": "file", "oid": "0" * 40, "size": 12, "path": "README.md"})
+                return self._json(200, tree)
+            match = re.fullmatch(f"/{repo}/resolve/([^/]+)/(.+)", path)
+            if match is None:
+                return self._json(404, {"error": "Repository not found"})
+            file = next((f for f in hub.files if f.path == match.group(2)), None)
+            if file is None or file.source is None:
+                return self._json(404, {"error": "Entry not found"})
+            return self._file(file, head)
+
+        def _file(self, file: HubFile, head: bool) -> None:
+            size = file.source.stat().st_size if file.source else 0
+            wanted = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+            start = int(wanted.group(1)) if wanted else 0
+            with hub.lock:
+                hub.requests.append({"method": self.command, "start": start, "at": time.time()})
+                gets = sum(1 for r in hub.requests if r["method"] == "GET")
+            cut = self.command == "GET" and gets <= hub.cut_first
+            if start >= size and wanted:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206 if wanted else 200)
+            if wanted:
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.send_header("Content-Length", str(size - start))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", f'"{file.sha256}"')
+            self.send_header("X-Linked-Size", str(size))
+            self.send_header("X-Repo-Commit", COMMIT)
+            self.end_headers()
+            if head:
+                return
+            stop = start + (size - start) // 2 if cut else size
+            assert file.source is not None
+            began = time.monotonic()
+            sent = 0
+            with file.source.open("rb") as fh:
+                if not cut and not hub.rate:  # as fast as the kernel copies it
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        self.wfile.flush()
+                        self.connection.sendfile(fh, start, size - start)
+                    return
+                fh.seek(start)
+                pos = start
+                try:
+                    while pos < stop:
+                        chunk = fh.read(min(CHUNK, stop - pos))
+                        self.wfile.write(chunk)
+                        pos += len(chunk)
+                        sent += len(chunk)
+                        if hub.rate:
+                            ahead = sent / hub.rate - (time.monotonic() - began)
+                            if ahead > 0:
+                                time.sleep(ahead)
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+            if cut:
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(2)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    hub.server = server
+    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return hub
