@@ -103,6 +103,12 @@ class Settings:
     database_url: str | None = None
     node_id: str | None = None
     lease_ttl: float = 15.0
+    # webhooks (docs/webhooks.md): the first wait before a failed delivery is tried
+    # again (then doubling), how long it is tried at all, and the hosts beyond loopback
+    # a webhook may name (``host[:port]`` entries; ``*`` any)
+    webhook_retry: float = 5.0
+    webhook_give_up: float = 86400.0
+    webhook_hosts: str = ""
 
     @property
     def node(self) -> str:
@@ -292,4 +298,17 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
                 raise ValueError(f"{name} must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
+    if v := env.get("LMSP_WEBHOOK_RETRY"):
+        changes["webhook_retry"] = seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("LMSP_WEBHOOK_RETRY must be more than 0s")
+    if v := env.get("LMSP_WEBHOOK_GIVE_UP"):
+        changes["webhook_give_up"] = seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("LMSP_WEBHOOK_GIVE_UP must be more than 0s")
+    if v := env.get("LMSP_WEBHOOK_HOSTS"):
+        from lmsp.protocol.webhooks import parse_hosts
+
+        parse_hosts(v)  # a malformed entry stops the start, saying which
+        changes["webhook_hosts"] = v
     return s.with_overrides(**changes)
