@@ -240,5 +240,9 @@ from .models import models  # noqa: E402
 
 main.add_command(models)
 
+from .webhooks import webhooks  # noqa: E402
+
+main.add_command(webhooks)
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
