@@ -421,12 +421,13 @@ function renderWebhooks(hooks) {
 let me = "";
 
 async function refresh() {
-  const [tasks, pairing, clients, models, activity] = await Promise.all([
+  const [tasks, pairing, clients, models, activity, webhooks] = await Promise.all([
     api("GET", "/v1/tasks?limit=50"),
     api("GET", "/v1/pairing"),
     api("GET", "/v1/clients"),
     api("GET", "/v1/models"),
     api("GET", "/v1/service/activity"),
+    api("GET", "/v1/webhooks"),
   ]);
   clientNames = Object.fromEntries(clients.data.map((c) => [c.id, c.name]));
   renderPairing(pairing.data);
@@ -434,7 +435,7 @@ async function refresh() {
   renderClients(clients.data, me);
   renderModels(models.data);
   renderNodes(activity.nodes, activity.node);
-  renderWebhooks((await api("GET", "/v1/webhooks")).data);
+  renderWebhooks(webhooks.data);
   const running = activity.sequences
     .map((s) => `${s.task_id} ${s.tokens_per_second ? s.tokens_per_second.toFixed(1) + " tok/s" : ""}`)
     .join(", ");
