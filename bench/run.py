@@ -22,6 +22,8 @@
     the overhead of Anthropic's shapes over the same durable core.
 (j) scale-out (bench/scaleout.py): durable creates with 64 clients, PostgreSQL against
     SQLite, one node and three; the recovery of a killed node's task against the lease TTL.
+(k) webhooks (bench/webhooks.py): delivery latency from the terminal commit to the
+    receiver's 2xx with 8 streams generating; creates/s with and without a webhook.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -529,6 +531,7 @@ def main() -> None:
             "embeddings",
             "hostile",
             "scaleout",
+            "webhooks",
         ],
         default=None,
     )
@@ -570,6 +573,10 @@ def main() -> None:
             from bench.scaleout import bench_scaleout
 
             bench_scaleout(work, 64, args.seconds, table)
+        if args.only in (None, "webhooks"):
+            from bench.webhooks import bench_webhooks
+
+            bench_webhooks(work, args.clients, args.seconds, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")
