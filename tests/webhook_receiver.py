@@ -28,9 +28,13 @@ class Delivery:
 
 
 class Receiver:
-    def __init__(self, port: int | None = None, refuse: int = 0) -> None:
+    def __init__(
+        self, port: int | None = None, refuse: int = 0, hold: threading.Event | None = None
+    ) -> None:
         self.port = port or free_port()
         self.refuse = refuse
+        self.hold = hold  # set: answer; until then every request waits (a slow receiver)
+        self.waiting = 0  # requests held now
         self.deliveries: list[Delivery] = []
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -46,6 +50,10 @@ class Receiver:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                if receiver.hold is not None:
+                    with receiver._lock:
+                        receiver.waiting += 1
+                    receiver.hold.wait(60)
                 with receiver._lock:
                     status = 503 if receiver.refuse > 0 else 200
                     receiver.refuse = max(0, receiver.refuse - 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -264,6 +265,29 @@ def test_a_delivery_that_never_succeeds_fails_after_the_give_up_time(
             assert len(failed) == tries
     finally:
         receiver.stop()
+
+
+def test_a_slow_receiver_blocks_neither_tasks_nor_another_receiver(api: TestClient) -> None:
+    release = threading.Event()
+    slow, fast = Receiver(hold=release).start(), Receiver().start()
+    try:
+        add_hook(api, slow.url)
+        add_hook(api, fast.url)
+        made = [respond(api)["id"] for _ in range(6)]  # each answered: no task waited
+        fast.wait_for(lambda got: len(got) == 6)
+        assert {json.loads(d.body)["data"]["id"] for d in fast.received()} == set(made)
+        assert slow.received() == []  # not one answered yet
+        deadline = time.monotonic() + 30
+        while slow.waiting < 4:  # it holds its share of the sender (4 tries)
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert slow.waiting == 4
+        release.set()
+        slow.wait_for(lambda got: len(got) == 6)
+    finally:
+        release.set()
+        slow.stop()
+        fast.stop()
 
 
 def test_each_client_hears_only_its_own(api: TestClient, receiver: Receiver) -> None:
