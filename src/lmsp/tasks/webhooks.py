@@ -7,9 +7,10 @@ its own share and never delays another receiver (nor a task: the outbox row is w
 by the task's own transaction, and nothing there waits for a send).
 
 The loop wakes after every commit (the database's commit listener, which on PostgreSQL
-also hears other nodes' commits) and when the earliest pending delivery falls due. It
-reads which deliveries are due, claims them (one write), sends them, and records the
-outcomes (one write for all that ended since the last). A 2xx is delivered; anything
+also hears other nodes' commits) and when the earliest pending delivery falls due. Each
+pass reads which deliveries are due and, in one write, records the outcomes of the tries
+that ended since the last pass and claims the due ones there is room for; then sends
+those. A 2xx is delivered; anything
 else (another status, a refused connection, a timeout, a redirect) is tried again after
 ``LMSP_WEBHOOK_RETRY`` seconds, then twice as long each time (at most an hour), until
 ``LMSP_WEBHOOK_GIVE_UP`` (24 h) has passed since the event: then it is ``failed``.
@@ -39,6 +40,7 @@ from lmsp import __version__
 from lmsp.protocol import webhooks as wire
 from lmsp.store import webhooks as store
 from lmsp.store.db import Database
+from lmsp.store.sql import Conn
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +132,7 @@ class Deliverer:
                 self._wake.clear()
                 nap = MAX_NAP
                 try:
-                    await self._record()
-                    await self._claim_and_send(http)
+                    await self._pass(http)
                     nap = self._nap()
                 except Exception:
                     log.exception("webhook deliveries: a pass failed; trying again")
@@ -150,22 +151,34 @@ class Deliverer:
             return MAX_NAP
         return max(0.0, min(MAX_NAP, due - time.time()))
 
-    async def _claim_and_send(self, http: httpx.AsyncClient) -> None:
-        free = SLOTS - sum(self._inflight.values())
-        if free <= 0:
-            return
-        now = time.time()
-        candidates = store.due(self.db.reader(), now, PER_WEBHOOK, SLOTS * 2)
-        room = {hook: PER_WEBHOOK - self._inflight[hook] for _, hook in candidates}
+    async def _pass(self, http: httpx.AsyncClient) -> None:
+        """One write: record the outcomes of the tries that ended since the last pass,
+        and claim the due deliveries there is room for; then start sending those."""
         wanted: list[int] = []
-        for seq, hook in candidates:
-            if room[hook] > 0 and len(wanted) < free:
-                wanted.append(seq)
-                room[hook] -= 1
-        if not wanted:
+        free = SLOTS - sum(self._inflight.values())
+        now = time.time()
+        if free > 0:
+            candidates = store.due(self.db.reader(), now, PER_WEBHOOK, SLOTS * 2)
+            room = {hook: PER_WEBHOOK - self._inflight[hook] for _, hook in candidates}
+            for seq, hook in candidates:
+                if room[hook] > 0 and len(wanted) < free:
+                    wanted.append(seq)
+                    room[hook] -= 1
+        done, self._outcomes = self._outcomes, []
+        if not wanted and not done:
             return
         node = self.node
-        claimed = await self.db.write(lambda c: store.claim(c, wanted, node, now, LEASE))
+
+        def job(conn: Conn) -> list[store.Claimed]:
+            if done:
+                store.settle(conn, done)
+            return store.claim(conn, wanted, node, now, LEASE) if wanted else []
+
+        try:
+            claimed = await self.db.write(job)
+        except BaseException:
+            self._outcomes = done + self._outcomes  # recorded next time (the claims hold)
+            raise
         for item in claimed:
             self._inflight[item.webhook_id] += 1
             task = asyncio.create_task(self._send(http, item))
@@ -173,14 +186,10 @@ class Deliverer:
             task.add_done_callback(self._tasks.discard)
 
     async def _record(self) -> None:
-        if not self._outcomes:
-            return
+        """The outcomes not yet written (at a stop)."""
         done, self._outcomes = self._outcomes, []
-        try:
+        if done:
             await self.db.write(lambda c: store.settle(c, done))
-        except BaseException:
-            self._outcomes = done + self._outcomes  # recorded next time (the claims hold)
-            raise
 
     # -- one try --------------------------------------------------------------------------------
     async def _send(self, http: httpx.AsyncClient, item: store.Claimed) -> None:
