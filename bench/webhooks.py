@@ -1,7 +1,9 @@
 """(k) webhooks (issue 25): delivery latency and the cost of the outbox on creates.
 
-Latency: one real ``lmsp serve`` with the bundled model and ``LMSP_PARALLEL=8``; 8
-clients stream responses back to back for ``seconds``, and a webhook hears each end. The
+Latency: one real ``lmsp serve`` with ``LMSP_PARALLEL=8``; 8 clients stream responses
+back to back for ``seconds``, and a webhook hears each end: with the bundled model (8
+tokens a response: few events on a small machine) and with the test engine at 0.01 s a
+token (64 tokens: many events through the same durable path). The
 receiver (a process of its own, a bare asyncio HTTP server answering ``200`` at once)
 notes when it sent each ``2xx``; the latency of an event is that time minus the outbox
 row's ``created_at`` (written inside the transaction that ends the task, just before its
@@ -127,15 +129,18 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def latency(work: Path, seconds: float, tokens: int = 8) -> tuple[list[float], int]:
+def latency(
+    work: Path, seconds: float, model: str, tokens: int, delay: str = "0.002"
+) -> tuple[list[float], int]:
     """(latencies in seconds, responses completed) with 8 streams generating."""
-    receiver = Receiver(work, "latency")
-    server = Server(work / "hook-latency", env={"LMSP_PARALLEL": str(STREAMS)}).start()
+    receiver = Receiver(work, f"latency-{model}")
+    env = {"LMSP_PARALLEL": str(STREAMS), "LMSP_TEST_ENGINE_DELAY": delay}
+    server = Server(work / f"hook-latency-{model}", env=env).start()
     try:
         with server.client(timeout=300) as http:
             every = ["response.completed", "response.incomplete"]
             hook = http.post("/v1/webhooks", json={"url": receiver.url, "events": every}).json()
-            body = {"model": MODEL, "input": "Tell me about lighthouses.", "stream": True}
+            body = {"model": model, "input": "Tell me about lighthouses.", "stream": True}
             body["max_output_tokens"] = tokens
             warm = {**body, "stream": False}
             http.post("/v1/responses", json=warm).raise_for_status()  # the model loaded
@@ -211,7 +216,11 @@ Table = Callable[[str, list[str], list[list[str]]], None]
 
 def bench_webhooks(work: Path, clients: int, seconds: float, table: Table) -> list[list[str]]:
     load = busy_cpus()
-    lat, completed = latency(work, seconds)
+    runs = {
+        MODEL: latency(work, seconds, MODEL, 8),
+        # the test engine at 100 tokens/s a stream: many more events, same durable path
+        "lmsp-test, 0.01 s a token": latency(work, seconds, "lmsp-test", 64, "0.01"),
+    }
     plain: list[float] = []
     hooked: list[float] = []
     heard = 0
@@ -223,11 +232,14 @@ def bench_webhooks(work: Path, clients: int, seconds: float, table: Table) -> li
     without, with_hook = sum(plain) / PAIRS, sum(hooked) / PAIRS
     rows = [
         [
-            f"delivery latency, {STREAMS} streams generating ({MODEL})",
+            f"delivery latency, {STREAMS} streams generating ({name})",
             f"{len(lat)} events of {completed} responses",
             f"p50 {_percentile(lat, 0.5) * 1000:.1f} ms",
             f"p99 {_percentile(lat, 0.99) * 1000:.1f} ms",
-        ],
+        ]
+        for name, (lat, completed) in runs.items()
+    ]
+    rows += [
         [
             f"creates/s, {clients} clients, no webhook (mean of {PAIRS})",
             f"{without:.0f}/s ({', '.join(f'{r:.0f}' for r in plain)})",
