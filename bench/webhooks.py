@@ -182,7 +182,10 @@ async def _hammer(url: str, token: str, clients: int, seconds: float) -> int:
         async def worker() -> None:
             nonlocal count
             while time.perf_counter() < stop_at:
-                answer = await http.post("/v1/responses", json=body)
+                try:
+                    answer = await http.post("/v1/responses", json=body)
+                except httpx.TransportError:  # a kept-alive connection the server closed
+                    continue
                 if answer.status_code != 202:
                     raise RuntimeError(f"{answer.status_code}: {answer.text}")
                 count += 1
