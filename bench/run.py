@@ -27,6 +27,8 @@
 (l) model pulls (bench/pull.py): ``POST /v1/models/pull`` from a loopback stand-in hub
     against ``curl`` of the same file (goal: ≥ 0.9x, hashing included), and the CPU a
     pull takes while 8 streams generate.
+(k) webhooks (bench/webhooks.py): delivery latency from the terminal commit to the
+    receiver's 2xx with 8 streams generating; creates/s with and without a webhook.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -536,6 +538,7 @@ def main() -> None:
             "scaleout",
             "fairshare",
             "pull",
+            "webhooks",
         ],
         default=None,
     )
@@ -585,6 +588,10 @@ def main() -> None:
             from bench.pull import bench_pull
 
             bench_pull(work, 1 if compare.quick() else 3, table)
+        if args.only in (None, "webhooks"):
+            from bench.webhooks import bench_webhooks
+
+            bench_webhooks(work, args.clients, args.seconds, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

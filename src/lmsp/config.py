@@ -110,6 +110,12 @@ class Settings:
     # repositories (HF_TOKEN; never shown: not in this object's repr, never logged)
     hf_endpoint: str = "https://huggingface.co"
     hf_token: str | None = field(default=None, repr=False)
+    # webhooks (docs/webhooks.md): the first wait before a failed delivery is tried
+    # again (then doubling), how long it is tried at all, and the hosts beyond loopback
+    # a webhook may name (``host[:port]`` entries; ``*`` any)
+    webhook_retry: float = 5.0
+    webhook_give_up: float = 86400.0
+    webhook_hosts: str = ""
 
     @property
     def node(self) -> str:
@@ -307,6 +313,19 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["hf_endpoint"] = v.rstrip("/")
     if v := env.get("HF_TOKEN"):
         changes["hf_token"] = v.strip()
+    if v := env.get("LMSP_WEBHOOK_RETRY"):
+        changes["webhook_retry"] = seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("LMSP_WEBHOOK_RETRY must be more than 0s")
+    if v := env.get("LMSP_WEBHOOK_GIVE_UP"):
+        changes["webhook_give_up"] = seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("LMSP_WEBHOOK_GIVE_UP must be more than 0s")
+    if v := env.get("LMSP_WEBHOOK_HOSTS"):
+        from lmsp.protocol.webhooks import parse_hosts
+
+        parse_hosts(v)  # a malformed entry stops the start, saying which
+        changes["webhook_hosts"] = v
     return s.with_overrides(**changes)
 
 

@@ -131,6 +131,18 @@ def _static(method: str, path: str, **kw: Any) -> Build:
     return lambda world, token: Call(method, path, **kw)
 
 
+HOOK = {"url": "http://127.0.0.1:9/hook", "events": ["response.completed"]}
+
+
+def _hook(method: str, suffix: str = "") -> Build:
+    def build(world: World, token: str) -> Call:
+        made = world.http.post("/v1/webhooks", json=HOOK, headers=world.auth(token))
+        assert made.status_code == 201, made.text
+        return Call(method, f"/v1/webhooks/{made.json()['id']}{suffix}")
+
+    return build
+
+
 ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/healthz"): Route(_static("GET", "/healthz"), 200),
     ("GET", "/v1/service"): Route(_static("GET", "/v1/service"), 200),
@@ -252,6 +264,13 @@ ROUTES: dict[tuple[str, str], Route] = {
     ),
     ("GET", "/v1/usage"): Route(_static("GET", "/v1/usage"), 200),
     ("GET", "/v1/audit"): Route(_static("GET", "/v1/audit"), 200),
+    ("GET", "/v1/webhooks"): Route(_static("GET", "/v1/webhooks"), 200),
+    ("POST", "/v1/webhooks"): Route(_static("POST", "/v1/webhooks", json=HOOK), 201),
+    ("GET", "/v1/webhooks/{webhook_id}"): Route(_hook("GET"), 200, owned=True),
+    ("DELETE", "/v1/webhooks/{webhook_id}"): Route(_hook("DELETE"), 200, owned=True),
+    ("GET", "/v1/webhooks/{webhook_id}/deliveries"): Route(
+        _hook("GET", "/deliveries"), 200, owned=True
+    ),
 }
 
 

@@ -10,6 +10,8 @@ CREATE TABLE service_config ( key TEXT PRIMARY KEY, value TEXT NOT NULL ) STRICT
 CREATE TABLE task_events ( task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE, sequence_number INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (task_id, sequence_number) ) STRICT, WITHOUT ROWID;
 CREATE TABLE task_tokens ( task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE, start INTEGER NOT NULL, tokens BLOB NOT NULL, PRIMARY KEY (task_id, start) ) STRICT, WITHOUT ROWID;
 CREATE TABLE tasks ( seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, response_id TEXT NOT NULL UNIQUE REFERENCES responses(id) ON DELETE CASCADE, client_id TEXT NOT NULL REFERENCES clients(id), status TEXT NOT NULL CHECK (status IN ('queued','loading','running','cancelling','completed','failed','cancelled')), on_restart TEXT NOT NULL CHECK (on_restart IN ('fail','retry','resume')), attempt INTEGER NOT NULL DEFAULT 1, last_sequence_number INTEGER NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, finished_at INTEGER, error_code TEXT, error_message TEXT, snapshot TEXT , node_id TEXT, lease_epoch INTEGER NOT NULL DEFAULT 0) STRICT;
+CREATE TABLE webhook_deliveries ( seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL, webhook_id TEXT NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE, type TEXT NOT NULL, response_id TEXT NOT NULL, client_id TEXT NOT NULL, created_at REAL NOT NULL, status TEXT NOT NULL CHECK (status IN ('pending','delivered','failed')), attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at REAL NOT NULL, claim TEXT, claimed_by TEXT, last_attempt_at REAL, last_status INTEGER, last_error TEXT, delivered_at REAL, UNIQUE (webhook_id, event_id) ) STRICT;
+CREATE TABLE webhooks ( id TEXT PRIMARY KEY, client_id TEXT NOT NULL REFERENCES clients(id), url TEXT NOT NULL, events TEXT NOT NULL, description TEXT, all_clients INTEGER NOT NULL DEFAULT 0, secret TEXT NOT NULL, created_at INTEGER NOT NULL ) STRICT;
 CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
 CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
 CREATE INDEX pairing_expiry ON pairing_requests(expires_at);
@@ -19,3 +21,8 @@ CREATE INDEX tasks_client ON tasks(client_id, seq);
 CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX tasks_node ON tasks(node_id) WHERE node_id IS NOT NULL;
 CREATE INDEX tasks_status ON tasks(status, seq);
+CREATE INDEX webhook_deliveries_done ON webhook_deliveries(last_attempt_at) WHERE status != 'pending';
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries(next_attempt_at) WHERE status = 'pending';
+CREATE INDEX webhook_deliveries_of ON webhook_deliveries(webhook_id, seq);
+CREATE INDEX webhooks_all ON webhooks(all_clients) WHERE all_clients = 1;
+CREATE INDEX webhooks_client ON webhooks(client_id);

@@ -45,6 +45,7 @@ from .routes import (
     tasks,
 )
 from .routes import clients as client_routes
+from .routes import webhooks as webhook_routes
 from .routes.deps import idempotency_supported
 from .service import Service, open_service
 
@@ -274,6 +275,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
         svc.broker = Broker(asyncio.get_running_loop())
         svc.db.on_commit(svc.broker.notify)
         svc.runner.start(resume=svc.recovered.resumed)
+        if svc.webhooks is not None:
+            await asyncio.to_thread(svc.webhooks.start)
         app.state.lmsp = svc
         _announce_console(svc)
         gc = asyncio.create_task(_gc_loop(svc))
@@ -281,6 +284,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
             yield
         finally:
             gc.cancel()
+            if svc.webhooks is not None:
+                await asyncio.to_thread(svc.webhooks.stop)
             await asyncio.to_thread(svc.runner.stop)
             if svc.membership is not None:
                 await asyncio.to_thread(svc.membership.stop)
@@ -313,6 +318,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(client_routes.router)
     app.include_router(fairshare.router)
     app.include_router(pulls.router)
+    app.include_router(webhook_routes.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     app.add_middleware(
         RequestGate,

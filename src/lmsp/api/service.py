@@ -26,6 +26,7 @@ from lmsp.engines.test_engine import TestEngine
 from lmsp.metrics import Metrics
 from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
+from lmsp.protocol.webhooks import parse_hosts
 from lmsp.sandbox import Sandbox
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
@@ -40,6 +41,7 @@ from lmsp.tasks.nodes import Membership
 from lmsp.tasks.plan import full_context_of, messages_of, tools_of, truncate
 from lmsp.tasks.pull import Downloader
 from lmsp.tasks.runner import Runner
+from lmsp.tasks.webhooks import Deliverer, DeliveryPolicy
 
 from . import toolcheck
 from .broker import Broker
@@ -78,6 +80,8 @@ class Service:
     membership: Membership | None = None
     # client id → when this process last recorded its use (``last_used_at`` writes)
     touched: dict[str, int] = field(default_factory=dict)
+    # the webhook sender (docs/webhooks.md), started and stopped with the app
+    webhooks: Deliverer | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     tokens: TokenCache = field(init=False)
     readers: ThreadPoolExecutor = field(init=False)
@@ -428,6 +432,10 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
     metrics.add_collector(lambda: usage_figures(db))
     service = Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
     service.membership = membership
+    policy = DeliveryPolicy(
+        settings.webhook_retry, settings.webhook_give_up, parse_hosts(settings.webhook_hosts)
+    )
+    service.webhooks = Deliverer(db, policy, settings.node if db.shared else None)
     return service
 
 

@@ -248,6 +248,9 @@ main.add_command(audit)
 from .pull import pull  # noqa: E402
 
 main.add_command(pull)
+from .webhooks import webhooks  # noqa: E402
+
+main.add_command(webhooks)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -300,6 +300,51 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
         """,
     ),
+    (
+        # webhooks (PROTOCOL.md section 9) and their transactional outbox: a delivery row
+        # per (event, webhook), written in the transaction that finishes the task
+        # (store/webhooks.py); ``claim``/``claimed_by`` and ``next_attempt_at`` are the
+        # lease a sender holds while it tries
+        "m012_webhooks",
+        """
+        CREATE TABLE webhooks (
+            id TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            url TEXT NOT NULL,
+            events TEXT NOT NULL,
+            description TEXT,
+            all_clients INTEGER NOT NULL DEFAULT 0,
+            secret TEXT NOT NULL,
+            created_at INTEGER NOT NULL
+        ) STRICT;
+        CREATE INDEX webhooks_client ON webhooks(client_id);
+        CREATE INDEX webhooks_all ON webhooks(all_clients) WHERE all_clients = 1;
+        CREATE TABLE webhook_deliveries (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            event_id TEXT NOT NULL,
+            webhook_id TEXT NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
+            type TEXT NOT NULL,
+            response_id TEXT NOT NULL,
+            client_id TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('pending','delivered','failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at REAL NOT NULL,
+            claim TEXT,
+            claimed_by TEXT,
+            last_attempt_at REAL,
+            last_status INTEGER,
+            last_error TEXT,
+            delivered_at REAL,
+            UNIQUE (webhook_id, event_id)
+        ) STRICT;
+        CREATE INDEX webhook_deliveries_due ON webhook_deliveries(next_attempt_at)
+            WHERE status = 'pending';
+        CREATE INDEX webhook_deliveries_done ON webhook_deliveries(last_attempt_at)
+            WHERE status != 'pending';
+        CREATE INDEX webhook_deliveries_of ON webhook_deliveries(webhook_id, seq);
+        """,
+    ),
 ]
 
 

@@ -251,6 +251,47 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
         """,
     ),
+    (
+        "p012_webhooks",
+        """
+        CREATE TABLE webhooks (
+            id TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            url TEXT NOT NULL,
+            events TEXT NOT NULL,
+            description TEXT,
+            all_clients BIGINT NOT NULL DEFAULT 0,
+            secret TEXT NOT NULL,
+            created_at BIGINT NOT NULL
+        );
+        CREATE INDEX webhooks_client ON webhooks(client_id);
+        CREATE INDEX webhooks_all ON webhooks(all_clients) WHERE all_clients = 1;
+        CREATE TABLE webhook_deliveries (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            event_id TEXT NOT NULL,
+            webhook_id TEXT NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
+            type TEXT NOT NULL,
+            response_id TEXT NOT NULL,
+            client_id TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('pending','delivered','failed')),
+            attempts BIGINT NOT NULL DEFAULT 0,
+            next_attempt_at DOUBLE PRECISION NOT NULL,
+            claim TEXT,
+            claimed_by TEXT,
+            last_attempt_at DOUBLE PRECISION,
+            last_status BIGINT,
+            last_error TEXT,
+            delivered_at DOUBLE PRECISION,
+            UNIQUE (webhook_id, event_id)
+        );
+        CREATE INDEX webhook_deliveries_due ON webhook_deliveries(next_attempt_at)
+            WHERE status = 'pending';
+        CREATE INDEX webhook_deliveries_done ON webhook_deliveries(last_attempt_at)
+            WHERE status != 'pending';
+        CREATE INDEX webhook_deliveries_of ON webhook_deliveries(webhook_id, seq);
+        """,
+    ),
 ]
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from lmsp.engines.kvfiles import PrefixFiles
-from lmsp.store import models, pairing
+from lmsp.store import models, pairing, webhooks
 from lmsp.store.db import Database
 from lmsp.store.retention import BATCH, delete_expired_keys_batch, delete_finished_batch
 from lmsp.store.sql import Conn
@@ -27,6 +27,7 @@ class Swept:
     idempotency_keys: int = 0
     pairing_requests: int = 0
     kv_bytes: int = 0  # freed in the prefix cache
+    webhook_deliveries: int = 0  # delivered or failed ones past the retention period
 
 
 def delete_expired_pairings_batch(conn: Conn, now: float, batch: int = BATCH) -> int:
@@ -48,6 +49,8 @@ def sweep(
         swept.idempotency_keys += n
     while n := db.write_sync(lambda c: delete_expired_pairings_batch(c, stamp)):
         swept.pairing_requests += n
+    while n := db.write_sync(lambda c: webhooks.delete_done_batch(c, cutoff, BATCH)):
+        swept.webhook_deliveries += n
     if kv is not None:
         named = models.digests(db.reader())
         swept.kv_bytes = kv.keep_only(named) + kv.sweep(stamp)

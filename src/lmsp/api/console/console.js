@@ -447,17 +447,38 @@ function renderNodes(nodes, self) {
   );
 }
 
+// webhooks of every client (the console's client is the owner: it sees them all)
+function renderWebhooks(hooks) {
+  $("webhooks-empty").hidden = hooks.length > 0;
+  syncRows(
+    $("webhook-rows"),
+    hooks,
+    (h) => h.id,
+    () => el("tr", {}, el("td", {}, el("code")), el("td"), el("td"), el("td"), el("td")),
+    (row, h) => {
+      row.children[0].firstChild.textContent = h.id;
+      row.children[1].textContent = h.url;
+      row.children[2].textContent = h.events.map((e) => e.replace("response.", "")).join(" ");
+      row.children[3].textContent = h.all_clients
+        ? "every client"
+        : clientNames[h.client_id] || h.client_id || "";
+      row.children[4].textContent = when(h.created_at);
+    },
+  );
+}
+
 // -- the loop ----------------------------------------------------------------------------
 let me = "";
 
 async function refresh() {
-  const [tasks, pairing, clients, models, activity, usage] = await Promise.all([
+  const [tasks, pairing, clients, models, activity, usage, webhooks] = await Promise.all([
     api("GET", "/v1/tasks?limit=50"),
     api("GET", "/v1/pairing"),
     api("GET", "/v1/clients"),
     api("GET", "/v1/models"),
     api("GET", "/v1/service/activity"),
     api("GET", "/v1/usage?group_by=model"),
+    api("GET", "/v1/webhooks"),
   ]);
   renderUsage(usage.data);
   clientNames = Object.fromEntries(clients.data.map((c) => [c.id, c.name]));
@@ -466,6 +487,7 @@ async function refresh() {
   renderClients(clients.data, me);
   renderModels(models.data);
   renderNodes(activity.nodes, activity.node);
+  renderWebhooks(webhooks.data);
   const running = activity.sequences
     .map((s) => `${s.task_id} ${s.tokens_per_second ? s.tokens_per_second.toFixed(1) + " tok/s" : ""}`)
     .join(", ");

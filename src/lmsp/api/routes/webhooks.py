@@ -1,0 +1,136 @@
+"""``/v1/webhooks`` (PROTOCOL.md section 9): create (its secret shown once), list, get,
+delete, and a webhook's recent deliveries.
+
+A webhook is its client's: another client's id answers ``404``. ``admin`` oversees
+every client's (the console lists them) and may create a webhook that hears every
+client's responses (``all_clients``, an LMSP extension)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from lmsp import errors
+from lmsp.protocol import webhooks as wire
+from lmsp.store import webhooks as store
+from lmsp.store.clients import Client
+from lmsp.store.sql import Conn, Row
+
+from ..auth import require
+from ..service import Service
+from .deps import service
+
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
+
+Reader = Annotated[Client, Depends(require("responses:read"))]
+Writer = Annotated[Client, Depends(require("responses:write"))]
+EventName = Literal[
+    "response.completed", "response.incomplete", "response.failed", "response.cancelled"
+]
+
+
+class NewWebhook(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    url: Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_URL)]
+    events: Annotated[list[EventName], Field(min_length=1, max_length=len(wire.EVENTS))]
+    description: Annotated[str, StringConstraints(max_length=512)] | None = None
+    all_clients: bool = False
+
+
+def _owned(conn: Conn, webhook_id: str, client: Client) -> Row:
+    row = store.get(conn, webhook_id)
+    if row is None or not client.oversees(row["client_id"]):
+        raise errors.not_found("webhook", webhook_id)
+    return row
+
+
+@router.post("", status_code=201)
+async def create_webhook(body: NewWebhook, request: Request, client: Writer) -> JSONResponse:
+    """A webhook for this client's responses; the answer carries its ``secret``
+    (``whsec_…``), which no later answer shows."""
+    for name in body.model_extra or {}:
+        raise errors.LmspError(
+            "unsupported_parameter", f"Unknown field {name!r} for a webhook.", param=name
+        )
+    svc = service(request)
+    try:
+        url = wire.check_url(body.url, wire.parse_hosts(svc.settings.webhook_hosts))
+    except wire.InvalidUrl as exc:
+        raise errors.LmspError("invalid_webhook_url", str(exc), param="url") from None
+    if body.all_clients and not client.admin:
+        raise errors.forbidden("admin")
+    events = [name for name in wire.EVENTS if name in set(body.events)]
+
+    def job(conn: Conn) -> dict[str, Any]:
+        row, secret = store.add(conn, client.id, url, events, body.description, body.all_clients)
+        return dict(store.render(row), secret=secret)
+
+    return JSONResponse(await svc.db.write(job), 201)
+
+
+@router.get("")
+async def list_webhooks(request: Request, client: Reader) -> dict[str, Any]:
+    """This client's webhooks; ``admin``: every client's (each names its ``client_id``)."""
+    svc = service(request)
+    rows = await svc.read(
+        lambda: store.listed(svc.db.reader(), None if client.admin else client.id)
+    )
+    data = [store.render(row, with_client=client.admin) for row in rows]
+    return {"object": "list", "data": data, "has_more": False}
+
+
+@router.get("/{webhook_id}")
+async def get_webhook(webhook_id: str, request: Request, client: Reader) -> dict[str, Any]:
+    svc = service(request)
+    row = await svc.read(lambda: _owned(svc.db.reader(), webhook_id, client))
+    return store.render(row, with_client=client.admin)
+
+
+@router.delete("/{webhook_id}")
+async def delete_webhook(webhook_id: str, request: Request, client: Writer) -> dict[str, Any]:
+    """Remove a webhook: its pending deliveries are not sent."""
+    svc = service(request)
+
+    def job(conn: Conn) -> None:
+        _owned(conn, webhook_id, client)
+        store.delete(conn, webhook_id)
+
+    await svc.db.write(job)
+    return {"id": webhook_id, "object": "webhook.deleted", "deleted": True}
+
+
+@router.get("/{webhook_id}/deliveries")
+async def list_deliveries(
+    webhook_id: str,
+    request: Request,
+    client: Reader,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(max_length=64, description="An event id.")] = None,
+) -> dict[str, Any]:
+    """The webhook's deliveries, newest first: event, status, tries, next try."""
+    svc = service(request)
+    return await svc.read(_deliveries_page, svc, webhook_id, client, limit, after)
+
+
+def _deliveries_page(
+    svc: Service, webhook_id: str, client: Client, limit: int, after: str | None
+) -> dict[str, Any]:
+    conn = svc.db.reader()
+    _owned(conn, webhook_id, client)
+    before: int | None = None
+    if after is not None:
+        before = store.delivery_seq(conn, webhook_id, after)
+        if before is None:
+            raise errors.invalid(f"Unknown cursor {after!r}.", param="after")
+    rows = store.deliveries(conn, webhook_id, before, limit + 1)
+    data = [store.render_delivery(row) for row in rows[:limit]]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(rows) > limit,
+    }

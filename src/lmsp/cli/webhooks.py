@@ -1,0 +1,130 @@
+"""``lmsp webhooks add URL | ls | rm ID | deliveries ID`` (docs/webhooks.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from lmsp.protocol.webhooks import EVENTS
+
+from .remote import connect, note, print_json, remote_options, table, when
+
+
+@click.group("webhooks")
+def webhooks() -> None:
+    """Webhooks: be told when your responses end, instead of polling."""
+
+
+@webhooks.command("add")
+@click.argument("hook_url", metavar="URL")
+@click.option(
+    "--event",
+    "events",
+    multiple=True,
+    type=click.Choice(EVENTS),
+    help="An event to hear (repeat it; default: all four ends of a response).",
+)
+@click.option("--description", help="A note for whoever reads the list.")
+@click.option(
+    "--all-clients", is_flag=True, help="Hear every client's responses (admin tokens only)."
+)
+@remote_options
+def add(
+    hook_url: str,
+    events: tuple[str, ...],
+    description: str | None,
+    all_clients: bool,
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Register URL; its signing secret (whsec_…) is printed once and never again."""
+    body: dict[str, Any] = {"url": hook_url, "events": list(events or EVENTS)}
+    if description:
+        body["description"] = description
+    if all_clients:
+        body["all_clients"] = True
+    with connect(url, token) as api:
+        created: dict[str, Any] = api.request("POST", "/v1/webhooks", json=body)
+    if as_json:
+        print_json(created)
+        return
+    click.echo(created["secret"])
+    note(f"webhook {created['id']} → {created['url']}: {' '.join(created['events'])}")
+    note("the secret above is shown once; verify deliveries with it (docs/webhooks.md)")
+
+
+@webhooks.command("ls")
+@remote_options
+def list_webhooks(url: str | None, token: str | None, as_json: bool) -> None:
+    """Your webhooks (an admin token: every client's)."""
+    with connect(url, token) as api:
+        rows: list[dict[str, Any]] = api.request("GET", "/v1/webhooks")["data"]
+    if as_json:
+        print_json(rows)
+        return
+    table(
+        None,
+        ["ID", "URL", "EVENTS", "CLIENT", "CREATED", "DESCRIPTION"],
+        [
+            (
+                h["id"],
+                h["url"],
+                " ".join(e.removeprefix("response.") for e in h["events"]),
+                ("all" if h["all_clients"] else h.get("client_id", "")),
+                when(h["created_at"]),
+                h["description"] or "",
+            )
+            for h in rows
+        ],
+    )
+
+
+@webhooks.command("rm")
+@click.argument("webhook_id")
+@remote_options
+def remove(webhook_id: str, url: str | None, token: str | None, as_json: bool) -> None:
+    """Remove a webhook (its pending deliveries are not sent)."""
+    with connect(url, token) as api:
+        gone = api.request("DELETE", f"/v1/webhooks/{webhook_id}")
+    if as_json:
+        print_json(gone)
+    else:
+        click.echo(f"removed {webhook_id}")
+
+
+@webhooks.command("deliveries")
+@click.argument("webhook_id")
+@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@remote_options
+def list_deliveries(
+    webhook_id: str, limit: int, url: str | None, token: str | None, as_json: bool
+) -> None:
+    """A webhook's recent deliveries: event, status, tries, next try, last error."""
+    with connect(url, token) as api:
+        page = api.request("GET", f"/v1/webhooks/{webhook_id}/deliveries", params={"limit": limit})
+    rows: list[dict[str, Any]] = page["data"]
+    if as_json:
+        print_json(rows)
+        return
+
+    def stamp(value: float | None) -> str:
+        return when(None if value is None else int(value))
+
+    table(
+        None,
+        ["EVENT", "TYPE", "RESPONSE", "STATUS", "TRIES", "NEXT TRY", "LAST"],
+        [
+            (
+                d["id"],
+                d["type"],
+                d["response_id"],
+                d["status"],
+                str(d["attempts"]),
+                stamp(d["next_attempt_at"]) if d["status"] == "pending" else "",
+                d["last_error"] or (str(d["last_status_code"] or "")),
+            )
+            for d in rows
+        ],
+    )

@@ -1,0 +1,262 @@
+"""The webhook sender: delivers the outbox's events (:mod:`lmsp.store.webhooks`).
+
+One thread of its own runs an asyncio loop with one ``httpx`` client: redirects are not
+followed, a try has 10 seconds, and tries run concurrently, at most :data:`SLOTS` at
+once and :data:`PER_WEBHOOK` to any one webhook, so a slow or dead receiver holds only
+its own share and never delays another receiver (nor a task: the outbox row is written
+by the task's own transaction, and nothing there waits for a send).
+
+The loop wakes after every commit (the database's commit listener, which on PostgreSQL
+also hears other nodes' commits) and when the earliest pending delivery falls due. Each
+pass reads which deliveries are due and, in one write, records the outcomes of the tries
+that ended since the last pass and claims the due ones there is room for; then sends
+those. A 2xx is delivered; anything
+else (another status, a refused connection, a timeout, a redirect) is tried again after
+``LMSP_WEBHOOK_RETRY`` seconds, then twice as long each time (at most an hour), until
+``LMSP_WEBHOOK_GIVE_UP`` (24 h) has passed since the event: then it is ``failed``.
+
+Every try of one event carries the same ``webhook-id`` (the event id), a fresh
+``webhook-timestamp`` and the Standard Webhooks signature of ``id.timestamp.body``
+(the ``standardwebhooks`` library signs). Delivery is at least once: a node that dies
+between a receiver's 2xx and the write that records it sends again after its restart
+(receivers dedupe by ``webhook-id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+from standardwebhooks.webhooks import Webhook
+
+from lmsp import __version__
+from lmsp.protocol import webhooks as wire
+from lmsp.store import webhooks as store
+from lmsp.store.db import Database
+from lmsp.store.sql import Conn
+
+log = logging.getLogger(__name__)
+
+#: the longest a receiver may take to answer a try
+TIMEOUT = 10.0
+#: tries in flight at once on this node, and to any one webhook
+SLOTS = 64
+PER_WEBHOOK = 4
+#: a claim's lease: past the longest try, so no other node takes a row being tried
+LEASE = 60.0
+#: the shortest and longest naps between looks at the outbox
+MIN_NAP = 0.01
+MAX_NAP = 1.0
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    retry: float  # the first wait after a failed try (LMSP_WEBHOOK_RETRY)
+    give_up: float  # how long after its event a delivery is tried at all
+    hosts: tuple[wire.HostRule, ...]  # LMSP_WEBHOOK_HOSTS
+
+
+class Deliverer:
+    """The sender thread: :meth:`start` with the service, :meth:`stop` before the
+    database closes."""
+
+    def __init__(self, db: Database, policy: DeliveryPolicy, node: str | None) -> None:
+        self.db = db
+        self.policy = policy
+        # the claims' owner: this node on a shared database; on SQLite one node
+        self.node = node or "local"
+        self._shared_node = node
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._inflight: Counter[str] = Counter()  # webhook id → tries in flight
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._outcomes: list[store.Outcome] = []
+        self._ready = threading.Event()
+        self.sent = 0  # tries made by this process (for tests and figures)
+
+    # -- life ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Give back the claims this node held when it stopped (they are due now), then
+        start sending."""
+        node = self._shared_node
+        self.db.write_sync(lambda c: store.release(c, node, time.time()))
+        self.db.on_commit(self.wake)
+        self._thread = threading.Thread(target=self._run, name="lmsp-webhooks", daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def stop(self) -> None:
+        """Stop: tries in flight are abandoned and their claims given back."""
+        self._stopping = True
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=TIMEOUT + 5)
+            self._thread = None
+        if not self.db.closed:
+            with contextlib.suppress(Exception):
+                self.db.write_sync(lambda c: store.release(c, self.node, time.time()))
+
+    def wake(self) -> None:
+        """Look at the outbox now (called after every commit; from any thread)."""
+        loop, event = self._loop, self._wake
+        if loop is not None and event is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop just closed
+                loop.call_soon_threadsafe(event.set)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception:  # pragma: no cover - the loop must not die silently
+            log.exception("the webhook sender stopped")
+
+    # -- the loop -------------------------------------------------------------------------------
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._ready.set()
+        limits = httpx.Limits(max_connections=SLOTS, max_keepalive_connections=16)
+        headers = {"user-agent": f"lmsp/{__version__} (webhooks)"}
+        async with httpx.AsyncClient(
+            timeout=TIMEOUT, follow_redirects=False, limits=limits, headers=headers
+        ) as http:
+            while not self._stopping:
+                self._wake.clear()
+                nap = MAX_NAP
+                try:
+                    await self._pass(http)
+                    nap = self._nap()
+                except Exception:
+                    log.exception("webhook deliveries: a pass failed; trying again")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), nap)
+                await asyncio.sleep(MIN_NAP)  # a burst of commits wakes this once
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self._record()
+
+    def _nap(self) -> float:
+        due = store.next_due(self.db.reader())
+        if due is None:
+            return MAX_NAP
+        return max(0.0, min(MAX_NAP, due - time.time()))
+
+    async def _pass(self, http: httpx.AsyncClient) -> None:
+        """One write: record the outcomes of the tries that ended since the last pass,
+        and claim the due deliveries there is room for; then start sending those."""
+        wanted: list[int] = []
+        free = SLOTS - sum(self._inflight.values())
+        now = time.time()
+        if free > 0:
+            candidates = store.due(self.db.reader(), now, PER_WEBHOOK, SLOTS * 2)
+            room = {hook: PER_WEBHOOK - self._inflight[hook] for _, hook in candidates}
+            for seq, hook in candidates:
+                if room[hook] > 0 and len(wanted) < free:
+                    wanted.append(seq)
+                    room[hook] -= 1
+        done, self._outcomes = self._outcomes, []
+        if not wanted and not done:
+            return
+        node = self.node
+
+        def job(conn: Conn) -> list[store.Claimed]:
+            if done:
+                store.settle(conn, done)
+            return store.claim(conn, wanted, node, now, LEASE) if wanted else []
+
+        try:
+            claimed = await self.db.write(job)
+        except BaseException:
+            self._outcomes = done + self._outcomes  # recorded next time (the claims hold)
+            raise
+        for item in claimed:
+            self._inflight[item.webhook_id] += 1
+            task = asyncio.create_task(self._send(http, item))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _record(self) -> None:
+        """The outcomes not yet written (at a stop)."""
+        done, self._outcomes = self._outcomes, []
+        if done:
+            await self.db.write(lambda c: store.settle(c, done))
+
+    # -- one try --------------------------------------------------------------------------------
+    async def _send(self, http: httpx.AsyncClient, item: store.Claimed) -> None:
+        try:
+            wire.check_url(item.url, self.policy.hosts)
+        except wire.InvalidUrl as exc:  # the operator narrowed LMSP_WEBHOOK_HOSTS since
+            self._release_slot(item.webhook_id)
+            self._done(item, False, None, wire.describe(exc), give_up=True)
+            return
+        status: int | None = None
+        error: str | None = None
+        body = wire.event_body(item.event_id, item.type, int(item.created_at), item.response_id)
+        stamp = datetime.now(tz=UTC)
+        headers = {
+            "content-type": "application/json",
+            "webhook-id": item.event_id,
+            "webhook-timestamp": str(int(stamp.timestamp())),
+            "webhook-signature": Webhook(item.secret).sign(item.event_id, stamp, body),
+        }
+        try:
+            self.sent += 1
+            async with (
+                asyncio.timeout(TIMEOUT),  # the whole try, however slowly it drips
+                http.stream("POST", item.url, content=body, headers=headers) as answer,
+            ):
+                status = answer.status_code  # the body is never read
+            if not 200 <= status < 300:
+                error = f"HTTP {status}"
+        except (TimeoutError, httpx.TimeoutException):
+            error = f"no answer within {TIMEOUT:.0f} s"
+        except httpx.HTTPError as exc:
+            error = wire.describe(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._release_slot(item.webhook_id)
+        self._done(item, error is None, status, error)
+
+    def _release_slot(self, webhook_id: str) -> None:
+        self._inflight[webhook_id] -= 1
+        if self._inflight[webhook_id] <= 0:
+            del self._inflight[webhook_id]
+
+    def _done(
+        self,
+        item: store.Claimed,
+        delivered: bool,
+        status: int | None,
+        error: str | None,
+        give_up: bool = False,
+    ) -> None:
+        at = time.time()
+        next_at: float | None = None
+        if not delivered and not give_up:
+            next_at = at + wire.next_delay(item.attempts, self.policy.retry)
+            if next_at > item.created_at + self.policy.give_up:
+                next_at = None  # out of time: failed
+        if not delivered:
+            log.info(
+                "webhook %s: delivery of %s failed (try %d): %s%s",
+                item.webhook_id,
+                item.event_id,
+                item.attempts,
+                error,
+                "" if next_at is not None else "; giving up",
+                extra={"event": "webhook.failed", "webhook_id": item.webhook_id},
+            )
+        self._outcomes.append(
+            store.Outcome(item.seq, item.claim, delivered, status, error, at, next_at)
+        )
+        if self._wake is not None:
+            self._wake.set()
