@@ -43,6 +43,8 @@ from .routes import (
     tasks,
 )
 from .routes import clients as client_routes
+from .routes import compaction as compaction_routes
+from .routes import conversations as conversation_routes
 from .routes.deps import idempotency_supported
 from .service import Service, open_service
 
@@ -309,6 +311,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(pairing.router)
     app.include_router(client_routes.router)
+    app.include_router(compaction_routes.router)
+    app.include_router(conversation_routes.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     app.add_middleware(
         RequestGate,

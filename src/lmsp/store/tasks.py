@@ -15,7 +15,7 @@ from lmsp.protocol import events as ev
 from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
-from lmsp.store import events, snapshots
+from lmsp.store import conversations, events, snapshots
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row, skip_locked
 
@@ -123,6 +123,7 @@ def move(
             events.append(conn, task_id, batch)
             batch = []
         _seal_output(conn, row)
+        conversations.on_finished(conn, row, target)  # the turn joins its conversation
     if emit:
         kind = event_type or ev.LIFECYCLE[target]
         batch.append(ev.lifecycle(kind, render_response(conn, row), **(extra or {})))
