@@ -1,18 +1,29 @@
 """The Conversations API, ``conversation`` on a create, compaction and input token
-counts, in process with the deterministic test engine."""
+counts, in process with the deterministic test engine, on both stores (SQLite and
+PostgreSQL)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from lmsp.config import Settings
 from lmsp.protocol import compaction
-from tests.helpers import open_db
+from tests.pgcluster import store_reader
 
 MODEL = "lmsp-test"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def settings(request: pytest.FixtureRequest, settings: Settings) -> Settings:
+    if request.param == "sqlite":
+        return settings
+    return settings.with_overrides(database_url=request.getfixturevalue("pg_url"))
+
+
 CM = "context_management"
 
 
@@ -176,7 +187,7 @@ def test_turns_append_input_and_output_in_order(client: TestClient, settings: Se
         "four",
     ]
     assert len(got) == 8
-    conn = open_db(settings.data_dir)
+    conn = store_reader(settings)
     assert (
         conn.execute("SELECT count(*) FROM responses WHERE conversation_id = ?", (cid,)).fetchone()[
             0
