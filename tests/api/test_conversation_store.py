@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from lmsp.config import Settings
 from lmsp.protocol import compaction
+from lmsp.tasks.retention import sweep
 from tests.pgcluster import store_reader
 
 MODEL = "lmsp-test"
@@ -195,6 +196,12 @@ def test_turns_append_input_and_output_in_order(client: TestClient, settings: Se
         == 4
     )
     conn.close()
+    # retention deletes the finished responses, never the conversation or its items
+    svc = client.app.state.lmsp  # type: ignore[attr-defined]
+    swept = sweep(svc.db, 3600, now=time.time() + 7200)
+    assert swept.responses >= 4
+    assert client.get(f"/v1/responses/{first['id']}").status_code == 404
+    assert [i["id"] for i in listed(client, cid, order="asc", limit=100)] == [i["id"] for i in got]
 
 
 def test_failed_and_cancelled_turns_add_nothing(client: TestClient) -> None:
@@ -206,7 +213,29 @@ def test_failed_and_cancelled_turns_add_nothing(client: TestClient) -> None:
         )
     )
     assert failed["status"] == "failed"
-    assert listed(client, cid) == []
+    assert listed(client, cid) == []  # the failed turn added nothing
+    # an incomplete turn (max_output_tokens reached) is a turn: appended
+    cut = ok(
+        client.post(
+            "/v1/responses",
+            json={"model": MODEL, "input": "cut", "conversation": cid, "max_output_tokens": 1},
+        )
+    )
+    assert cut["status"] == "incomplete"
+    got = listed(client, cid, order="asc")
+    assert [i["id"] for i in got[1:]] == [cut["output"][0]["id"]]
+    assert got[1]["status"] == "incomplete"
+    svc = client.app.state.lmsp  # type: ignore[attr-defined]
+    svc.runner.pause()  # the turn stays queued until cancelled
+    queued = ok(
+        client.post(
+            "/v1/responses",
+            json={"model": MODEL, "input": "later", "conversation": cid, "background": True},
+        ),
+        202,
+    )
+    assert ok(client.post(f"/v1/responses/{queued['id']}/cancel"))["status"] == "cancelled"
+    assert [i["id"] for i in listed(client, cid, order="asc")] == [i["id"] for i in got]
 
 
 def test_conversation_refusals(client: TestClient) -> None:
@@ -255,9 +284,10 @@ def test_compact_and_count(client: TestClient) -> None:
     answer = client.post("/v1/responses", json={"model": MODEL, "input": edited})
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == "input.0.encrypted_content"
-    # the summary task does not linger as the client's response
-    listed_tasks = ok(client.get("/v1/tasks", params={"limit": 100}))["data"]
-    assert all(t["status"] in ("completed", "failed") for t in listed_tasks)
+    # the summary's response does not linger: a compaction leaves no task behind
+    before = len(ok(client.get("/v1/tasks", params={"limit": 100}))["data"])
+    ok(client.post("/v1/responses/compact", json={"model": MODEL, "input": given}))
+    assert len(ok(client.get("/v1/tasks", params={"limit": 100}))["data"]) == before
 
 
 def test_count_includes_instructions_tools_and_conversation(client: TestClient) -> None:
