@@ -344,3 +344,40 @@ def test_context_management_compacts_past_its_threshold(client: TestClient) -> N
     assert made["usage"]["input_tokens"] < whole["input_tokens"]
     inputs = ok(client.get(f"/v1/responses/{made['id']}/input_items", params={"order": "asc"}))
     assert inputs["data"][0]["type"] == "compaction"
+
+
+def test_a_turn_is_appended_whole_or_not_at_all(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The append runs in the transaction that finishes the response: if it breaks half
+    way (here: after the first item), the whole transaction is undone — no item, and
+    the response is not recorded completed either."""
+    from lmsp.store import conversations
+
+    cid = ok(client.post("/v1/conversations", json={}))["id"]
+    svc = client.app.state.lmsp  # type: ignore[attr-defined]
+    svc.runner.pause()
+    made = ok(
+        client.post(
+            "/v1/responses",
+            json={"model": MODEL, "input": "half", "conversation": cid, "background": True},
+        ),
+        202,
+    )
+    real = conversations._dumps
+    calls: list[int] = []
+
+    def breaking(value: Any) -> str:
+        if isinstance(value, dict) and value.get("type") in ("message", "function_call"):
+            calls.append(1)
+            if len(calls) == 2:  # the output item, after the input item was inserted
+                raise RuntimeError("the disk went away")
+        return real(value)
+
+    monkeypatch.setattr(conversations, "_dumps", breaking)
+    svc.runner.run_next()
+    monkeypatch.setattr(conversations, "_dumps", real)
+    assert len(calls) == 2
+    assert listed(client, cid) == []
+    status = ok(client.get(f"/v1/responses/{made['id']}"))["status"]
+    assert status == "failed", status  # the runner records the failure instead
