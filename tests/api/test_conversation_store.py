@@ -381,3 +381,30 @@ def test_a_turn_is_appended_whole_or_not_at_all(
     assert listed(client, cid) == []
     status = ok(client.get(f"/v1/responses/{made['id']}"))["status"]
     assert status == "failed", status  # the runner records the failure instead
+
+
+def test_a_replayed_create_does_not_compact_again(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lmsp.api import compaction as api_compaction
+
+    real = api_compaction.summarize
+    summaries: list[int] = []
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        summaries.append(1)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(api_compaction, "summarize", counting)
+    given = [*history(24), {"role": "user", "content": "and now?"}]
+    body = {
+        "model": MODEL,
+        "input": given,
+        "context_management": [{"type": "compaction", "compact_threshold": 50}],
+    }
+    first = ok(client.post("/v1/responses", json=body, headers={"Idempotency-Key": "k1"}))
+    assert summaries == [1]
+    again = client.post("/v1/responses", json=body, headers={"Idempotency-Key": "k1"})
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first["id"]
+    assert summaries == [1]  # the replay answered the first response, summarizing nothing

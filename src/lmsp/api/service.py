@@ -188,7 +188,7 @@ class Service:
         record = await self.prepare(
             client, request, input_param, item_names=item_names, param=param
         )
-        if compact_over is not None:
+        if compact_over is not None and not await self._replays(key):
             await compaction.compact_request(self, client, record, request, compact_over)
         previous = request.get("previous_response_id")
         conversation = (request.get("conversation") or {}).get("id")
@@ -273,6 +273,13 @@ class Service:
                 lambda: conversation_store.start(self.db.reader(), conversation, client)
             )
         return record
+
+    async def _replays(self, key: idempotency.Key | None) -> bool:
+        """Whether ``key`` was used already (its create replays: no compaction first)."""
+        if key is None:
+            return False
+        stored = await self.db.write(lambda c: idempotency.lookup(c, key))
+        return stored is not None
 
     async def _created(self, model: str, created: response_store.Created) -> response_store.Created:
         if not created.replayed:
