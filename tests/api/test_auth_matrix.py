@@ -139,6 +139,22 @@ def _hook(method: str, suffix: str = "") -> Build:
         made = world.http.post("/v1/webhooks", json=HOOK, headers=world.auth(token))
         assert made.status_code == 201, made.text
         return Call(method, f"/v1/webhooks/{made.json()['id']}{suffix}")
+def _conv(method: str, suffix: str = "", item: bool = False, **kw: Any) -> Build:
+    """A conversation of ``token``'s with one item (``item``: the path names it)."""
+
+    def build(world: World, token: str) -> Call:
+        made = world.http.post(
+            "/v1/conversations",
+            json={"items": [{"role": "user", "content": "x"}]},
+            headers=world.auth(token),
+        )
+        assert made.status_code == 200, made.text
+        conv = made.json()["id"]
+        path = f"/v1/conversations/{conv}{suffix}"
+        if item:
+            listed = world.http.get(f"/v1/conversations/{conv}/items", headers=world.auth(token))
+            path += f"/{listed.json()['data'][0]['id']}"
+        return Call(method, path, **kw)
 
     return build
 
@@ -270,6 +286,32 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("DELETE", "/v1/webhooks/{webhook_id}"): Route(_hook("DELETE"), 200, owned=True),
     ("GET", "/v1/webhooks/{webhook_id}/deliveries"): Route(
         _hook("GET", "/deliveries"), 200, owned=True
+    ("POST", "/v1/responses/compact"): Route(
+        _static("POST", "/v1/responses/compact", json={"model": "lmsp-test", "input": "x"}), 200
+    ),
+    ("POST", "/v1/responses/input_tokens"): Route(
+        _static("POST", "/v1/responses/input_tokens", json={"model": "lmsp-test", "input": "x"}),
+        200,
+    ),
+    ("POST", "/v1/conversations"): Route(_static("POST", "/v1/conversations", json={}), 200),
+    ("GET", "/v1/conversations/{conversation_id}"): Route(_conv("GET"), 200, owned=True),
+    ("POST", "/v1/conversations/{conversation_id}"): Route(
+        _conv("POST", json={"metadata": {"k": "v"}}), 200, owned=True
+    ),
+    ("DELETE", "/v1/conversations/{conversation_id}"): Route(_conv("DELETE"), 200, owned=True),
+    ("GET", "/v1/conversations/{conversation_id}/items"): Route(
+        _conv("GET", "/items"), 200, owned=True
+    ),
+    ("POST", "/v1/conversations/{conversation_id}/items"): Route(
+        _conv("POST", "/items", json={"items": [{"role": "user", "content": "y"}]}),
+        200,
+        owned=True,
+    ),
+    ("GET", "/v1/conversations/{conversation_id}/items/{item_id}"): Route(
+        _conv("GET", "/items", item=True), 200, owned=True
+    ),
+    ("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}"): Route(
+        _conv("DELETE", "/items", item=True), 200, owned=True
     ),
 }
 

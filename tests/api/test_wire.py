@@ -248,9 +248,9 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
     ({"service_tier": "scale"}, "service_tier"),
     ({"include": ["file_search_call.results"]}, "include"),
-    ({"conversation": "conv_1"}, "conversation"),
+    ({"conversation": {"id": "conv_1", "x": 1}}, "conversation.x"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-    ({"context_management": [{"type": "compaction"}]}, "context_management"),
+    ({"context_management": [{"type": "other", "x": 1}]}, "context_management.0.type"),
     ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
     ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options"),
 ]

@@ -46,6 +46,8 @@ from .routes import (
 )
 from .routes import clients as client_routes
 from .routes import webhooks as webhook_routes
+from .routes import compaction as compaction_routes
+from .routes import conversations as conversation_routes
 from .routes.deps import idempotency_supported
 from .service import Service, open_service
 
@@ -319,6 +321,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(fairshare.router)
     app.include_router(pulls.router)
     app.include_router(webhook_routes.router)
+    app.include_router(compaction_routes.router)
+    app.include_router(conversation_routes.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     app.add_middleware(
         RequestGate,

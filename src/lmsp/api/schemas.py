@@ -137,10 +137,11 @@ class CreateResponse(Body):
     safety_identifier: ShortId | None = None
     prompt_cache_key: ShortId | None = None
     user: Annotated[str, StringConstraints(max_length=256)] | None = None
-    # OpenAI features lmsp does not have: declared so that they are refused, not ignored
+    # read by :mod:`.turns` (a conversation; compaction first)
     conversation: Any = None
-    prompt: Any = None
     context_management: Any = None
+    # OpenAI features lmsp does not have: declared so that they are refused, not ignored
+    prompt: Any = None
     prompt_cache_retention: Any = None
     prompt_cache_options: Any = None
     background_options: Any = None
@@ -175,9 +176,7 @@ def unsupported(param: str, message: str) -> LmspError:
 
 #: OpenAI features lmsp does not have, refused whenever they are set
 UNAVAILABLE = (
-    "conversation",
     "prompt",
-    "context_management",
     "prompt_cache_retention",
     "prompt_cache_options",
     "background_options",

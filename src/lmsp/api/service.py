@@ -28,6 +28,7 @@ from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
 from lmsp.protocol.webhooks import parse_hosts
 from lmsp.sandbox import Sandbox
+from lmsp.store import conversations as conversation_store
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
@@ -43,7 +44,7 @@ from lmsp.tasks.pull import Downloader
 from lmsp.tasks.runner import Runner
 from lmsp.tasks.webhooks import Deliverer, DeliveryPolicy
 
-from . import toolcheck
+from . import compaction, toolcheck
 from .broker import Broker
 from .files import FileReader
 from .sessions import ConsoleSessions
@@ -135,6 +136,10 @@ class Service:
         return task_store.render_response(conn, task)
 
     # -- shared operations -----------------------------------------------------------------
+    def fit(self, record: Any, request: dict[str, Any]) -> tuple[int, int] | None:
+        """``(prompt tokens, context)`` as :meth:`create` counts them (``input_tokens``)."""
+        return self._fit(record, request)
+
     def _fit(self, record: Any, request: dict[str, Any]) -> tuple[int, int] | None:
         """``(prompt tokens, context)`` of ``request`` (``None``: not known before it
         runs). With ``truncation: "auto"`` a prompt too long for the context loses its
@@ -175,13 +180,71 @@ class Service:
         *,
         item_names: list[str] | None = None,
         param: toolcheck.Param = toolcheck.responses_param,
+        compact_over: int | None = None,
     ) -> response_store.Created:
         """Persist a response and its task (``/v1/responses`` and chat completions): the
         model must exist, its schemas compile within their budget, its files read as
         text, and the prompt fit its context; a replayed idempotency key gives the first
         request's response, or ``409`` while that (non-background) request is still
         running. ``item_names``: how errors name each input item (``input.3`` by
-        default); ``param``: how they name the other fields."""
+        default); ``param``: how they name the other fields. ``compact_over``
+        (``context_management``): a prompt of more tokens has its older items compacted
+        first (:mod:`lmsp.api.compaction`)."""
+        model = request["model"]
+        record = await self.prepare(
+            client, request, input_param, item_names=item_names, param=param
+        )
+        if compact_over is not None and not await self._replays(key):
+            await compaction.compact_request(self, client, record, request, compact_over)
+        previous = request.get("previous_response_id")
+        conversation = (request.get("conversation") or {}).get("id")
+        # a prompt the context cannot hold is refused now, when its length can be known
+        # (or, with truncation "auto", its oldest items are dropped until it fits)
+        size = await self.read(self._fit, record, request)
+        if size is not None and size[0] >= size[1]:
+            raise errors.LmspError(
+                "context_length_exceeded",
+                f"The prompt has {size[0]} tokens; the context of {model!r} holds {size[1]}."
+                + (
+                    " Even its last input item alone does not fit."
+                    if request.get("truncation") == "auto"
+                    else ' (truncation: "auto" drops the oldest input items to fit.)'
+                ),
+                param=input_param,
+            )
+
+        def job(conn: Conn) -> response_store.Created:
+            if models.get(conn, model) is None:  # deleted meanwhile
+                raise model_not_found(model)
+            if previous is not None:  # still there (not deleted or swept meanwhile)
+                response_store.continuable(conn, previous, client.id)
+            created = response_store.create(
+                conn,
+                client_id=client.id,
+                request=request,
+                on_restart=request["on_restart"],
+                max_queue=self.settings.max_queue,
+                key=key,
+            )
+            if conversation is not None and not created.replayed:  # its turn goes there
+                conversation_store.bind(conn, created.response_id, conversation, client)
+            return created
+
+        return await self._created(model, await self.db.write(job))
+
+    async def prepare(
+        self,
+        client: Client,
+        request: dict[str, Any],
+        input_param: str = "input",
+        *,
+        item_names: list[str] | None = None,
+        param: toolcheck.Param = toolcheck.responses_param,
+    ) -> models.ModelRecord:
+        """What :meth:`create` checks and resolves before it counts the prompt: the model,
+        the sampling numbers, schemas and grammars, every input item (files read), the
+        history of ``previous_response_id`` and the items of ``conversation``, all in
+        ``request``. ``/v1/responses/input_tokens`` counts what this leaves."""
         model = request["model"]
         if request.get("service_tier") == "priority" and not client.allows("priority"):
             raise errors.forbidden("priority")  # the priority tier needs its scope
@@ -212,36 +275,21 @@ class Service:
             request[items.HISTORY] = await self.read(
                 lambda: response_store.conversation(self.db.reader(), previous, client.id)
             )
-        # a prompt the context cannot hold is refused now, when its length can be known
-        # (or, with truncation "auto", its oldest items are dropped until it fits)
-        size = await self.read(self._fit, record, request)
-        if size is not None and size[0] >= size[1]:
-            raise errors.LmspError(
-                "context_length_exceeded",
-                f"The prompt has {size[0]} tokens; the context of {model!r} holds {size[1]}."
-                + (
-                    " Even its last input item alone does not fit."
-                    if request.get("truncation") == "auto"
-                    else ' (truncation: "auto" drops the oldest input items to fit.)'
-                ),
-                param=input_param,
+        conversation = (request.get("conversation") or {}).get("id")
+        if conversation is not None:  # its items so far (the stored request names the last)
+            request[items.HISTORY], request[conversation_store.UPTO] = await self.read(
+                lambda: conversation_store.start(self.db.reader(), conversation, client)
             )
+        return record
 
-        def job(conn: Conn) -> response_store.Created:
-            if models.get(conn, model) is None:  # deleted meanwhile
-                raise model_not_found(model)
-            if previous is not None:  # still there (not deleted or swept meanwhile)
-                response_store.continuable(conn, previous, client.id)
-            return response_store.create(
-                conn,
-                client_id=client.id,
-                request=request,
-                on_restart=request["on_restart"],
-                max_queue=self.settings.max_queue,
-                key=key,
-            )
+    async def _replays(self, key: idempotency.Key | None) -> bool:
+        """Whether ``key`` was used already (its create replays: no compaction first)."""
+        if key is None:
+            return False
+        stored = await self.db.write(lambda c: idempotency.lookup(c, key))
+        return stored is not None
 
-        created = await self.db.write(job)
+    async def _created(self, model: str, created: response_store.Created) -> response_store.Created:
         if not created.replayed:
             self.runner.notify()
             log.info(

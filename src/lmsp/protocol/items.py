@@ -38,7 +38,7 @@ from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
-from lmsp.protocol import filetext, toolcalls
+from lmsp.protocol import compaction, filetext, toolcalls
 from lmsp.protocol.filetext import MAX_FILE_BYTES, MAX_FILE_TEXT, file_format
 
 __all__ = ["MAX_FILE_BYTES", "MAX_FILE_TEXT", "file_format"]
@@ -161,6 +161,8 @@ def _item(item: Any, where: str, caps: frozenset[str], make_id: Callable[[str], 
             "output": _tool_output(item.get("output"), f"{where}.output", caps),
             "status": "completed",
         }
+    if kind == "compaction":  # a summary /v1/responses/compact wrote
+        return compaction.normalize(item, where, make_id)
     shown = kind if isinstance(kind, str) else repr(kind)
     raise _unsupported(f"{where}.type", f"items of type {shown!r} are not supported.")
 
@@ -382,6 +384,8 @@ def render(items: list[Item], instructions: str | None = None) -> list[Message]:
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
             add(role, _content_text(item["content"]), join=False)
+        elif kind == "compaction":
+            add("user", compaction.render_text(item), join=False)
         elif kind == "function_call":
             # the calls an assistant makes follow its text in one message
             add("assistant", render_tool_call(item["name"], item["arguments"]), join=True)

@@ -184,6 +184,7 @@ def render_response(
         "task": render_task_brief(task, queue_position),
         # LMSP extension: what ``truncation: "auto"`` left out of the model's context
         "truncated_input": request.get(items.TRUNCATED),
+        "conversation": request.get("conversation"),  # ``{"id"}`` of the one it joins
     }
 
 

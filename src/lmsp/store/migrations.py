@@ -345,6 +345,33 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX webhook_deliveries_of ON webhook_deliveries(webhook_id, seq);
         """,
     ),
+    (
+        # the Conversations API (store/conversations.py): a conversation and its items,
+        # in order (``seq``); a response made with ``conversation`` names it, and its
+        # input and output are appended when it finishes. Retention never sweeps these.
+        "m013_conversations",
+        """
+        CREATE TABLE conversations (
+            id TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            metadata TEXT NOT NULL
+        ) STRICT;
+        CREATE INDEX conversations_client ON conversations(client_id);
+        CREATE TABLE conversation_items (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            id TEXT NOT NULL,
+            item TEXT NOT NULL,
+            response_id TEXT,
+            created_at INTEGER NOT NULL
+        ) STRICT;
+        CREATE UNIQUE INDEX conversation_items_id ON conversation_items(conversation_id, id);
+        CREATE INDEX conversation_items_order ON conversation_items(conversation_id, seq);
+        ALTER TABLE responses ADD COLUMN conversation_id TEXT;
+        """,
+    ),
 ]
 
 

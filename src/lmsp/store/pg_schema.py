@@ -292,6 +292,30 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX webhook_deliveries_of ON webhook_deliveries(webhook_id, seq);
         """,
     ),
+    (
+        "p013_conversations",
+        """
+        CREATE TABLE conversations (
+            id TEXT PRIMARY KEY,
+            client_id TEXT NOT NULL REFERENCES clients(id),
+            created_at BIGINT NOT NULL,
+            updated_at BIGINT NOT NULL,
+            metadata TEXT NOT NULL
+        );
+        CREATE INDEX conversations_client ON conversations(client_id);
+        CREATE TABLE conversation_items (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            id TEXT NOT NULL,
+            item TEXT NOT NULL,
+            response_id TEXT,
+            created_at BIGINT NOT NULL
+        );
+        CREATE UNIQUE INDEX conversation_items_id ON conversation_items(conversation_id, id);
+        CREATE INDEX conversation_items_order ON conversation_items(conversation_id, seq);
+        ALTER TABLE responses ADD COLUMN conversation_id TEXT;
+        """,
+    ),
 ]
 
 

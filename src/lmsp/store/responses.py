@@ -21,7 +21,7 @@ from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
 from lmsp.protocol import items, objects
 from lmsp.protocol.states import FINISHED_SQL, Status
-from lmsp.store import events, idempotency, limits
+from lmsp.store import conversations, events, idempotency, limits
 from lmsp.store import tasks as task_store
 from lmsp.store.sql import Conn, Row
 
@@ -220,6 +220,8 @@ def context_of(conn: Conn, response_id: str) -> list[dict[str, Any]]:
         request = json.loads(row["request"])
         if items.HISTORY in request:  # stored before history was kept by reference
             out = list(request[items.HISTORY])
+        elif (started := conversations.history(conn, request)) is not None:
+            out = started  # a turn of a conversation (``conversation``)
         out.extend(items.input_of(request))
         out.extend(json.loads(row["output"]) if row["output"] else [])
     return out
@@ -231,6 +233,9 @@ def history_of(conn: Conn, response: Row) -> list[dict[str, Any]]:
     request = json.loads(response["request"])
     if items.HISTORY in request:  # stored before history was kept by reference
         return list(request[items.HISTORY])
+    started = conversations.history(conn, request)
+    if started is not None:
+        return started
     previous = response["previous_id"]
     return [] if previous is None else context_of(conn, previous)
 
@@ -242,4 +247,8 @@ def request_of(conn: Conn, response: Row) -> dict[str, Any]:
     request: dict[str, Any] = json.loads(response["request"])
     if items.HISTORY not in request and response["previous_id"] is not None:
         request[items.HISTORY] = context_of(conn, response["previous_id"])
+    elif items.HISTORY not in request:  # a turn of a conversation: its items so far
+        started = conversations.history(conn, request)
+        if started is not None:
+            request[items.HISTORY] = started
     return request

@@ -15,7 +15,7 @@ from lmsp.protocol import events as ev
 from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
-from lmsp.store import events, fairness, snapshots, usage, webhooks
+from lmsp.store import conversations, events, fairness, snapshots, usage, webhooks
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row, skip_locked
 
@@ -130,6 +130,7 @@ def move(
         _seal_output(conn, row)
         usage.record_finished(conn, row)  # the ledger counts it in this transaction
         webhooks.enqueue(conn, row, event_type or ev.LIFECYCLE[target])  # the outbox
+        conversations.on_finished(conn, row, target)  # the turn joins its conversation
     if emit:
         kind = event_type or ev.LIFECYCLE[target]
         batch.append(ev.lifecycle(kind, render_response(conn, row), **(extra or {})))

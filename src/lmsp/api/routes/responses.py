@@ -15,7 +15,7 @@ from lmsp.store import idempotency
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
-from .. import inputs
+from .. import inputs, turns
 from ..auth import require
 from ..revocation import until_revoked
 from ..schemas import INCLUDABLE, CreateResponse, check_response, unsupported
@@ -82,8 +82,11 @@ def stored_request(body: CreateResponse, on_restart: str) -> dict[str, Any]:
 async def create_response(body: CreateResponse, request: Request, client: Writer) -> Response:
     svc = service(request)
     check_response(body)
+    turn = turns.read(body.conversation, body.context_management, body.previous_response_id)
     key = await idempotency_key(request, client)
-    created = await svc.create(client, stored_request(body, svc.settings.default_on_restart), key)
+    stored = stored_request(body, svc.settings.default_on_restart)
+    turns.store(turn, stored)
+    created = await svc.create(client, stored, key, compact_over=turn.compact_over)
     headers = dict(REPLAYED) if created.replayed else {}
     forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:

@@ -1,0 +1,102 @@
+"""``POST /v1/responses/compact`` (Open Responses) and ``POST /v1/responses/input_tokens``:
+a history compacted into one ``compaction`` item, and the input tokens a create body
+would cost, counted exactly as the create counts them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import Field, StringConstraints
+
+from lmsp import errors
+from lmsp.store.clients import Client
+
+from .. import compaction, turns
+from ..auth import require
+from ..schemas import (
+    MAX_INPUT_ITEMS,
+    Body,
+    CreateResponse,
+    InputItem,
+    ModelId,
+    ServiceTier,
+    ShortId,
+    check_response,
+    unsupported,
+)
+from .deps import service
+from .responses import stored_request
+
+router = APIRouter(prefix="/v1/responses", tags=["responses"])
+
+Writer = Annotated[Client, Depends(require("responses:write"))]
+Reader = Annotated[Client, Depends(require("responses:read"))]
+
+
+class CompactBody(Body):
+    """``POST /v1/responses/compact``."""
+
+    model: ModelId
+    input: (
+        Annotated[str, StringConstraints(min_length=1)]
+        | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_INPUT_ITEMS)]
+        | None
+    ) = None
+    instructions: str | None = None
+    previous_response_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = (
+        None
+    )
+    prompt_cache_key: ShortId | None = None
+    safety_identifier: ShortId | None = None
+    service_tier: ServiceTier | None = None
+    # OpenAI features lmsp does not have: declared so that they are refused, not ignored
+    image: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    conversation: Any = None
+
+
+@router.post("/compact")
+async def compact_response(body: CompactBody, request: Request, client: Writer) -> dict[str, Any]:
+    """The history (``input``, after the history of ``previous_response_id``) with its
+    older items replaced by one ``compaction`` item; the newest turn is kept as it is."""
+    for name in ("image", "prompt_cache_options", "prompt_cache_retention", "conversation"):
+        if getattr(body, name) is not None:
+            raise unsupported(name, f"{name} is not supported by /v1/responses/compact here.")
+    if body.service_tier not in (None, "auto", "default"):
+        raise unsupported("service_tier", "Only the default service tier exists here.")
+    svc = service(request)
+    return await compaction.compact(
+        svc, client, body.model, body.input, body.instructions, body.previous_response_id
+    )
+
+
+@router.post("/input_tokens")
+async def count_input_tokens(
+    body: CreateResponse, request: Request, client: Reader
+) -> dict[str, Any]:
+    """The prompt's tokens for this create body: instructions, tools, the history of
+    ``previous_response_id`` or the items of ``conversation``, then the input, with
+    the model's own tokenizer and chat template (after ``truncation: "auto"``, as a
+    create would run it)."""
+    check_response(body)
+    if body.context_management is not None:
+        raise unsupported(
+            "context_management",
+            "The count is of the input as sent: compaction would change it (count the"
+            " output of POST /v1/responses/compact instead).",
+        )
+    turn = turns.read(body.conversation, None, body.previous_response_id)
+    svc = service(request)
+    stored = stored_request(body, svc.settings.default_on_restart)
+    turns.store(turn, stored)
+    record = await svc.prepare(client, stored)
+    size = await svc.read(svc.fit, record, stored)
+    if size is None:
+        raise errors.LmspError(
+            "model_load_failed",
+            f"The tokenizer of {body.model!r} cannot be read now; retry, or see lmsp doctor.",
+            param="model",
+        )
+    return {"object": "response.input_tokens", "input_tokens": size[0]}
