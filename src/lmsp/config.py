@@ -103,6 +103,13 @@ class Settings:
     database_url: str | None = None
     node_id: str | None = None
     lease_ttl: float = 15.0
+    # shared work under a hostile client (docs/reliability.md): the most tokens one
+    # embeddings request may have in all, the part of an engine's time embedding batches
+    # may take while sequences generate, and the CPU time one request's files and schemas
+    # may take together (its wall-clock limit counted from its arrival)
+    embed_request_tokens: int = 32768
+    embed_share: float = 1 / 3
+    request_cpu_time: float = 10.0
 
     @property
     def node(self) -> str:
@@ -292,4 +299,21 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
                 raise ValueError(f"{name} must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
+    _shared_work(env, changes)
     return s.with_overrides(**changes)
+
+
+def _shared_work(env: dict[str, str], changes: dict[str, object]) -> None:
+    """The limits that keep one client's work from starving the others."""
+    if v := env.get("LMSP_EMBED_REQUEST_TOKENS"):
+        changes["embed_request_tokens"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_EMBED_REQUEST_TOKENS must be at least 1")
+    if v := env.get("LMSP_EMBED_SHARE"):
+        changes["embed_share"] = share = float(v)
+        if not 0.01 <= share <= 1:
+            raise ValueError("LMSP_EMBED_SHARE must be between 0.01 and 1")
+    if v := env.get("LMSP_REQUEST_CPU_TIME"):
+        changes["request_cpu_time"] = seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("LMSP_REQUEST_CPU_TIME must be more than 0s")

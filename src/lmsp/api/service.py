@@ -39,7 +39,7 @@ from lmsp.tasks.nodes import Membership
 from lmsp.tasks.plan import full_context_of, messages_of, tools_of, truncate
 from lmsp.tasks.runner import Runner
 
-from . import toolcheck
+from . import embedwork, toolcheck
 from .broker import Broker
 from .files import FileReader
 from .sessions import ConsoleSessions
@@ -398,6 +398,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         embed_tokens=settings.embed_max_tokens,
         exact=settings.exact,
         kv_budget=settings.kv_budget,
+        embed_share=settings.embed_share,
     )
     host.metrics = metrics
     runner = Runner(
@@ -413,6 +414,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         db.on_task_change(runner.heard)
     metrics.add_collector(lambda: database_figures(db))
     metrics.add_collector(lambda: engine_figures(host))
+    metrics.add_collector(lambda: embedwork.engine_figures(host))
     service = Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
     service.membership = membership
     return service
