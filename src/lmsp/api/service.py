@@ -23,10 +23,11 @@ from lmsp.engines.host import ModelHost
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
+from lmsp.fairgate import Ticket
 from lmsp.metrics import Metrics
 from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
-from lmsp.sandbox import Sandbox
+from lmsp.sandbox import WALL_FACTOR, Sandbox
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
@@ -176,6 +177,8 @@ class Service:
         request's response, or ``409`` while that (non-background) request is still
         running. ``item_names``: how errors name each input item (``input.3`` by
         default); ``param``: how they name the other fields."""
+        # the budget of its files and schemas, all together, counted from now
+        ticket = Ticket.arriving(client.id, self.settings.request_cpu_time, WALL_FACTOR)
         model = request["model"]
         record = await self.read(lambda: models.get(self.db.reader(), model))
         if record is None:
@@ -183,7 +186,7 @@ class Service:
         # the sampling numbers it runs with: its own, else the model's defaults, else lmsp's
         request.update(objects.sampling_used(request, record.defaults))
         # schemas and grammar compiled once, in a worker, under their budget
-        await toolcheck.check_grammar(self.grammars, request, param)
+        await toolcheck.check_grammar(self.grammars, request, param, ticket)
         engine = self.host.engines.get(record.engine)
         if engine is not None and not engine.constrains:
             toolcheck.refuse_constraints(request, model, param)
@@ -198,6 +201,7 @@ class Service:
         await self.files.read(
             request["input"],
             lambda i: names[i] if i < len(names) else f"{input_param}.{i}",
+            ticket,
         )
         previous = request.get("previous_response_id")
         if previous is not None:  # the history, for the size check (stored by reference)

@@ -74,9 +74,7 @@ def _tokenized(
 
 
 @router.post("/embeddings")
-async def create_embeddings(
-    body: EmbeddingCreate, request: Request, client: Writer
-) -> Response:
+async def create_embeddings(body: EmbeddingCreate, request: Request, client: Writer) -> Response:
     """Embeddings of one or more texts (or token arrays), L2-normalised."""
     svc = service(request)
     settings = svc.settings
