@@ -22,6 +22,9 @@
     the overhead of Anthropic's shapes over the same durable core.
 (j) scale-out (bench/scaleout.py): durable creates with 64 clients, PostgreSQL against
     SQLite, one node and three; the recovery of a killed node's task against the lease TTL.
+(o) shared work under a hostile client (bench/sharedwork.py): another client's 16-token
+    response while one client sends 64x512-token embeddings and 16 multi-file requests,
+    against its latency alone (goal: at most 2x).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -529,6 +532,7 @@ def main() -> None:
             "embeddings",
             "hostile",
             "scaleout",
+            "sharedwork",
         ],
         default=None,
     )
@@ -570,6 +574,10 @@ def main() -> None:
             from bench.scaleout import bench_scaleout
 
             bench_scaleout(work, 64, args.seconds, table)
+        if args.only in (None, "sharedwork"):
+            from bench.sharedwork import bench_sharedwork
+
+            bench_sharedwork(1 if compare.quick() else 3, table, quick=compare.quick())
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -147,9 +147,7 @@ def test_an_abandoned_embeddings_request_is_cancelled_in_the_engine(real: Server
         )
     # the engine confirms it dropped the request
     wait_for(lambda: metric(real, name, model=DEFAULT_MODEL_ID) == before + 1, "a cancel")
-    assert (
-        metric(real, "lmsp_embedding_abandoned_total", model=DEFAULT_MODEL_ID) == abandoned + 1
-    )
+    assert metric(real, "lmsp_embedding_abandoned_total", model=DEFAULT_MODEL_ID) == abandoned + 1
     with real.client(timeout=600) as http:  # the next request finds the engine free
         small = http.post(
             "/v1/embeddings", json={"model": DEFAULT_MODEL_ID, "input": ["After the cancel."]}
