@@ -108,7 +108,7 @@ class Settings:
     # may take while sequences generate, and the CPU time one request's files and schemas
     # may take together (its wall-clock limit counted from its arrival)
     embed_request_tokens: int = 32768
-    embed_share: float = 1 / 3
+    embed_share: float = 1 / 4
     request_cpu_time: float = 10.0
 
     @property

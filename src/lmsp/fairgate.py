@@ -49,6 +49,11 @@ class Ticket:
         with self._lock:
             return self.cpu_seconds - self.spent
 
+    def exhaust(self) -> None:
+        """A job went past what was left: nothing is left."""
+        with self._lock:
+            self.spent = max(self.spent, self.cpu_seconds)
+
     def spend(self, seconds: float) -> None:
         with self._lock:
             self.spent += max(0.0, seconds)

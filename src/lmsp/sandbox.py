@@ -18,7 +18,9 @@ module; started on first use, and again after it was killed). Each job gets:
   (plus a second) of wall-clock time;
 - an address-space limit (``RLIMIT_AS``) for the whole worker: an allocation past it
   is a ``MemoryError`` (or, in native code, the worker's death);
-- a lower scheduling priority (``nice``), so the server's own threads come first.
+- the lowest scheduling priority (``nice`` 19), so the server's own threads and the
+  model's engine come first (llama.cpp's threads wait for each other at every step: a
+  decode slows down a great deal beside any process that competes for its cores).
 
 A worker's stderr goes to ``/dev/null`` and its Python logging nowhere: what a parser
 prints about a hostile file must not flood the server's log (a job returns what is
@@ -231,7 +233,7 @@ class Sandbox:
     """Up to ``workers`` worker processes, each job under ``memory_bytes`` of address
     space and its own CPU budget (see the module docstring). Thread-safe."""
 
-    def __init__(self, workers: int = 2, *, memory_bytes: int = 1 << 30, nice: int = 10) -> None:
+    def __init__(self, workers: int = 2, *, memory_bytes: int = 1 << 30, nice: int = 19) -> None:
         self.workers = max(1, workers)
         self.memory_bytes = memory_bytes
         self.nice = nice
@@ -255,10 +257,13 @@ class Sandbox:
         cpu_seconds: float,
         deadline: float | None = None,
         ticket: Ticket | None = None,
+        wall_seconds: float | None = None,
     ) -> T:
         """``fn(*args)`` in a worker, blocking. :class:`Overrun` past a limit,
-        :class:`WorkerFailed` if ``fn`` raised. ``deadline`` (``time.monotonic()``)
-        bounds its wall-clock time too; the CPU it took is charged to ``ticket``."""
+        :class:`WorkerFailed` if ``fn`` raised. Its wall-clock limit is
+        :data:`WALL_FACTOR` times ``wall_seconds`` (default: ``cpu_seconds``) plus a
+        second, and ``deadline`` (``time.monotonic()``) if sooner; the CPU it took is
+        charged to ``ticket``."""
         if self._closed:
             raise WorkerFailed("the sandbox is closed")
         worker = self._slots.get()
@@ -270,7 +275,8 @@ class Sandbox:
                 worker = _Worker(self.memory_bytes, self.nice)
                 with self._lock:
                     self._live.add(worker)
-            kind, value = self._run(worker, fn, args, cpu_seconds, deadline, ticket)
+            wall = (wall_seconds or cpu_seconds) * WALL_FACTOR + 1.0
+            kind, value = self._run(worker, fn, args, cpu_seconds, wall, deadline, ticket)
         except Overrun as exc:
             self._count(exc.limit)
             self._retire(worker)
@@ -297,6 +303,7 @@ class Sandbox:
         fn: Any,
         args: tuple[Any, ...],
         budget: float,
+        wall: float,
         until: float | None = None,
         ticket: Ticket | None = None,
     ) -> Any:
@@ -304,7 +311,6 @@ class Sandbox:
             worker.conn.send((fn, args, budget))
         except (OSError, ValueError) as exc:
             raise Overrun("crash", f"the worker is gone ({exc})") from None
-        wall = budget * WALL_FACTOR + 1.0
         deadline = time.monotonic() + wall
         if until is not None and until < deadline:
             deadline, wall = until, -1.0  # the request's deadline comes first
@@ -368,12 +374,19 @@ class Sandbox:
             raise Overrun("deadline", "no worker was free in time") from None
         loop = asyncio.get_running_loop()
         call = functools.partial(
-            self.call, fn, *args, cpu_seconds=budget, deadline=until, ticket=ticket
+            self.call,
+            fn,
+            *args,
+            cpu_seconds=budget,
+            deadline=until,
+            ticket=ticket,
+            wall_seconds=cpu_seconds,  # a job's own wall-clock limit is not clipped
         )
         try:
             return await loop.run_in_executor(self._threads, call)
         except Overrun as exc:
-            if exc.limit == "cpu" and budget < cpu_seconds:
+            if exc.limit == "cpu" and ticket is not None and budget < cpu_seconds:
+                ticket.exhaust()
                 raise Overrun("request", exc.detail) from None  # the request's, not the job's
             raise
         finally:

@@ -127,7 +127,7 @@ class ModelHost:
         embed_tokens: int = 512,
         exact: bool = False,
         kv_budget: int = 0,
-        embed_share: float = 1 / 3,
+        embed_share: float = 1 / 4,
     ) -> None:
         self.blobs_dir = blobs_dir
         self.engines = engines

@@ -9,9 +9,9 @@ embedding request went ~100 times slower (the red team's 24-token answer: 6.7 s 
 :class:`EmbedShare` shares by *time*: while any sequence is generating (or waiting to
 start), embedding batches may take at most :attr:`share` of the engine's time. After a
 batch of ``e`` seconds, the next one waits until the sequences have had
-``e * (1 - share) / share`` seconds of steps. With the default share of one third, a
-generating sequence keeps at least two thirds of the rate it has alone (a factor of
-1.5), apart from the one batch that may be running when it arrives (at most
+``e * (1 - share) / share`` seconds of steps. With the default share of a quarter, a
+generating sequence keeps at least three quarters of the rate it has alone (a factor
+of 1.33), apart from the one batch that may be running when it arrives (at most
 ``LMSP_EMBED_MAX_TOKENS`` tokens: one input). When no sequence generates, embeddings take
 the whole engine; an embedding request never starves either (each turn of its share
 it gets one batch).
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 #: the part of the engine's time embedding batches may take while sequences generate
-DEFAULT_SHARE = 1 / 3
+DEFAULT_SHARE = 1 / 4
 
 
 class EmbedShare:
@@ -42,7 +42,7 @@ class EmbedShare:
         if not generating:
             self.owed = 0.0  # nothing to be fair to: the debt is forgiven
             return True
-        if self.owed <= 0.0:
+        if self.owed <= 1e-6:  # paid (to a rounding error)
             return True
         self.yielded += 1
         return False
