@@ -5,10 +5,16 @@ budget across its jobs."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import threading
 import time
+from typing import Any
 
+import numpy as np
 import pytest
 
+from lmsp.engines.core import EngineCore
+from lmsp.engines.protocol import Cancel, Done, Embed, Embeddings, Shutdown
 from lmsp.engines.share import EmbedShare
 from lmsp.fairgate import FairGate, QueueTimeout, Ticket
 from lmsp.sandbox import Overrun, Sandbox
@@ -87,3 +93,44 @@ def test_a_requests_jobs_share_one_cpu_budget() -> None:
         asyncio.run(scenario())
     finally:
         sandbox.close()
+
+
+class OneAtATime:
+    """A backend that embeds one input per batch (and generates nothing)."""
+
+    n_ctx = 64
+    sequences = 1
+    max_step_tokens = 64
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        return np.full((1, 4), float(inputs[0][0]), dtype=np.float32)
+
+    def figures(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+
+def test_embedding_requests_take_turns_and_a_cancelled_one_is_dropped() -> None:
+    here, there = multiprocessing.Pipe()
+    core = EngineCore(OneAtATime(), there)  # type: ignore[arg-type]
+    thread = threading.Thread(target=core.run, daemon=True)
+    # sent together, before the loop starts: a big request, a small one, a cancelled one
+    here.send([Embed(1, [[i] for i in range(50)]), Embed(2, [[7]]), Embed(3, [[1]] * 50)])
+    here.send([Cancel(3)])
+    thread.start()
+    ended: list[Any] = []
+    try:
+        while len(ended) < 3:
+            assert here.poll(30), ended
+            ended += [m for m in here.recv() if isinstance(m, Embeddings | Done)]
+    finally:
+        here.send([Shutdown()])
+        thread.join(10)
+    order = [(type(m).__name__, m.id) for m in ended]
+    # the cancel was read with the requests: the third is dropped before any batch of it
+    assert order == [("Done", 3), ("Embeddings", 2), ("Embeddings", 1)], order
+    assert isinstance(ended[0], Done) and ended[0].reason == "cancelled"
+    assert core.embeds_cancelled == 1
+    assert [float(row[0]) for row in ended[2].vectors] == [float(i) for i in range(50)]

@@ -18,8 +18,9 @@ tokens it produced, when it ends, and what to tell the API process.
 
 Embedding requests (:class:`~lmsp.engines.protocol.Embed`) queue beside the sequences
 and are served on the same thread, in another llama.cpp context (the backend's
-``embed``): one decode of as many of a request's inputs as fit per turn, between
-generation steps, never touching a generating sequence's cache. While sequences
+``embed``): one decode of as many of a request's inputs as fit per turn (the requests
+in turn, so a small one never waits for a large one to end), between generation steps,
+never touching a generating sequence's cache. While sequences
 generate, embedding batches take at most a share of the engine's time
 (:class:`~lmsp.engines.share.EmbedShare`, ``LMSP_EMBED_SHARE``): a generating sequence
 keeps its rate within a stated factor however much is queued to embed. A
@@ -393,7 +394,7 @@ class EngineCore:
         return False
 
     def _embed(self) -> None:
-        """One embedding batch of the oldest embedding request, when the share of the
+        """One embedding batch of the request whose turn it is, when the share of the
         engine's time embeddings may take allows it (see the module docstring)."""
         if not self.embeds:
             return
@@ -420,11 +421,13 @@ class EngineCore:
         job.vectors.append(vectors)
         job.done += len(vectors)
         self.embedded += len(vectors)
-        if job.done >= len(job.inputs):
-            self.embeds.popleft()
-            rows = np.concatenate(job.vectors)[: len(job.inputs)]
-            out = rows.astype(np.float32, copy=False)
-            self._outbox.append(Embeddings(job.id, out, job.yielded))
+        if job.done < len(job.inputs):
+            self.embeds.rotate(-1)  # requests take turns: a small one never waits for a big one
+            return
+        self.embeds.popleft()
+        rows = np.concatenate(job.vectors)[: len(job.inputs)]
+        out = rows.astype(np.float32, copy=False)
+        self._outbox.append(Embeddings(job.id, out, job.yielded))
 
 
 def _failed(exc: BaseException) -> str:
