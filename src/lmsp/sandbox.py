@@ -18,9 +18,7 @@ module; started on first use, and again after it was killed). Each job gets:
   (plus a second) of wall-clock time;
 - an address-space limit (``RLIMIT_AS``) for the whole worker: an allocation past it
   is a ``MemoryError`` (or, in native code, the worker's death);
-- the lowest scheduling priority (``nice`` 19), so the server's own threads and the
-  model's engine come first (llama.cpp's threads wait for each other at every step: a
-  decode slows down a great deal beside any process that competes for its cores).
+- a lower scheduling priority (``nice``), so the server's own threads come first.
 
 A worker's stderr goes to ``/dev/null`` and its Python logging nowhere: what a parser
 prints about a hostile file must not flood the server's log (a job returns what is
@@ -233,7 +231,7 @@ class Sandbox:
     """Up to ``workers`` worker processes, each job under ``memory_bytes`` of address
     space and its own CPU budget (see the module docstring). Thread-safe."""
 
-    def __init__(self, workers: int = 2, *, memory_bytes: int = 1 << 30, nice: int = 19) -> None:
+    def __init__(self, workers: int = 2, *, memory_bytes: int = 1 << 30, nice: int = 10) -> None:
         self.workers = max(1, workers)
         self.memory_bytes = memory_bytes
         self.nice = nice
