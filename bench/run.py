@@ -29,6 +29,9 @@
     pull takes while 8 streams generate.
 (k) webhooks (bench/webhooks.py): delivery latency from the terminal commit to the
     receiver's 2xx with 8 streams generating; creates/s with and without a webhook.
+(o) shared work under a hostile client (bench/sharedwork.py): another client's 16-token
+    response while one client sends 64x512-token embeddings and 16 multi-file requests,
+    against its latency alone (goal: at most 2x).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -539,6 +542,7 @@ def main() -> None:
             "fairshare",
             "pull",
             "webhooks",
+            "sharedwork",
         ],
         default=None,
     )
@@ -592,6 +596,10 @@ def main() -> None:
             from bench.webhooks import bench_webhooks
 
             bench_webhooks(work, args.clients, args.seconds, table)
+        if args.only in (None, "sharedwork"):
+            from bench.sharedwork import bench_sharedwork
+
+            bench_sharedwork(1 if compare.quick() else 3, table, quick=compare.quick())
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -116,6 +116,13 @@ class Settings:
     webhook_retry: float = 5.0
     webhook_give_up: float = 86400.0
     webhook_hosts: str = ""
+    # shared work under a hostile client (docs/reliability.md): the most tokens one
+    # embeddings request may have in all, the part of an engine's time embedding batches
+    # may take while sequences generate, and the CPU time one request's files and schemas
+    # may take together (its wall-clock limit counted from its arrival)
+    embed_request_tokens: int = 32768
+    embed_share: float = 1 / 4
+    request_cpu_time: float = 10.0
 
     @property
     def node(self) -> str:
@@ -326,6 +333,7 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
 
         parse_hosts(v)  # a malformed entry stops the start, saying which
         changes["webhook_hosts"] = v
+    _shared_work(env, changes)
     return s.with_overrides(**changes)
 
 
@@ -346,3 +354,19 @@ def parse_limits(text: str) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"LMSP_DEFAULT_LIMITS: {name} must be a whole number of at least 1")
         found[name] = int(value)
     return tuple(found.items())
+
+
+def _shared_work(env: dict[str, str], changes: dict[str, object]) -> None:
+    """The limits that keep one client's work from starving the others."""
+    if v := env.get("LMSP_EMBED_REQUEST_TOKENS"):
+        changes["embed_request_tokens"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_EMBED_REQUEST_TOKENS must be at least 1")
+    if v := env.get("LMSP_EMBED_SHARE"):
+        changes["embed_share"] = share = float(v)
+        if not 0.01 <= share <= 1:
+            raise ValueError("LMSP_EMBED_SHARE must be between 0.01 and 1")
+    if v := env.get("LMSP_REQUEST_CPU_TIME"):
+        changes["request_cpu_time"] = seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("LMSP_REQUEST_CPU_TIME must be more than 0s")

@@ -146,6 +146,18 @@ class Metrics:
         self.embedded_tokens = Counter(
             "lmsp_embedding_tokens", "Tokens of the inputs embedded.", ["model"], registry=r
         )
+        self.embedding_yields = Counter(
+            "lmsp_embedding_yields",
+            "Turns an embedding request gave way to generating sequences (LMSP_EMBED_SHARE).",
+            ["model"],
+            registry=r,
+        )
+        self.embeddings_abandoned = Counter(
+            "lmsp_embedding_abandoned",
+            "Embedding requests whose client went away before the answer (cancelled).",
+            ["model"],
+            registry=r,
+        )
         self.http_requests = Counter(
             "lmsp_http_requests",
             "HTTP requests answered, by route template, method and status.",
@@ -225,9 +237,13 @@ class Metrics:
     def engine_restarted(self, model: str) -> None:
         self.engine_restarts.labels(model).inc()
 
-    def embedded(self, model: str, inputs: int, tokens: int) -> None:
+    def embedded(self, model: str, inputs: int, tokens: int, yielded: int = 0) -> None:
         self.embedded_inputs.labels(model).inc(inputs)
         self.embedded_tokens.labels(model).inc(tokens)
+        self.embedding_yields.labels(model).inc(yielded)
+
+    def embedding_abandoned(self, model: str) -> None:
+        self.embeddings_abandoned.labels(model).inc()
 
     def recovered(self, outcomes: Iterable[tuple[str, str]]) -> None:
         """``(policy, outcome)`` for every task startup recovery moved or kept."""

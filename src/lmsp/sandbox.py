@@ -24,6 +24,13 @@ A worker's stderr goes to ``/dev/null`` and its Python logging nowhere: what a p
 prints about a hostile file must not flood the server's log (a job returns what is
 worth logging, and the caller logs it with the request's id).
 
+Jobs run through :meth:`Sandbox.run` under a request's :class:`~lmsp.fairgate.Ticket`
+share that request's CPU budget and deadline (counted from its arrival), and wait for a
+worker in a :class:`~lmsp.fairgate.FairGate`: round robin between clients, so one
+client's many jobs never hold another's behind them. A job past its request's CPU is
+:class:`Overrun` ``request``; one not done by its request's deadline (waiting or
+running) ``deadline``.
+
 A job is a module-level function (pickled by reference) whose arguments and result
 pickle; it should return refusals as values. An exception it raises reaches the caller
 as :class:`WorkerFailed` with its type and message, never as the object itself.
@@ -52,6 +59,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lmsp.fairgate import FairGate, QueueTimeout, Ticket
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -70,7 +79,8 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 class Overrun(Exception):
     """A job went past a limit: ``limit`` is ``cpu``, ``memory`` or ``wall``, or
-    ``crash`` when the worker died of something else (a native abort)."""
+    ``crash`` when the worker died of something else (a native abort); ``request`` (its
+    request's CPU budget) or ``deadline`` (its request's time) under a ticket."""
 
     def __init__(self, limit: str, detail: str = "") -> None:
         super().__init__(f"{limit} limit{': ' + detail if detail else ''}")
@@ -232,14 +242,26 @@ class Sandbox:
         self._live: set[_Worker] = set()
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="lmsp-sandbox")
+        self.gate = FairGate(self.workers)  # the jobs of :meth:`run`, fair between clients
         self._closed = False
         #: jobs run, and limits hit by kind (for tests and metrics)
         self.jobs = 0
         self.overruns: dict[str, int] = {}
 
-    def call(self, fn: Callable[..., T], *args: Any, cpu_seconds: float) -> T:
+    def call(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        cpu_seconds: float,
+        deadline: float | None = None,
+        ticket: Ticket | None = None,
+        wall_seconds: float | None = None,
+    ) -> T:
         """``fn(*args)`` in a worker, blocking. :class:`Overrun` past a limit,
-        :class:`WorkerFailed` if ``fn`` raised."""
+        :class:`WorkerFailed` if ``fn`` raised. Its wall-clock limit is
+        :data:`WALL_FACTOR` times ``wall_seconds`` (default: ``cpu_seconds``) plus a
+        second, and ``deadline`` (``time.monotonic()``) if sooner; the CPU it took is
+        charged to ``ticket``."""
         if self._closed:
             raise WorkerFailed("the sandbox is closed")
         worker = self._slots.get()
@@ -251,7 +273,8 @@ class Sandbox:
                 worker = _Worker(self.memory_bytes, self.nice)
                 with self._lock:
                     self._live.add(worker)
-            kind, value = self._run(worker, fn, args, cpu_seconds)
+            wall = (wall_seconds or cpu_seconds) * WALL_FACTOR + 1.0
+            kind, value = self._run(worker, fn, args, cpu_seconds, wall, deadline, ticket)
         except Overrun as exc:
             self._count(exc.limit)
             self._retire(worker)
@@ -272,14 +295,35 @@ class Sandbox:
             raise Overrun(str(value))
         raise WorkerFailed(str(value))
 
-    def _run(self, worker: _Worker, fn: Any, args: tuple[Any, ...], budget: float) -> Any:
+    def _run(
+        self,
+        worker: _Worker,
+        fn: Any,
+        args: tuple[Any, ...],
+        budget: float,
+        wall: float,
+        until: float | None = None,
+        ticket: Ticket | None = None,
+    ) -> Any:
         try:
             worker.conn.send((fn, args, budget))
         except (OSError, ValueError) as exc:
             raise Overrun("crash", f"the worker is gone ({exc})") from None
-        wall = budget * WALL_FACTOR + 1.0
         deadline = time.monotonic() + wall
+        if until is not None and until < deadline:
+            deadline, wall = until, -1.0  # the request's deadline comes first
         began = _cpu_of(worker.pid)
+        try:
+            return self._wait(worker, budget, deadline, wall, began)
+        finally:
+            if ticket is not None:
+                used = _cpu_of(worker.pid)
+                took = used - began if used is not None and began is not None else budget
+                ticket.spend(took)
+
+    def _wait(
+        self, worker: _Worker, budget: float, deadline: float, wall: float, began: float | None
+    ) -> Any:
         try:
             while not worker.conn.poll(max(0.0, min(POLL, deadline - time.monotonic()))):
                 if not worker.alive():
@@ -290,6 +334,8 @@ class Sandbox:
                         break
                     raise Overrun("cpu", f"{used - began:.1f}s of CPU time")
                 if time.monotonic() >= deadline:
+                    if wall < 0:
+                        raise Overrun("deadline", "the request's time is up")
                     raise Overrun("wall", f"no answer after {wall:.1f}s")
             return worker.conn.recv()
         except (EOFError, OSError):
@@ -306,11 +352,43 @@ class Sandbox:
         with self._lock:
             self.overruns[limit] = self.overruns.get(limit, 0) + 1
 
-    async def run(self, fn: Callable[..., T], *args: Any, cpu_seconds: float) -> T:
-        """:meth:`call` from the event loop (which goes on serving meanwhile)."""
+    async def run(
+        self, fn: Callable[..., T], *args: Any, cpu_seconds: float, ticket: Ticket | None = None
+    ) -> T:
+        """:meth:`call` from the event loop (which goes on serving meanwhile), after a
+        turn in the fair queue. Under ``ticket`` the job takes at most what is left of
+        its request's CPU budget (:class:`Overrun` ``request`` past it) and must be done
+        by its deadline (``deadline``)."""
+        budget, owner, until = cpu_seconds, "", None
+        if ticket is not None:
+            left = ticket.left()
+            if left <= 0:
+                raise Overrun("request", f"{ticket.spent:.1f}s of CPU time already")
+            budget, owner, until = min(cpu_seconds, left), ticket.owner, ticket.deadline
+        try:
+            await self.gate.enter(owner, until)
+        except QueueTimeout:
+            self._count("deadline")
+            raise Overrun("deadline", "no worker was free in time") from None
         loop = asyncio.get_running_loop()
-        call = functools.partial(self.call, fn, *args, cpu_seconds=cpu_seconds)
-        return await loop.run_in_executor(self._threads, call)
+        call = functools.partial(
+            self.call,
+            fn,
+            *args,
+            cpu_seconds=budget,
+            deadline=until,
+            ticket=ticket,
+            wall_seconds=cpu_seconds,  # a job's own wall-clock limit is not clipped
+        )
+        try:
+            return await loop.run_in_executor(self._threads, call)
+        except Overrun as exc:
+            if exc.limit == "cpu" and ticket is not None and budget < cpu_seconds:
+                ticket.exhaust()
+                raise Overrun("request", exc.detail) from None  # the request's, not the job's
+            raise
+        finally:
+            self.gate.leave()
 
     def pids(self) -> list[int]:
         """The worker processes alive now."""

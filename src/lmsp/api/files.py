@@ -3,7 +3,10 @@
 A PDF is read in a worker process (:mod:`lmsp.sandbox`) with ``LMSP_FILE_CPU_TIME`` of
 CPU time and ``LMSP_INPUT_MEMORY`` of memory, and the extraction stops once the text
 passes :data:`lmsp.protocol.filetext.MAX_FILE_TEXT` characters; a text file is decoded
-in a thread. The text is kept with its part (:data:`lmsp.protocol.items.FILE_TEXT`), so
+in a thread. All the PDFs of one request share its budget (a
+:class:`~lmsp.fairgate.Ticket`: ``LMSP_REQUEST_CPU_TIME`` of CPU in all, done within
+a deadline counted from its arrival) and wait for a worker in turn with other
+clients' requests. The text is kept with its part (:data:`lmsp.protocol.items.FILE_TEXT`), so
 the size check, the runner and every later turn of the conversation use it and never
 parse the file again. A file that cannot be read, or goes past a limit, is a ``400
 invalid_file`` naming its part; what the parser logged is one debug line.
@@ -20,6 +23,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
+from lmsp.fairgate import Ticket
 from lmsp.protocol import filetext, items
 from lmsp.sandbox import Overrun, Sandbox, WorkerFailed
 
@@ -31,7 +35,17 @@ _LIMITS = {
     "cpu": "reading it took more than {seconds:g}s of CPU time (LMSP_FILE_CPU_TIME)",
     "memory": "reading it needed more memory than allowed (LMSP_INPUT_MEMORY)",
     "wall": "reading it took too long on this busy machine; retry",
+    "request": (
+        "the request's files and schemas together took more than {request:g}s of CPU time"
+        " (LMSP_REQUEST_CPU_TIME); send fewer or smaller files"
+    ),
+    "deadline": (
+        "the request's files were not read in time (its time counts from its arrival:"
+        " LMSP_REQUEST_CPU_TIME); the machine is busy, retry later"
+    ),
 }
+#: limits that say nothing of the file itself: its outcome is not remembered
+_TRANSIENT = ("wall", "crash", "request", "deadline")
 
 
 class FileReader:
@@ -44,20 +58,26 @@ class FileReader:
         self.parsed = 0  # files parsed (not answered from memory)
 
     async def read(
-        self, given: list[items.Item], name: Callable[[int], str] = lambda i: f"input.{i}"
+        self,
+        given: list[items.Item],
+        name: Callable[[int], str] = lambda i: f"input.{i}",
+        ticket: Ticket | None = None,
     ) -> None:
         """Give every ``input_file`` part of the normalized items ``given`` its text
-        (in place); ``name(i)`` is how errors name item ``i``."""
+        (in place); ``name(i)`` is how errors name item ``i``; ``ticket``: the
+        request's budget."""
         for where, part in items.files_of(given):
             index, _, rest = where.partition(".")
             place = f"{name(int(index))}.{rest}"
             raw, kind = items.file_bytes(part["file_data"], part["filename"], place)
-            extracted = await self._extract(raw, kind, place)
+            extracted = await self._extract(raw, kind, place, ticket)
             if extracted.text is None:
                 raise items.file_error(place, extracted)
             part[items.FILE_TEXT] = extracted.text
 
-    async def _extract(self, raw: bytes, kind: str, place: str) -> filetext.Extracted:
+    async def _extract(
+        self, raw: bytes, kind: str, place: str, ticket: Ticket | None
+    ) -> filetext.Extracted:
         key = (hashlib.sha256(raw).hexdigest(), kind)
         known = self._known.get(key)
         if known is not None:
@@ -70,12 +90,17 @@ class FileReader:
         else:
             try:
                 extracted = await self.sandbox.run(
-                    filetext.pdf_job, raw, filetext.MAX_FILE_TEXT, cpu_seconds=self.cpu_seconds
+                    filetext.pdf_job,
+                    raw,
+                    filetext.MAX_FILE_TEXT,
+                    cpu_seconds=self.cpu_seconds,
+                    ticket=ticket,
                 )
             except Overrun as exc:
-                transient = exc.limit in ("wall", "crash")
+                transient = exc.limit in _TRANSIENT
                 reason = _LIMITS.get(exc.limit, "the PDF reader failed on it")
-                message = reason.format(seconds=self.cpu_seconds)
+                budget = ticket.cpu_seconds if ticket is not None else 0.0
+                message = reason.format(seconds=self.cpu_seconds, request=budget)
                 log.info(
                     "%s: a PDF of %d bytes went past its %s limit",
                     place,

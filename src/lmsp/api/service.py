@@ -23,11 +23,12 @@ from lmsp.engines.host import ModelHost
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
+from lmsp.fairgate import Ticket
 from lmsp.metrics import Metrics
 from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
 from lmsp.protocol.webhooks import parse_hosts
-from lmsp.sandbox import Sandbox
+from lmsp.sandbox import WALL_FACTOR, Sandbox
 from lmsp.store import conversations as conversation_store
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
@@ -44,7 +45,7 @@ from lmsp.tasks.pull import Downloader
 from lmsp.tasks.runner import Runner
 from lmsp.tasks.webhooks import Deliverer, DeliveryPolicy
 
-from . import compaction, toolcheck
+from . import compaction, embedwork, toolcheck
 from .broker import Broker
 from .files import FileReader
 from .sessions import ConsoleSessions
@@ -245,6 +246,8 @@ class Service:
         the sampling numbers, schemas and grammars, every input item (files read), the
         history of ``previous_response_id`` and the items of ``conversation``, all in
         ``request``. ``/v1/responses/input_tokens`` counts what this leaves."""
+        # the budget of its files and schemas, all together, counted from now
+        ticket = Ticket.arriving(client.id, self.settings.request_cpu_time, WALL_FACTOR)
         model = request["model"]
         if request.get("service_tier") == "priority" and not client.allows("priority"):
             raise errors.forbidden("priority")  # the priority tier needs its scope
@@ -254,7 +257,7 @@ class Service:
         # the sampling numbers it runs with: its own, else the model's defaults, else lmsp's
         request.update(objects.sampling_used(request, record.defaults))
         # schemas and grammar compiled once, in a worker, under their budget
-        await toolcheck.check_grammar(self.grammars, request, param)
+        await toolcheck.check_grammar(self.grammars, request, param, ticket)
         engine = self.host.engines.get(record.engine)
         if engine is not None and not engine.constrains:
             toolcheck.refuse_constraints(request, model, param)
@@ -269,6 +272,7 @@ class Service:
         await self.files.read(
             request["input"],
             lambda i: names[i] if i < len(names) else f"{input_param}.{i}",
+            ticket,
         )
         previous = request.get("previous_response_id")
         if previous is not None:  # the history, for the size check (stored by reference)
@@ -454,6 +458,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         embed_tokens=settings.embed_max_tokens,
         exact=settings.exact,
         kv_budget=settings.kv_budget,
+        embed_share=settings.embed_share,
     )
     host.metrics = metrics
     runner = Runner(
@@ -478,6 +483,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
     metrics.add_collector(lambda: database_figures(db))
     metrics.add_collector(lambda: engine_figures(host))
     metrics.add_collector(lambda: usage_figures(db))
+    metrics.add_collector(lambda: embedwork.engine_figures(host))
     service = Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
     service.membership = membership
     policy = DeliveryPolicy(

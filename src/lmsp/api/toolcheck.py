@@ -17,6 +17,7 @@ from typing import Any
 from lmsp.constraints import grammar
 from lmsp.constraints.budget import GrammarBudget, Outcome
 from lmsp.errors import LmspError
+from lmsp.fairgate import Ticket
 from lmsp.tasks.plan import grammar_of
 
 #: the ``param`` of a place in the Responses form: ``("tools", 0, "parameters")`` →
@@ -43,6 +44,14 @@ _LIMITS = {
     "engine": "the grammar they make is larger than the constraint engine can hold",
     "depth": "they are nested too deeply",
     "crash": "the constraint engine failed on them",
+    "request": (
+        "the request's files and schemas together took more than {request:g}s of CPU time"
+        " (LMSP_REQUEST_CPU_TIME)"
+    ),
+    "deadline": (
+        "they were not compiled in time (the request's time counts from its arrival:"
+        " LMSP_REQUEST_CPU_TIME); the machine is busy, retry later"
+    ),
 }
 
 
@@ -61,19 +70,22 @@ def schemas_of(request: dict[str, Any]) -> list[tuple[dict[str, Any], tuple[str 
 
 
 async def check_grammar(
-    budget: GrammarBudget, request: dict[str, Any], param: Param = responses_param
+    budget: GrammarBudget,
+    request: dict[str, Any],
+    param: Param = responses_param,
+    ticket: Ticket | None = None,
 ) -> None:
     """Compile the schemas and the output grammar of a request (its Responses form)
-    under ``budget``; raise the refusal if they do not fit."""
+    under ``budget`` and the request's ``ticket``; raise the refusal if they do not fit."""
     schemas = schemas_of(request)
     try:
         text_grammar, _ = grammar_of(request)
     except RecursionError:  # a schema nested deeper than JSON can be written back
         outcome = Outcome("too_complex", limit="depth")
     else:
-        outcome = await budget.check(text_grammar, [schema for schema, _ in schemas])
+        outcome = await budget.check(text_grammar, [schema for schema, _ in schemas], ticket)
     if not outcome.ok:
-        raise _refusal(outcome, schemas, request, budget, param)
+        raise _refusal(outcome, schemas, request, budget, param, ticket)
 
 
 def refuse_constraints(request: dict[str, Any], model: str, param: Param) -> None:
@@ -96,6 +108,7 @@ def _refusal(
     request: dict[str, Any],
     budget: GrammarBudget,
     param: Param,
+    ticket: Ticket | None = None,
 ) -> LmspError:
     if outcome.kind == "unsupported" and outcome.schema is not None:
         schema, place = schemas[outcome.schema]
@@ -118,7 +131,10 @@ def _refusal(
     else:
         where = param("text", "format", "schema")
     reason = _LIMITS.get(outcome.limit, _LIMITS["crash"]).format(
-        seconds=budget.cpu_seconds, size=outcome.problem, most=budget.max_bytes
+        seconds=budget.cpu_seconds,
+        size=outcome.problem,
+        most=budget.max_bytes,
+        request=ticket.cpu_seconds if ticket is not None else 0.0,
     )
     return LmspError(
         "schema_too_complex", f"The request's JSON Schemas are too complex: {reason}.", param=where

@@ -25,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from lmsp.fairgate import Ticket
 from lmsp.sandbox import Overrun, Sandbox, WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -120,9 +121,12 @@ class GrammarBudget:
         self._pending: dict[str, asyncio.Future[Outcome]] = {}
         self.compiles = 0  # how many grammars were compiled (not answered from the cache)
 
-    async def check(self, grammar: str | None, schemas: list[dict[str, Any]]) -> Outcome:
+    async def check(
+        self, grammar: str | None, schemas: list[dict[str, Any]], ticket: Ticket | None = None
+    ) -> Outcome:
         """The outcome of checking ``schemas`` and compiling ``grammar`` (the output's
-        grammar, built from them; ``None`` when the output is free text)."""
+        grammar, built from them; ``None`` when the output is free text); a compile is
+        charged to ``ticket``, its request's budget (:mod:`lmsp.fairgate`)."""
         if not schemas and grammar is None:
             return OK
         try:
@@ -142,7 +146,7 @@ class GrammarBudget:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
-            outcome = await self._compile(grammar, shown.decode())
+            outcome = await self._compile(grammar, shown.decode(), ticket)
             future.set_result(outcome)
         except BaseException as exc:
             future.set_exception(exc)
@@ -150,18 +154,18 @@ class GrammarBudget:
             raise
         finally:
             del self._pending[key]
-        if outcome.limit in ("wall", "crash"):
-            return outcome  # the machine was busy, or the worker broke: not the grammar's
+        if outcome.limit in ("wall", "crash", "request", "deadline"):
+            return outcome  # the machine was busy, the worker broke, the request's budget
         self._done[key] = outcome
         while len(self._done) > CACHE_SIZE:
             self._done.popitem(last=False)
         return outcome
 
-    async def _compile(self, grammar: str | None, schemas: str) -> Outcome:
+    async def _compile(self, grammar: str | None, schemas: str, ticket: Ticket | None) -> Outcome:
         self.compiles += 1
         try:
             kind, index, problem = await self.sandbox.run(
-                compile_job, grammar, schemas, cpu_seconds=self.cpu_seconds
+                compile_job, grammar, schemas, cpu_seconds=self.cpu_seconds, ticket=ticket
             )
         except Overrun as exc:
             log.warning(

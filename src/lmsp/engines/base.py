@@ -167,6 +167,7 @@ class LoadOptions:
     embed_tokens: int = 512  # the embedding context's size: the longest input it embeds
     exact: bool = False  # ``LMSP_EXACT``: batched = solo, resumed = uninterrupted, to the bit
     kv_budget: int = 0  # bytes every sequence's KV cache may take together (0: no bound)
+    embed_share: float = 1 / 4  # ``LMSP_EMBED_SHARE``: embeddings' time while generating
 
 
 def context_size(

@@ -116,6 +116,23 @@ class Stream(Generation):
         self._client.forget(self.id)
 
 
+class EmbedCall:
+    """One embedding request in flight: its ``future`` (the vectors), and
+    :meth:`cancel` to drop it in the engine (its HTTP client went away)."""
+
+    def __init__(self, client: EngineClient, sid: int, future: Future[npt.NDArray[np.float32]]):
+        self.id = sid
+        self.future = future
+        self.yielded = 0  # turns the engine gave way to generation (set with the vectors)
+        self._client = client
+
+    def cancel(self) -> None:
+        """Stop the engine's work on it (between two batches): the future is cancelled
+        and the engine answers ``Done(id, "cancelled")`` (counted in
+        :attr:`EngineClient.embeds_cancelled`)."""
+        self._client.cancel_embed(self)
+
+
 class EngineClient:
     """One engine (see the module docstring). ``in_thread``: run it on a thread of this
     process instead (tests of the test engine); ``on_exit`` is called, from the reader
@@ -144,7 +161,9 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._streams: dict[int, Stream] = {}
         self._stats: dict[int, Future[dict[str, Any]]] = {}
-        self._embeds: dict[int, Future[npt.NDArray[np.float32]]] = {}
+        self._embeds: dict[int, EmbedCall] = {}
+        self._cancelling: set[int] = set()  # embedding requests this side cancelled
+        self.embeds_cancelled = 0  # … whose cancellation the engine confirmed
         self._lock = threading.Lock()  # streams, stats, embeddings and sends
         self._ready = threading.Event()
         self._load_error: EngineError | None = None
@@ -277,24 +296,33 @@ class EngineClient:
         """One L2-normalised vector per input (lists of tokens), computed in the
         engine's embedding context (:class:`~lmsp.engines.protocol.Embed`). Raises
         :class:`EngineError` (``model_cannot_embed`` …) and :class:`EngineCrashed`."""
-        return self.embed_later(inputs).result()
+        return self.embed_later(inputs).future.result()
 
-    def embed_later(self, inputs: list[list[int]]) -> Future[npt.NDArray[np.float32]]:
-        """:meth:`embed` without waiting: the future of its vectors (an event loop
-        awaits it without holding a thread)."""
+    def embed_later(self, inputs: list[list[int]]) -> EmbedCall:
+        """:meth:`embed` without waiting: the call, whose future gets its vectors (an
+        event loop awaits it without holding a thread) and which can be cancelled."""
         future: Future[npt.NDArray[np.float32]] = Future()
-        sid = next(self._ids)
+        call = EmbedCall(self, next(self._ids), future)
         with self._lock:
             if self._dead:
                 raise EngineCrashed(self._crash_message())
-            self._embeds[sid] = future
+            self._embeds[call.id] = call
         try:
-            self._send(Embed(sid, [list(i) for i in inputs]))
+            self._send(Embed(call.id, [list(i) for i in inputs]))
         except EngineError:
             with self._lock:
-                self._embeds.pop(sid, None)
+                self._embeds.pop(call.id, None)
             raise
-        return future
+        return call
+
+    def cancel_embed(self, call: EmbedCall) -> None:
+        """See :meth:`EmbedCall.cancel`; nothing if it has its answer already."""
+        with self._lock:
+            if self._embeds.pop(call.id, None) is None:
+                return
+            self._cancelling.add(call.id)
+        call.future.cancel()
+        self.cancel(call.id)
 
     def _send(self, message: ToEngine) -> None:
         with self._lock:
@@ -319,15 +347,21 @@ class EngineClient:
         self._ended()
 
     def _dispatch(self, message: Any) -> None:
-        if isinstance(message, Embeddings | Error) and message.id in self._embeds:
+        if isinstance(message, Embeddings | Error | Done) and message.id in self._cancelling:
+            with self._lock:
+                self._cancelling.discard(message.id)
+                if isinstance(message, Done):
+                    self.embeds_cancelled += 1  # the engine dropped it
+        elif isinstance(message, Embeddings | Error) and message.id in self._embeds:
             with self._lock:
                 waiting = self._embeds.pop(message.id, None)
             if waiting is None:
                 return
             if isinstance(message, Embeddings):
-                waiting.set_result(message.vectors)
+                waiting.yielded = message.yielded
+                waiting.future.set_result(message.vectors)
             else:
-                waiting.set_exception(EngineError(message.code, message.message))
+                waiting.future.set_exception(EngineError(message.code, message.message))
         elif isinstance(message, Tokens | Done | Error) and message.id is not None:
             with self._lock:
                 if isinstance(message, Tokens):
@@ -356,7 +390,8 @@ class EngineClient:
             self._dead = True
             streams = list(self._streams.values())
             self._streams.clear()
-            futures: list[Future[Any]] = [*self._stats.values(), *self._embeds.values()]
+            futures: list[Future[Any]] = [*self._stats.values()]
+            futures += [call.future for call in self._embeds.values()]
             self._stats.clear()
             self._embeds.clear()
             self._conn.close()

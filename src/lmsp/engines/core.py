@@ -18,14 +18,20 @@ tokens it produced, when it ends, and what to tell the API process.
 
 Embedding requests (:class:`~lmsp.engines.protocol.Embed`) queue beside the sequences
 and are served on the same thread, in another llama.cpp context (the backend's
-``embed``): one decode of as many of a request's inputs as fit per turn, between
-generation steps, so a large embedding request delays a step by one embedding batch at
-most and never touches a generating sequence's cache.
+``embed``): one decode of as many of a request's inputs as fit per turn (the requests
+in turn, so a small one never waits for a large one to end), between generation steps,
+never touching a generating sequence's cache. While sequences
+generate, embedding batches take at most a share of the engine's time
+(:class:`~lmsp.engines.share.EmbedShare`, ``LMSP_EMBED_SHARE``): a generating sequence
+keeps its rate within a stated factor however much is queued to embed. A
+:class:`~lmsp.engines.protocol.Cancel` of an embedding request (its HTTP client went
+away) drops it between two batches, answered with ``Done(id, "cancelled")``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +59,7 @@ from lmsp.engines.protocol import (
     Submit,
     Tokens,
 )
+from lmsp.engines.share import EmbedShare
 
 log = logging.getLogger("lmsp.engine")
 
@@ -103,6 +110,7 @@ class EmbedJob:
     inputs: list[list[int]]
     vectors: list[npt.NDArray[np.float32]] = field(default_factory=list)
     done: int = 0  # inputs embedded
+    yielded: int = 0  # turns it gave way to generating sequences
 
 
 class Backend(Protocol):
@@ -159,6 +167,7 @@ class EngineCore:
         channel: Channel,
         policy: StepPolicy | None = None,
         alive: Callable[[], bool] = lambda: True,
+        share: EmbedShare | None = None,
     ) -> None:
         self.backend = backend
         self.channel = channel
@@ -168,6 +177,8 @@ class EngineCore:
         self.waiting: deque[Seq] = deque()
         self.embeds: deque[EmbedJob] = deque()
         self.embedded = 0  # inputs embedded
+        self.embeds_cancelled = 0  # embedding requests dropped by a Cancel
+        self.share = share or EmbedShare()
         self.steps = 0
         self.tokens = 0
         self._outbox: list[FromEngine] = []
@@ -210,6 +221,8 @@ class EngineCore:
         if isinstance(message, Submit):
             self.waiting.append(Seq.of(message))
         elif isinstance(message, Cancel):
+            if self._cancel_embed(message.id):
+                return
             seq = self.active.get(message.id)
             if seq is not None:
                 self._end(seq, intact=True)
@@ -229,6 +242,8 @@ class EngineCore:
                 "active": len(self.active),
                 "waiting": len(self.waiting),
                 "embedded": self.embedded,
+                "embeds_cancelled": self.embeds_cancelled,
+                "embed_yields": self.share.yielded,
                 **self.backend.figures(),
             }
             self._outbox.append(StatsReply(message.id, figures))
@@ -306,6 +321,7 @@ class EngineCore:
         requests = [
             Request(seq.slot, seq.todo[:n], len(seq.held), n == len(seq.todo)) for seq, n in step
         ]
+        began = time.monotonic()
         try:
             self.backend.decode(requests)
         except EngineError as exc:
@@ -317,6 +333,7 @@ class EngineCore:
             for seq, _ in step:
                 self._fail(seq, "engine_error", _failed(exc))
             return
+        self.share.stepped(time.monotonic() - began)
         self.steps += 1
         self.tokens += sum(n for _, n in step)
         for (seq, n), request in zip(step, requests, strict=True):
@@ -358,11 +375,35 @@ class EngineCore:
         seq.todo = [piece.token]
 
     # -- embeddings ----------------------------------------------------------------------
+    def _cancel_embed(self, job_id: int) -> bool:
+        """Drop a queued embedding request (its client went away); ``False`` when no
+        such request is queued here (it is a sequence's id, or it ended already)."""
+        for job in self.embeds:
+            if job.id == job_id:
+                self.embeds.remove(job)
+                self.embeds_cancelled += 1
+                log.info(
+                    "engine: embedding request %d cancelled after %d of %d inputs",
+                    job.id,
+                    job.done,
+                    len(job.inputs),
+                    extra={"event": "embedding.cancelled"},
+                )
+                self._outbox.append(Done(job.id, CANCELLED))
+                return True
+        return False
+
     def _embed(self) -> None:
-        """One embedding batch of the oldest embedding request (see the module docstring)."""
+        """One embedding batch of the request whose turn it is, when the share of the
+        engine's time embeddings may take allows it (see the module docstring)."""
         if not self.embeds:
             return
         job = self.embeds[0]
+        generating = bool(self.active or self.waiting)
+        if not self.share.may_embed(generating):
+            job.yielded += 1
+            return
+        began = time.monotonic()
         try:
             vectors = self.backend.embed(job.inputs[job.done :])
             if len(vectors) < 1:
@@ -376,13 +417,17 @@ class EngineCore:
             self.embeds.popleft()
             self._outbox.append(Error(job.id, "engine_error", _failed(exc)))
             return
+        self.share.embedded(time.monotonic() - began, generating)
         job.vectors.append(vectors)
         job.done += len(vectors)
         self.embedded += len(vectors)
-        if job.done >= len(job.inputs):
-            self.embeds.popleft()
-            rows = np.concatenate(job.vectors)[: len(job.inputs)]
-            self._outbox.append(Embeddings(job.id, rows.astype(np.float32, copy=False)))
+        if job.done < len(job.inputs):
+            self.embeds.rotate(-1)  # requests take turns: a small one never waits for a big one
+            return
+        self.embeds.popleft()
+        rows = np.concatenate(job.vectors)[: len(job.inputs)]
+        out = rows.astype(np.float32, copy=False)
+        self._outbox.append(Embeddings(job.id, out, job.yielded))
 
 
 def _failed(exc: BaseException) -> str:

@@ -127,6 +127,7 @@ class ModelHost:
         embed_tokens: int = 512,
         exact: bool = False,
         kv_budget: int = 0,
+        embed_share: float = 1 / 4,
     ) -> None:
         self.blobs_dir = blobs_dir
         self.engines = engines
@@ -143,6 +144,7 @@ class ModelHost:
         self._embed_slots = itertools.count(-1, -1)  # in-use marks of embeddings
         self.exact = exact  # LMSP_EXACT: the exact schedule and layout
         self.kv_budget = kv_budget  # LMSP_KV_BUDGET: what one model's KV caches may take
+        self.embed_share = embed_share  # LMSP_EMBED_SHARE (lmsp.engines.share)
         self._loaded: dict[str, _Loaded] = {}  # model id → its running engine
         self._starting: set[str] = set()  # model ids whose engine is being started
         self._busy: dict[int, str] = {}  # runner slot → model id it is using
@@ -518,6 +520,7 @@ class ModelHost:
             exact=self.exact,
             kv_budget=self.kv_budget,
             embed_tokens=self.embed_tokens,
+            embed_share=self.embed_share,
         )
 
     def _tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
@@ -571,6 +574,11 @@ class ModelHost:
         marks it in use until :meth:`release`: ask it for embeddings in between."""
         slot = next(self._embed_slots)
         return self.get(record, slot), slot
+
+    def embeds_cancelled(self) -> dict[str, int]:
+        """Each loaded model's embedding requests its engine dropped on a cancel."""
+        with self._cond:
+            return {m: entry.client.embeds_cancelled for m, entry in self._loaded.items()}
 
     def embed(self, record: ModelRecord, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
         """The embeddings of ``inputs`` (token lists), blocking (see

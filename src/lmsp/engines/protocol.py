@@ -52,8 +52,8 @@ class Submit:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Stop generating ``id`` and free its sequence; answered with ``Done(id,
-    "cancelled")`` unless it had ended already."""
+    """Stop generating ``id`` and free its sequence, or drop the embedding request
+    ``id``; answered with ``Done(id, "cancelled")`` unless it had ended already."""
 
     id: int
 
@@ -122,10 +122,12 @@ class Error:
 
 @dataclass(frozen=True)
 class Embeddings:
-    """The vectors of an :class:`Embed`: one float32 row per input, in order."""
+    """The vectors of an :class:`Embed`: one float32 row per input, in order;
+    ``yielded``: how many turns it gave way to generating sequences."""
 
     id: int
     vectors: npt.NDArray[np.float32]
+    yielded: int = 0
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from lmsp.engines.base import EngineError, LoadOptions
 from lmsp.engines.batch import ExactSteps, FastSteps
 from lmsp.engines.core import EngineCore
 from lmsp.engines.protocol import Channel, Error, Ready
+from lmsp.engines.share import EmbedShare
 
 log = logging.getLogger("lmsp.engine")
 
@@ -96,7 +97,8 @@ def serve(channel: Channel, spec: EngineSpec, alive: Any = lambda: True) -> None
         memory = int(backend.memory_bytes())
         channel.send([Ready(os.getpid(), backend.n_ctx, backend.sequences, memory)])
         policy = ExactSteps() if spec.options.exact else FastSteps()
-        EngineCore(backend, channel, policy, alive=alive).run()
+        share = EmbedShare(spec.options.embed_share)
+        EngineCore(backend, channel, policy, alive=alive, share=share).run()
     except Died:
         channel.close()  # at once: the API side sees the engine gone, as after a crash
     except (OSError, EOFError):

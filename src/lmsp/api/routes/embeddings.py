@@ -2,9 +2,11 @@
 
 Everything is checked before any work: the shape of ``input``, the number of inputs
 (``LMSP_EMBED_MAX_INPUTS``), the model, ``dimensions`` (only the model's own length),
-and each input's length in the model's tokens (``LMSP_EMBED_MAX_TOKENS``); only then
-does the model's engine compute them (:meth:`lmsp.engines.host.ModelHost.embed`), in an
-embedding context of its own beside the generating sequences.
+each input's length in the model's tokens (``LMSP_EMBED_MAX_TOKENS``) and all of them
+together (``LMSP_EMBED_REQUEST_TOKENS``, :mod:`lmsp.api.embedwork`); only then does the
+model's engine compute them, in an embedding context of its own, taking turns with the
+generating sequences (:mod:`lmsp.engines.share`). A client that disconnects meanwhile
+cancels the work in the engine.
 
 An embeddings request is no task: nothing is written. It is a pure function of the
 model and the input (the same input always gives the same vectors), so a client that
@@ -20,7 +22,7 @@ import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
 from lmsp.engines.base import EngineError, Tokenizer
@@ -28,6 +30,7 @@ from lmsp.protocol import embeddings
 from lmsp.store import models
 from lmsp.store.clients import Client
 
+from .. import embedwork
 from ..auth import require
 from ..schemas import EmbeddingCreate
 from ..service import model_not_found
@@ -71,9 +74,7 @@ def _tokenized(
 
 
 @router.post("/embeddings")
-async def create_embeddings(
-    body: EmbeddingCreate, request: Request, client: Writer
-) -> JSONResponse:
+async def create_embeddings(body: EmbeddingCreate, request: Request, client: Writer) -> Response:
     """Embeddings of one or more texts (or token arrays), L2-normalised."""
     svc = service(request)
     settings = svc.settings
@@ -95,16 +96,21 @@ async def create_embeddings(
         tokens = await asyncio.to_thread(
             _tokenized, tokenizer, inputs, names, settings.embed_max_tokens
         )
+        work = embedwork.budgeted(client.id, record.id, tokens, settings.embed_request_tokens)
         engine, slot = await asyncio.to_thread(host.embedding_engine, record)
         try:
-            vectors = await asyncio.wrap_future(engine.embed_later(tokens))
+            call = engine.embed_later(tokens)
+            vectors = await embedwork.computed(call, request)
         finally:
             host.release(slot)
+    except embedwork.ClientGone:
+        svc.metrics.embedding_abandoned(record.id)
+        return Response(status_code=499)  # nobody reads it: the client is gone
     except EngineError as exc:
         param = "model" if _model_fault(exc) else None
         raise errors.LmspError(exc.code, exc.message, param=param) from exc
-    counted = sum(len(t) for t in tokens)
-    svc.metrics.embedded(record.id, len(tokens), counted)
+    counted = work.tokens
+    svc.metrics.embedded(record.id, work.inputs, counted, yielded=call.yielded)
     fmt = body.encoding_format or "float"
     return JSONResponse(embeddings.answer(body.model, vectors, fmt, counted))
 

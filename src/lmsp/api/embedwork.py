@@ -1,0 +1,99 @@
+"""One embeddings request's work: its budget, its cost, and its end when its client leaves.
+
+The engine's time is shared (:mod:`lmsp.engines.share`), but one request could still ask
+for a great deal of it: :func:`budgeted` refuses a request whose inputs have more than
+``LMSP_EMBED_REQUEST_TOKENS`` tokens in all (``400 embedding_budget_exceeded``, naming
+the limit) before any work. What a request costs is known in one place,
+:class:`EmbedWork` (the client, the model, its inputs and tokens): what a per-client
+limit charges and what the metrics count.
+
+:func:`computed` waits for the engine's answer while watching the HTTP connection: a
+client that goes away (a timeout, a crash, ``Ctrl-C``) cancels the request in the
+engine, which drops it between two batches and says so (``Done(id, "cancelled")``):
+``lmsp_embedding_abandoned`` counts the requests whose client went away,
+``lmsp_embedding_cancelled`` (:func:`engine_figures`) those the engine confirmed it
+dropped, so abandoned work no longer delays anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from fastapi import Request
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from lmsp import errors
+from lmsp.engines.client import EmbedCall
+from lmsp.engines.host import ModelHost
+
+log = logging.getLogger(__name__)
+
+#: how often a waiting request looks whether its client is still connected (seconds)
+WATCH = 0.2
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected while its embeddings were computed."""
+
+
+@dataclass(frozen=True)
+class EmbedWork:
+    """What one embeddings request costs: the place a per-client limit (fair share)
+    charges it."""
+
+    client_id: str
+    model: str
+    inputs: int
+    tokens: int  # every input's tokens: the engine's work
+
+
+def budgeted(client_id: str, model: str, tokens: list[list[int]], limit: int) -> EmbedWork:
+    """The request's work, or ``400 embedding_budget_exceeded`` past ``limit`` tokens."""
+    work = EmbedWork(client_id, model, len(tokens), sum(len(t) for t in tokens))
+    if work.tokens > limit:
+        raise errors.LmspError(
+            "embedding_budget_exceeded",
+            f"The inputs have {work.tokens} tokens in all; one embeddings request may have at"
+            f" most {limit} (the server's LMSP_EMBED_REQUEST_TOKENS). Send fewer inputs per"
+            " request.",
+            param="input",
+        )
+    return work
+
+
+async def computed(call: EmbedCall, request: Request) -> npt.NDArray[np.float32]:
+    """The vectors of ``call``; :class:`ClientGone` (after cancelling it in the engine)
+    when the HTTP client disconnects first."""
+    waiting = asyncio.wrap_future(call.future)
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=WATCH)
+            if done:
+                return waiting.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    except BaseException:  # gone, or this task was cancelled (the server stopping)
+        call.cancel()
+        if not waiting.done():
+            waiting.cancel()
+        with contextlib.suppress(BaseException):
+            await waiting
+        raise
+
+
+def engine_figures(host: ModelHost) -> list[Metric]:
+    """Embedding requests each loaded model's engine dropped on a cancel (since that
+    engine started)."""
+    family = CounterMetricFamily(
+        "lmsp_embedding_cancelled",
+        "Embedding requests an engine dropped because their client went away.",
+        labels=["model"],
+    )
+    for model, count in host.embeds_cancelled().items():
+        family.add_metric([model], count)
+    return [family]
