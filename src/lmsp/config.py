@@ -103,6 +103,9 @@ class Settings:
     database_url: str | None = None
     node_id: str | None = None
     lease_ttl: float = 15.0
+    # the most a node's clock may differ from the shared database's before the node
+    # refuses to run retention (its stamps would be judged by another clock)
+    max_clock_skew: float = 30.0
 
     @property
     def node(self) -> str:
@@ -292,4 +295,8 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
                 raise ValueError(f"{name} must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
+    if v := env.get("LMSP_MAX_CLOCK_SKEW"):
+        changes["max_clock_skew"] = skew = parse_duration(v)
+        if skew <= 0:
+            raise ValueError("LMSP_MAX_CLOCK_SKEW must be more than 0s")
     return s.with_overrides(**changes)

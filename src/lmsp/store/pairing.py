@@ -14,7 +14,7 @@ from typing import Any
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.store import clients
-from lmsp.store.sql import Conn, Row
+from lmsp.store.sql import Conn, Row, clock_sql
 
 # consonants only: no words, no 0/O or 1/I confusion; 20^8 codes
 CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
@@ -218,11 +218,13 @@ def render(row: Row) -> dict[str, Any]:
     }
 
 
-def delete_expired_batch(conn: Conn, now: float, batch: int) -> int:
-    """Delete up to ``batch`` requests that expired more than ``GRACE`` seconds ago."""
+def delete_expired_batch(conn: Conn, batch: int) -> int:
+    """Delete up to ``batch`` requests that expired more than ``GRACE`` seconds ago (by
+    the database's clock)."""
     cur = conn.execute(
         "DELETE FROM pairing_requests WHERE id IN ("
-        " SELECT id FROM pairing_requests WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)",
-        (int(now) - GRACE, batch),
+        " SELECT id FROM pairing_requests"
+        f" WHERE expires_at <= {clock_sql(conn)} - ? ORDER BY expires_at LIMIT ?)",
+        (GRACE, batch),
     )
     return cur.rowcount
