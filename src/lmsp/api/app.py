@@ -26,6 +26,7 @@ from lmsp.store import service as service_store
 
 from . import inputs
 from .broker import Broker
+from .crosssite import CrossSiteGate
 from .errors import anthropic_response, error_response, is_messages
 from .errors import body as error_body
 from .hosts import HostPolicy, RequestGate
@@ -310,6 +311,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(pairing.router)
     app.include_router(client_routes.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
+    app.add_middleware(CrossSiteGate)  # before BodyGate reads every body as JSON
     app.add_middleware(
         RequestGate,
         hosts=HostPolicy(settings.host, settings.allowed_hosts),
