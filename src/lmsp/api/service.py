@@ -27,6 +27,7 @@ from lmsp.metrics import Metrics
 from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
 from lmsp.sandbox import Sandbox
+from lmsp.store import clients as client_store
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
@@ -220,6 +221,8 @@ class Service:
             )
 
         def job(conn: Conn) -> response_store.Created:
+            # revoked while its files were read (seconds): no task, no 202
+            client_store.ensure_active(conn, client.id)
             if models.get(conn, model) is None:  # deleted meanwhile
                 raise model_not_found(model)
             if previous is not None:  # still there (not deleted or swept meanwhile)
