@@ -191,6 +191,11 @@ _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
 _TAG = re.compile(r"[\[\](]|^[A-Z]|^constrained-")
 
 
+def _weight(problem: dict[str, Any]) -> tuple[int, bool]:
+    kind = str(problem.get("type", ""))
+    return len(problem.get("loc", ())), not (kind.endswith("_type") or kind == "is_instance_of")
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     path = request.url.path
@@ -198,8 +203,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     if any(p.get("type") == "json_invalid" for p in problems):
         invalid_json = errors.invalid("The body is not valid JSON.", code="invalid_json")
         return error_response(invalid_json, path)
-    # in a union, the deepest error names the field the client got wrong
-    first = max(problems, key=lambda e: len(e.get("loc", ())), default={})
+    # in a union, the deepest error names the field the client got wrong; at one depth,
+    # a broken limit ("at most 4 items") before another branch's type ("a valid string")
+    first = max(problems, key=_weight, default={})
     loc = tuple(first.get("loc", ()))
     param = _param(loc)
     if first.get("type") == "missing" and param is None:
