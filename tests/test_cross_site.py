@@ -79,3 +79,24 @@ def test_the_same_origin_and_agents_pass(server: Server) -> None:
             "/v1/pairing", json={"client_name": "typed"}, headers={"Sec-Fetch-Site": "none"}
         )
         assert typed.status_code == 201, typed.text
+
+
+def test_peers_beyond_this_machine_cannot_take_every_slot(tmp_path: Path) -> None:
+    """Pending pairings are limited per source (4 an address beyond this machine), per
+    name, and now for all such peers together (half the global limit): 40 addresses
+    cannot lock this machine's agents out."""
+    env = {"LMSP_TRUSTED_PROXIES": "127.0.0.1"}  # the test's addresses, as a proxy says
+    with served(tmp_path / "data", env) as srv, httpx.Client(base_url=srv.url) as http:
+        refused = 0
+        for i in range(40):
+            answer = http.post(
+                "/v1/pairing",
+                json={"client_name": f"remote {i}"},
+                headers={"X-Forwarded-For": f"198.51.100.{i + 1}"},
+            )
+            assert answer.status_code in (201, 429), answer.text
+            refused += answer.status_code == 429
+        assert refused == 40 - 32  # half of LMSP_MAX_PENDING_PAIRINGS (64)
+        assert "from beyond this machine" in answer.json()["error"]["message"]
+        local = http.post("/v1/pairing", json={"client_name": "local agent"})
+        assert local.status_code == 201, local.text
