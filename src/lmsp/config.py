@@ -103,8 +103,8 @@ class Settings:
     database_url: str | None = None
     node_id: str | None = None
     lease_ttl: float = 15.0
-    # the most a node's clock may differ from the shared database's before the node
-    # refuses to run retention (its stamps would be judged by another clock)
+    # the most a node's clock may differ from the shared database's before `lmsp doctor`
+    # fails it (everything that ages is judged by the database's clock regardless)
     max_clock_skew: float = 30.0
 
     @property
