@@ -123,6 +123,9 @@ class Settings:
     embed_request_tokens: int = 32768
     embed_share: float = 1 / 4
     request_cpu_time: float = 10.0
+    # the most a node's clock may differ from the shared database's before `lmsp doctor`
+    # fails it (everything that ages is judged by the database's clock regardless)
+    max_clock_skew: float = 30.0
 
     @property
     def node(self) -> str:
@@ -334,6 +337,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         parse_hosts(v)  # a malformed entry stops the start, saying which
         changes["webhook_hosts"] = v
     _shared_work(env, changes)
+    if v := env.get("LMSP_MAX_CLOCK_SKEW"):
+        changes["max_clock_skew"] = skew = parse_duration(v)
+        if skew <= 0:
+            raise ValueError("LMSP_MAX_CLOCK_SKEW must be more than 0s")
     return s.with_overrides(**changes)
 
 

@@ -62,7 +62,8 @@ def test_truncation_auto_drops_the_oldest_items_and_says_which(client: TestClien
     assert dropped["items"] == 1  # the fewest that make it fit
     listed = client.get(f"/v1/responses/{done['id']}/input_items", params={"order": "asc"})
     first = listed.json()["data"][0]  # every input item stays listed, as given
-    assert dropped["dropped"] == [{"id": first["id"], "type": "message", "role": "user"}]
+    brief = {"id": first["id"], "type": "message", "role": "user"}
+    assert dropped == {"items": 1, "first": brief, "last": brief}
     assert done["usage"]["input_tokens"] < N_CTX
     again = client.get(f"/v1/responses/{done['id']}").json()
     assert again["truncated_input"] == dropped
@@ -99,4 +100,4 @@ def test_truncation_auto_drops_a_previous_conversation_first(client: TestClient)
     done = client.post("/v1/responses", json={**body, "truncation": "auto"}).json()
     assert done["status"] == "incomplete"
     assert done["truncated_input"]["items"] >= 1
-    assert done["truncated_input"]["dropped"][0]["role"] == "user"  # the earlier turn's
+    assert done["truncated_input"]["first"]["role"] == "user"  # the earlier turn's

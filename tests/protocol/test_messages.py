@@ -38,6 +38,7 @@ def test_messages_become_input_items() -> None:
                         "name": "weather",
                         "input": {"city": "Oslo"},
                     },
+                    {"type": "tool_use", "id": "tu_2", "name": "weather", "input": {"city": "X"}},
                 ],
             },
             {
@@ -78,6 +79,12 @@ def test_messages_become_input_items() -> None:
             "name": "weather",
             "arguments": '{"city": "Oslo"}',
         },
+        {
+            "type": "function_call",
+            "call_id": "tu_2",
+            "name": "weather",
+            "arguments": '{"city": "X"}',
+        },
         {"type": "function_call_output", "call_id": "tu_1", "output": "sunny"},
         {"type": "function_call_output", "call_id": "tu_2", "output": "Error: no such city"},
         {
@@ -92,7 +99,7 @@ def test_messages_become_input_items() -> None:
         },
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks."}]},
     ]
-    assert translated.origin == [0, 1, 1, 2, 2, 2, 3, 4]
+    assert translated.origin == [0, 1, 1, 1, 2, 2, 2, 3, 4]
 
 
 def test_system_and_documents() -> None:
@@ -358,3 +365,25 @@ def test_failures_and_resets() -> None:
     after = [*logged_text(["Hi"]), {"type": ev.QUEUED, "reset": True, "response": {}}]
     ended = stream_of([*after, *logged_text(["Other."])[1:]])
     assert ended[-1][0] == "error" and "GET /v1/messages/resp_1?stream=true" in str(ended[-1][1])
+
+
+@pytest.mark.parametrize(
+    ("results", "message"),
+    [
+        (["tu_9"], "unexpected tool_use_id 'tu_9'"),
+        (["tu_1", "tu_1"], "answered twice"),
+    ],
+)
+def test_a_tool_result_answers_a_tool_use_of_the_message_before_once(
+    results: list[str], message: str
+) -> None:
+    """As Anthropic refuses them: an unknown ``tool_use_id``, or one answered twice."""
+    asked = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "tu_1", "name": "weather", "input": {}}],
+    }
+    answers = [{"type": "tool_result", "tool_use_id": i, "content": "ok"} for i in results]
+    with pytest.raises(Untranslatable) as caught:
+        messages.items_from_messages([user("?"), asked, {"role": "user", "content": answers}])
+    assert message in str(caught.value)
+    assert caught.value.param == f"messages.2.content.{len(results) - 1}.tool_use_id"

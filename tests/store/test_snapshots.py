@@ -220,7 +220,7 @@ def test_deleting_a_task_deletes_its_chunks(conn: sqlite3.Connection) -> None:
     assert chunk_rows(conn, gone) == 0
     assert chunk_rows(conn) == 1
     assert tx(conn, lambda c: task_store.fail(c, kept, "engine_error", "boom")) is not None
-    assert tx(conn, lambda c: delete_finished_batch(c, cutoff=2**40)) == 1
+    assert tx(conn, lambda c: delete_finished_batch(c, age=-(2**40))) == 1
     assert chunk_rows(conn) == 0
     assert conn.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
 

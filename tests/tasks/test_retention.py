@@ -74,7 +74,7 @@ def test_cleanup_runs_in_small_batches(svc: Service) -> None:
         backdate(svc, task_id, 2 * DAY)
     from lmsp.tasks.retention import delete_finished_batch
 
-    assert svc.db.write_sync(lambda c: delete_finished_batch(c, time.time() - DAY, 2)) == 2
+    assert svc.db.write_sync(lambda c: delete_finished_batch(c, DAY, 2)) == 2
     assert counts(svc)[1] == 3
     assert sweep(svc.db, retention=DAY).responses == 3
 

@@ -26,6 +26,7 @@ from lmsp.store import service as service_store
 
 from . import inputs
 from .broker import Broker
+from .crosssite import CrossSiteGate
 from .errors import anthropic_response, error_response, is_messages
 from .errors import body as error_body
 from .hosts import HostPolicy, RequestGate
@@ -195,6 +196,11 @@ _UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
 _TAG = re.compile(r"[\[\](]|^[A-Z]|^constrained-")
 
 
+def _weight(problem: dict[str, Any]) -> tuple[int, bool]:
+    kind = str(problem.get("type", ""))
+    return len(problem.get("loc", ())), not (kind.endswith("_type") or kind == "is_instance_of")
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     path = request.url.path
@@ -202,8 +208,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     if any(p.get("type") == "json_invalid" for p in problems):
         invalid_json = errors.invalid("The body is not valid JSON.", code="invalid_json")
         return error_response(invalid_json, path)
-    # in a union, the deepest error names the field the client got wrong
-    first = max(problems, key=lambda e: len(e.get("loc", ())), default={})
+    # in a union, the deepest error names the field the client got wrong; at one depth,
+    # a broken limit ("at most 4 items") before another branch's type ("a valid string")
+    first = max(problems, key=_weight, default={})
     loc = tuple(first.get("loc", ()))
     param = _param(loc)
     if first.get("type") == "missing" and param is None:
@@ -324,6 +331,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(compaction_routes.router)
     app.include_router(conversation_routes.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
+    app.add_middleware(CrossSiteGate)  # before BodyGate reads every body as JSON
     app.add_middleware(
         RequestGate,
         hosts=HostPolicy(settings.host, settings.allowed_hosts),

@@ -19,6 +19,7 @@ STATUS: dict[str, int] = {
     # 401 / 403
     "invalid_token": 401,
     "insufficient_scope": 403,
+    "cross_site_request": 403,  # a browser's cross-site request to a route with no token
     # 404
     "not_found": 404,
     # 405

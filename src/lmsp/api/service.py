@@ -29,6 +29,7 @@ from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
 from lmsp.protocol.webhooks import parse_hosts
 from lmsp.sandbox import WALL_FACTOR, Sandbox
+from lmsp.store import clients as client_store
 from lmsp.store import conversations as conversation_store
 from lmsp.store import idempotency, models
 from lmsp.store import responses as response_store
@@ -215,6 +216,8 @@ class Service:
             )
 
         def job(conn: Conn) -> response_store.Created:
+            # revoked while its files were read (seconds): no task, no 202
+            client_store.ensure_active(conn, client.id)
             if models.get(conn, model) is None:  # deleted meanwhile
                 raise model_not_found(model)
             if previous is not None:  # still there (not deleted or swept meanwhile)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lmsp.constraints import grammar
+from lmsp.constraints import grammar, refs
 from lmsp.constraints.budget import GrammarBudget, Outcome
 from lmsp.errors import LmspError
 from lmsp.fairgate import Ticket
@@ -32,6 +32,18 @@ def responses_param(*parts: str | int) -> str:
 def _schema(schema: Any, where: str, what: str) -> Iterator[LmspError]:
     if not isinstance(schema, dict):
         yield LmspError("invalid_value", f"{what} must be a JSON Schema object.", param=where)
+        return
+    try:
+        looped = refs.endless_ref(schema)
+    except RecursionError:  # nested too deeply: the compile's budget refuses it
+        looped = None
+    if looped is not None:
+        yield LmspError(
+            "unsupported_schema",
+            f"{what}: a recursive $ref through required members has no finite instance"
+            " (make the recursion optional, e.g. a property not required).",
+            param=f"{where}.{looped}",
+        )
 
 
 # -- the compile, under its budget ----------------------------------------------------------

@@ -16,6 +16,7 @@ import click
 
 from lmsp import __version__, config, datadir
 
+from . import database
 from .common import DATA_DIR_HELP, TOKEN_HELP, URL_HELP
 from .errors import CliError, Root
 
@@ -126,6 +127,8 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     from lmsp.api.guard import guarded_protocol
 
     settings = _settings(data_dir, host=host, port=port)
+    if settings.database_url:  # one line, not a traceback, for a URL that cannot work
+        database.reach(settings.database_url)
     lock = _lock(settings, "lmsp serve")
     sock = _listen(settings.host, settings.port)
     logs.configure(settings.log_format)

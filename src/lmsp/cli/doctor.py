@@ -174,12 +174,19 @@ def check_server(url: str) -> Check:
     return Check("service", "ok", f"{info.get('name')} {info.get('version')} at {url}")
 
 
-def check_clock(conn: Conn) -> Check:
-    """Leases are judged by the database's clock; this machine's may drift from it
-    without harm, but a large skew shows a machine whose time is wrong."""
+def _skew_status(skew: float, limit: float) -> str:
+    return "fail" if abs(skew) >= limit else "warn" if abs(skew) >= SKEW_WARN else "ok"
+
+
+def check_clock(conn: Conn, limit: float) -> Check:
+    """Leases, retention and idempotency keys are judged by the database's clock; a
+    skew past ``limit`` (``LMSP_MAX_CLOCK_SKEW``) shows a machine whose time is wrong:
+    a failure (what such a node stamps is off by as much)."""
     skew = checks.clock_skew(conn)
-    status = "ok" if abs(skew) < SKEW_WARN else "warn"
-    return Check("clock skew", status, f"the database's clock is {skew:+.3f}s from this machine's")
+    text = f"the database's clock is {skew:+.3f}s from this machine's"
+    if abs(skew) >= limit:
+        text += f" (more than LMSP_MAX_CLOCK_SKEW, {limit:g}s: set this machine's clock)"
+    return Check("clock skew", _skew_status(skew, limit), text)
 
 
 def check_nodes(conn: Conn) -> Check:
@@ -195,19 +202,19 @@ def check_nodes(conn: Conn) -> Check:
     return Check("nodes", "warn" if lost else "ok", text)
 
 
-def check_node_clocks(conn: Conn) -> Check:
+def check_node_clocks(conn: Conn, limit: float) -> Check:
     """Each live node's clock against the database's, as the node measured it at its
     last lease renewal."""
     rows = [r for r in checks.node_rows(conn) if r["status"] == "up"]
     measured = [r for r in rows if r["clock_skew"] is not None]
     if not measured:
         return Check("nodes' clocks", "ok", "no live node has measured its clock yet")
-    off = [r["id"] for r in measured if abs(float(r["clock_skew"])) >= SKEW_WARN]
     text = (
         ", ".join(f"{r['id']} {float(r['clock_skew']):+.3f}s" for r in measured)
         + " (the database's clock minus each node's)"
     )
-    return Check("nodes' clocks", "warn" if off else "ok", text)
+    worst = max((float(r["clock_skew"]) for r in measured), key=abs)
+    return Check("nodes' clocks", _skew_status(worst, limit), text)
 
 
 def diagnose_shared(settings: config.Settings, url: str) -> list[Check]:
@@ -220,8 +227,14 @@ def diagnose_shared(settings: config.Settings, url: str) -> list[Check]:
         return [Check("database connection", "fail", f"cannot connect: {exc}")]
     try:
         found = [Check("database connection", "ok", f"PostgreSQL {checks.server_version(conn)}")]
-        found += [check_integrity(conn), check_schema(conn), check_clock(conn), check_nodes(conn)]
-        found.append(check_node_clocks(conn))
+        limit = settings.max_clock_skew
+        found += [
+            check_integrity(conn),
+            check_schema(conn),
+            check_clock(conn, limit),
+            check_nodes(conn),
+        ]
+        found.append(check_node_clocks(conn, limit))
         found += check_blobs(conn, settings.blobs_dir)
         found.append(check_orphans(conn, settings.blobs_dir))
         found.append(check_owner_token(conn, settings.owner_token_path))
@@ -283,7 +296,7 @@ def doctor(data_dir: Path | None, as_json: bool) -> None:
         warned = [c for c in checks if c.status == "warn"]
         if warned and not failed:
             console().print(f"no check failed; {len(warned)} warning(s) above")
-        else:
+        elif not failed:  # one verdict: a failure is said once, below
             console().print("all checks passed")
     if failed:
         raise CliError(f"{len(failed)} check(s) failed", "checks_failed")

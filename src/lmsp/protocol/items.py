@@ -50,7 +50,7 @@ Message = dict[str, str]
 #: context of ``previous_response_id``, resolved when the request is created)
 HISTORY = "lmsp_history"
 #: a stored request's key for what ``truncation: "auto"`` left out: ``{"items": n,
-#: "dropped": [{"id", "type", "role"}, …]}``, the ``n`` oldest items of its context
+#: "first": {"id", "type", "role"}, "last": {…}}``, the ``n`` oldest items of its context
 #: (the conversation it continues, then its own input), decided when it was created
 TRUNCATED = "lmsp_truncated"
 #: an ``input_file`` part's key for the text it gives the model, read once when the

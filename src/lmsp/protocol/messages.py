@@ -237,6 +237,8 @@ def items_from_messages(messages: list[dict[str, Any]]) -> Translated:
             out.items.append({"type": "message", "role": "system", "content": [part]})
             out.origin.append(index)
             continue
+        if role == "user":
+            _check_results(content, _uses(messages[index - 1] if index else None), where)
         message = _Message(role, index, out)
         _blocks(message, content, f"{where}.content")
         message.flush()
@@ -246,6 +248,42 @@ def items_from_messages(messages: list[dict[str, Any]]) -> Translated:
             last, "a last assistant message (prefill) is not supported; end with a user message."
         )
     return out
+
+
+def _uses(message: dict[str, Any] | None) -> set[str]:
+    """The ids of the ``tool_use`` blocks of ``message`` (an assistant's)."""
+    if message is None or message.get("role") != "assistant":
+        return set()
+    content = message.get("content")
+    if not isinstance(content, list):
+        return set()
+    return {
+        str(block["id"])
+        for block in content
+        if isinstance(block, dict) and block.get("type") == "tool_use" and "id" in block
+    }
+
+
+def _check_results(content: list[Any], uses: set[str], where: str) -> None:
+    """As Anthropic: each ``tool_result`` answers a ``tool_use`` of the message just
+    before, and answers it once."""
+    answered: set[str] = set()
+    for index, block in enumerate(content):
+        if not isinstance(block, dict) or block.get("type") != "tool_result":
+            continue
+        call_id = block.get("tool_use_id")
+        if not isinstance(call_id, str):
+            continue  # the block's own check says so
+        at = f"{where}.content.{index}.tool_use_id"
+        if call_id not in uses:
+            raise _invalid(
+                at,
+                f"unexpected tool_use_id {call_id!r} in a tool_result block: each tool_result"
+                " must answer a tool_use block of the previous (assistant) message.",
+            )
+        if call_id in answered:
+            raise _invalid(at, f"the tool_use {call_id!r} is answered twice in this message.")
+        answered.add(call_id)
 
 
 def _system_block(block: Any, where: str) -> str:

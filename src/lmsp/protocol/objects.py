@@ -136,8 +136,8 @@ def render_response(
 ) -> dict[str, Any]:
     """The response object: every field of the Open Responses ``ResponseResource``, plus
     the LMSP extensions ``model_digest``, ``task`` and ``truncated_input`` (``null``, or
-    the oldest input items ``truncation: "auto"`` dropped: ``{"items": n, "dropped":
-    [{"id", "type", "role"}, …]}``)."""
+    the oldest input items ``truncation: "auto"`` dropped: ``{"items": n, "first":
+    {"id", "type", "role"}, "last": {…}}``)."""
     request: dict[str, Any] = json.loads(response["request"])
     status = Status(task["status"])
     incomplete = response["incomplete_reason"]
@@ -183,9 +183,18 @@ def render_response(
         "model_digest": response["model_digest"],
         "task": render_task_brief(task, queue_position),
         # LMSP extension: what ``truncation: "auto"`` left out of the model's context
-        "truncated_input": request.get(items.TRUNCATED),
+        "truncated_input": render_truncated(request.get(items.TRUNCATED)),
         "conversation": request.get("conversation"),  # ``{"id"}`` of the one it joins
     }
+
+
+def render_truncated(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What ``truncation: "auto"`` left out: ``{"items": n, "first": {...}, "last":
+    {...}}`` (a request stored with the whole ``dropped`` list, before, shown alike)."""
+    if not recorded or "dropped" not in recorded:
+        return recorded
+    gone = recorded["dropped"]
+    return {"items": recorded["items"], "first": gone[0], "last": gone[-1]}
 
 
 def render_task(task: Row, queue_position: int | None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lmsp.errors import unauthorized
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
 from lmsp.store.sql import Conn, Row
@@ -128,6 +129,17 @@ def touch(conn: Conn, client_id: str, now: int) -> bool:
         (now, client_id, now - TOUCH_INTERVAL),
     )
     return cur.rowcount == 1
+
+
+def ensure_active(conn: Conn, client_id: str) -> None:
+    """In a write that acts for ``client_id`` (a create): raise ``401 invalid_token`` if
+    the client was revoked since its request was authenticated. On PostgreSQL the
+    client's row stays locked until the commit, so a revoke cannot slip in between."""
+    row = conn.execute(
+        f"SELECT revoked_at FROM clients WHERE id = ?{conn.for_update}", (client_id,)
+    ).fetchone()
+    if row is None or row["revoked_at"] is not None:
+        raise unauthorized("This client's token was revoked while the request was being made.")
 
 
 def get(conn: Conn, client_id: str) -> Row | None:

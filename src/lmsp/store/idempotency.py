@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsp.errors import LmspError
-from lmsp.ids import now as _now
-from lmsp.store.sql import Conn
+from lmsp.store.sql import Conn, clock_sql
 
 
 @dataclass(frozen=True)
@@ -40,13 +39,14 @@ def valid_key(key: str) -> bool:
 def lookup(conn: Conn, key: Key) -> Stored | None:
     """The stored result for ``key``; 422 if the key was used for another request."""
     row = conn.execute(
-        "SELECT request_digest, status_code, resource_id, expires_at FROM idempotency_keys"
+        "SELECT request_digest, status_code, resource_id,"
+        f" expires_at <= {clock_sql(conn)} AS expired FROM idempotency_keys"
         " WHERE client_id = ? AND key = ?",
         (key.client_id, key.key),
     ).fetchone()
     if row is None:
         return None
-    if row["expires_at"] <= _now():
+    if row["expired"]:  # by the database's clock, never a node's
         conn.execute(
             "DELETE FROM idempotency_keys WHERE client_id = ? AND key = ?", (key.client_id, key.key)
         )
@@ -60,11 +60,14 @@ def lookup(conn: Conn, key: Key) -> Stored | None:
 
 
 def record(conn: Conn, key: Key, status_code: int, resource_id: str | None) -> None:
-    stamp = _now()
+    """Store a key; it expires ``ttl`` seconds from now by the database's clock (on a
+    database nodes share, a node's clock never decides when another's key goes)."""
+    clock = clock_sql(conn)
     conn.execute(
         "INSERT INTO idempotency_keys (client_id, key, request_digest, status_code, resource_id,"
-        " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (key.client_id, key.key, key.digest, status_code, resource_id, stamp, stamp + int(key.ttl)),
+        f" created_at, expires_at) VALUES (?, ?, ?, ?, ?, CAST({clock} AS BIGINT),"
+        f" CAST({clock} + ? AS BIGINT))",
+        (key.client_id, key.key, key.digest, status_code, resource_id, int(key.ttl)),
     )
 
 

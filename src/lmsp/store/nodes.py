@@ -98,14 +98,15 @@ def fence(conn: Conn, task_id: str, node: Node) -> None:
 
 
 def mark_lost(conn: Conn, exclude: str) -> list[str]:
-    """Mark every node whose lease ran out ``lost`` (not ``exclude``, this node); the
-    ids marked now."""
+    """Mark every node whose lease ran out while it was ``up`` ``lost`` (not
+    ``exclude``, this node); the ids marked now. A node that stopped on purpose stays
+    ``left`` (its tasks are rescued all the same: :func:`orphaned`)."""
     now = clock_sql(conn)
     return [
         str(row[0])
         for row in conn.execute(
             "UPDATE nodes SET status = 'lost'"
-            f" WHERE status IN ('up', 'left') AND lease_expires_at <= {now} AND id <> ?"
+            f" WHERE status = 'up' AND lease_expires_at <= {now} AND id <> ?"
             " RETURNING id",
             (exclude,),
         )
@@ -113,12 +114,13 @@ def mark_lost(conn: Conn, exclude: str) -> list[str]:
 
 
 def orphaned(conn: Conn, exclude: str) -> list[tuple[str, str]]:
-    """``(task id, node id)`` of unfinished tasks held by a lost node, oldest first."""
+    """``(task id, node id)`` of unfinished tasks held by a lost node or one that left,
+    oldest first."""
     return [
         (str(row[0]), str(row[1]))
         for row in conn.execute(
             "SELECT t.id, t.node_id FROM tasks t JOIN nodes n ON n.id = t.node_id"
-            f" WHERE n.status = 'lost' AND n.id <> ? AND t.status IN ({UNFINISHED_SQL})"
+            f" WHERE n.status IN ('lost', 'left') AND n.id <> ? AND t.status IN ({UNFINISHED_SQL})"
             " ORDER BY t.seq",
             (exclude,),
         )

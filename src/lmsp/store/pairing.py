@@ -7,6 +7,7 @@ transaction. A request past ``expires_at`` can no longer be decided or claimed.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import secrets
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.store import clients
-from lmsp.store.sql import Conn, Row
+from lmsp.store.sql import Conn, Row, clock_sql
 
 # consonants only: no words, no 0/O or 1/I confusion; 20^8 codes
 CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
@@ -74,12 +75,15 @@ def create(
     source: str = "",
     max_per_source: int | None = None,
     max_per_name: int | None = None,
+    max_remote: int | None = None,
 ) -> Row:
     """A new pending request; ``429`` (with ``Retry-After``: when the oldest of those
     it counts against expires) when ``max_per_name`` unexpired ones with the same
     client name, ``max_per_source`` from the same ``source`` (the caller passes it only
     for a peer it can tell apart: not loopback, where every local agent is one
-    address), or ``max_pending`` in all are waiting."""
+    address), ``max_remote`` from peers beyond this machine together (the caller passes
+    it for such a peer: hosts elsewhere can never take every slot from this machine's
+    agents), or ``max_pending`` in all are waiting."""
     waiting = pending(conn, now)
     named = [r for r in waiting if same_name(r["client_name"], client_name)]
     if max_per_name is not None and len(named) >= max_per_name:
@@ -95,6 +99,14 @@ def create(
             mine,
             now,
             f"{max_per_source} pairing requests from this address are waiting for approval"
+            " already; retry later.",
+        )
+    remote = [r for r in waiting if is_remote(r["source"] or "")]
+    if max_remote is not None and len(remote) >= max_remote:
+        raise _refuse(
+            remote,
+            now,
+            f"{max_remote} pairing requests from beyond this machine are waiting for approval"
             " already; retry later.",
         )
     if len(waiting) >= max_pending:
@@ -115,6 +127,14 @@ def create(
     row = get(conn, pair_id)
     assert row is not None
     return row
+
+
+def is_remote(source: str) -> bool:
+    """Is ``source`` (a peer's address) an address beyond this machine?"""
+    try:
+        return not ipaddress.ip_address(source).is_loopback
+    except ValueError:
+        return False  # no address (a Unix socket, an in-process test client)
 
 
 def deny_pending(conn: Conn, now: int, source: str | None = None) -> list[str]:
@@ -218,11 +238,13 @@ def render(row: Row) -> dict[str, Any]:
     }
 
 
-def delete_expired_batch(conn: Conn, now: float, batch: int) -> int:
-    """Delete up to ``batch`` requests that expired more than ``GRACE`` seconds ago."""
+def delete_expired_batch(conn: Conn, batch: int) -> int:
+    """Delete up to ``batch`` requests that expired more than ``GRACE`` seconds ago (by
+    the database's clock)."""
     cur = conn.execute(
         "DELETE FROM pairing_requests WHERE id IN ("
-        " SELECT id FROM pairing_requests WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)",
-        (int(now) - GRACE, batch),
+        " SELECT id FROM pairing_requests"
+        f" WHERE expires_at <= {clock_sql(conn)} - ? ORDER BY expires_at LIMIT ?)",
+        (GRACE, batch),
     )
     return cur.rowcount

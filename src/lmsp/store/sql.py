@@ -9,6 +9,7 @@ between the two dialects is asked of the connection (:attr:`Conn.dialect`) insid
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -59,6 +60,15 @@ def clock_sql(conn: Conn) -> str:
     if conn.dialect == POSTGRES:
         return "extract(epoch from clock_timestamp())::float8"
     return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def clock_now(conn: Conn) -> int:
+    """The time to stamp a row with, in whole seconds: the database's clock on a database
+    nodes share (one clock for every node's stamps, which retention ages by), this
+    machine's on SQLite (the database's clock is this machine's there)."""
+    if conn.dialect == POSTGRES:
+        return int(conn.execute(f"SELECT {clock_sql(conn)}").fetchone()[0])
+    return int(time.time())
 
 
 def skip_locked(conn: Conn) -> str:

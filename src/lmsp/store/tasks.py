@@ -17,7 +17,7 @@ from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
 from lmsp.store import conversations, events, fairness, snapshots, usage, webhooks
 from lmsp.store.nodes import Node
-from lmsp.store.sql import Conn, Row, skip_locked
+from lmsp.store.sql import Conn, Row, clock_now, skip_locked
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def move(
     allowed = sources(target) if from_states is None else from_states
     if not allowed:
         raise ValueError(f"no transition leads to {target}")
-    stamp = _now()
+    stamp = clock_now(conn)  # the database's clock: retention ages finished_at by it
     fields: dict[str, Any] = {"status": target.value, "updated_at": stamp}
     if target in TERMINAL:  # nothing resumes a finished task: its snapshot goes
         fields["finished_at"] = stamp

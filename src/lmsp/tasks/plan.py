@@ -41,19 +41,24 @@ def context_of(request: dict[str, Any]) -> list[Item]:
 
 def truncate(request: dict[str, Any], dropped: int) -> None:
     """Record in ``request`` that its ``dropped`` oldest context items are left out
-    (``truncation: "auto"``): how many, and which (their ids, types and roles, for the
-    response to say)."""
+    (``truncation: "auto"``): how many, and the first and the last of them (id, type and
+    role; the items between are the context's, in order). Never the whole list: a long
+    conversation drops more with every turn, and the record is copied into the
+    response object of every lifecycle event (that list once made an 18-turn chain's
+    events quadratic in its length)."""
     if dropped <= 0:
         request.pop(items.TRUNCATED, None)
         return
-    gone = full_context_of(request)[:dropped]
+    context = full_context_of(request)
     request[items.TRUNCATED] = {
         "items": dropped,
-        "dropped": [
-            {"id": item.get("id"), "type": item.get("type"), "role": item.get("role")}
-            for item in gone
-        ],
+        "first": _brief(context[0]),
+        "last": _brief(context[dropped - 1]),
     }
+
+
+def _brief(item: Item) -> dict[str, Any]:
+    return {"id": item.get("id"), "type": item.get("type"), "role": item.get("role")}
 
 
 def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:

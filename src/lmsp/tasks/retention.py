@@ -30,24 +30,25 @@ class Swept:
     webhook_deliveries: int = 0  # delivered or failed ones past the retention period
 
 
-def delete_expired_pairings_batch(conn: Conn, now: float, batch: int = BATCH) -> int:
+def delete_expired_pairings_batch(conn: Conn, batch: int = BATCH) -> int:
     """Expired pairing requests (kept ``pairing.GRACE`` seconds so a late poll still
     hears ``expired_token``)."""
-    return pairing.delete_expired_batch(conn, now, batch)
+    return pairing.delete_expired_batch(conn, batch)
 
 
 def sweep(
     db: Database, retention: float, now: float | None = None, kv: PrefixFiles | None = None
 ) -> Swept:
-    """One cleanup pass; each batch is its own short transaction."""
+    """One cleanup pass; each batch is its own short transaction. Ages are judged by
+    the database's clock; ``now`` (this machine's by default) only ages the prefix cache's
+    files, which are this machine's own."""
     stamp = time.time() if now is None else now
-    cutoff = stamp - retention
     swept = Swept()
-    while n := db.write_sync(lambda c: delete_finished_batch(c, cutoff)):
+    while n := db.write_sync(lambda c: delete_finished_batch(c, retention)):
         swept.responses += n
-    while n := db.write_sync(lambda c: delete_expired_keys_batch(c, stamp)):
+    while n := db.write_sync(delete_expired_keys_batch):
         swept.idempotency_keys += n
-    while n := db.write_sync(lambda c: delete_expired_pairings_batch(c, stamp)):
+    while n := db.write_sync(delete_expired_pairings_batch):
         swept.pairing_requests += n
     while n := db.write_sync(lambda c: webhooks.delete_done_batch(c, cutoff, BATCH)):
         swept.webhook_deliveries += n

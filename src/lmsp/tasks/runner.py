@@ -39,7 +39,7 @@ from lmsp.store.health import is_storage_error
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row
 
-from . import durable
+from . import durable, revocation
 from .plan import plan_for
 from .pull import Downloader
 
@@ -274,6 +274,8 @@ class Runner:
             self._execute(task_id, slot, resumed)
         except nodes.LeaseLost:
             raise
+        except revocation.ClientRevoked:  # its client was revoked: cancelled
+            self._durably(task_id, lambda c: revocation.cancel(c, task_id))
         except EngineCrashed as exc:
             if not self._shutdown.is_set():  # at shutdown, startup recovery decides
                 self._interrupted(task_id, exc)
@@ -326,14 +328,22 @@ class Runner:
         model = self.host.get(record, slot)
         if resumed:
             resume = self._fenced(
-                task_id, lambda c: task_store.mark_resumed(c, task_id, record.digest)
+                task_id,
+                revocation.guarded(
+                    task_id, lambda c: task_store.mark_resumed(c, task_id, record.digest)
+                ),
             )
             if not self.db.write_sync(resume):
                 self._cancelled(task_id)  # a cancel won before the resume
                 return
         elif (
             self.db.write_sync(
-                self._fenced(task_id, lambda c: task_store.start(c, task_id, record.digest))
+                self._fenced(
+                    task_id,
+                    revocation.guarded(
+                        task_id, lambda c: task_store.start(c, task_id, record.digest)
+                    ),
+                )
             )
             is None
         ):
@@ -376,7 +386,12 @@ class Runner:
             batch = list(pending)  # one delta event per token, many per transaction
             pending.clear()
             return self.db.submit(
-                self._fenced(task_id, lambda c: task_store.append_output(c, task_id, batch, snap))
+                self._fenced(
+                    task_id,
+                    revocation.guarded(
+                        task_id, lambda c: task_store.append_output(c, task_id, batch, snap)
+                    ),
+                )
             )
 
         cached = 0

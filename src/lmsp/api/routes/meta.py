@@ -23,13 +23,20 @@ async def healthz(request: Request) -> JSONResponse:
     "degraded"`` while the storage refuses writes (a full disk): reads work, new work is
     refused with ``507``, and the runner retries its tasks' last writes until they
     commit. ``engines`` lists each model's engine process (``state``, ``pid``,
-    ``restarts``, ``crashes``): an engine crash leaves the service up, restarting it."""
+    ``restarts``, ``crashes``): an engine crash leaves the service up, restarting it.
+    A model whose engine kept crashing past ``LMSP_ENGINE_RESTARTS`` cannot run: then
+    ``200`` with ``"status": "degraded"`` and ``failed_models`` (each ``model`` and its
+    ``error``): the service serves, that model does not."""
     svc = service(request)
     report = svc.db.health.report()
     engines = svc.host.engine_status()
+    failed = [{"model": e["model"], "error": e["error"]} for e in engines if e["state"] == "failed"]
+    models = {"failed_models": failed} if failed else {}
     if report.status == "ok":
-        return JSONResponse({"status": "ok", "engines": engines})
-    return JSONResponse({**report.as_dict(), "engines": engines}, 503, headers={"Retry-After": "5"})
+        status = "degraded" if failed else "ok"
+        return JSONResponse({"status": status, **models, "engines": engines})
+    shown = {**report.as_dict(), **models, "engines": engines}
+    return JSONResponse(shown, 503, headers={"Retry-After": "5"})
 
 
 @router.get("/v1/service")

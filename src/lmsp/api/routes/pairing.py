@@ -58,6 +58,8 @@ async def request_pairing(body: PairingRequest, request: Request) -> JSONRespons
     # every agent on this machine comes from one loopback address: there the client
     # name tells them apart, and a per-address limit would let one block the others
     per_source = None if loopback(source) else svc.settings.max_pending_pairings_per_source
+    # and peers beyond this machine together hold at most half the slots
+    remote = max(1, svc.settings.max_pending_pairings // 2) if pairing.is_remote(source) else None
 
     def job(conn: Conn) -> Row:
         return pairing.create(
@@ -70,6 +72,7 @@ async def request_pairing(body: PairingRequest, request: Request) -> JSONRespons
             source=source,
             max_per_source=per_source,
             max_per_name=svc.settings.max_pending_pairings_per_name,
+            max_remote=remote,
         )
 
     row = await svc.db.write(job)
