@@ -139,6 +139,8 @@ def _hook(method: str, suffix: str = "") -> Build:
         made = world.http.post("/v1/webhooks", json=HOOK, headers=world.auth(token))
         assert made.status_code == 201, made.text
         return Call(method, f"/v1/webhooks/{made.json()['id']}{suffix}")
+
+
 def _conv(method: str, suffix: str = "", item: bool = False, **kw: Any) -> Build:
     """A conversation of ``token``'s with one item (``item``: the path names it)."""
 
@@ -286,6 +288,7 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("DELETE", "/v1/webhooks/{webhook_id}"): Route(_hook("DELETE"), 200, owned=True),
     ("GET", "/v1/webhooks/{webhook_id}/deliveries"): Route(
         _hook("GET", "/deliveries"), 200, owned=True
+    ),
     ("POST", "/v1/responses/compact"): Route(
         _static("POST", "/v1/responses/compact", json={"model": "lmsp-test", "input": "x"}), 200
     ),

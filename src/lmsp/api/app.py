@@ -46,9 +46,9 @@ from .routes import (
     tasks,
 )
 from .routes import clients as client_routes
-from .routes import webhooks as webhook_routes
 from .routes import compaction as compaction_routes
 from .routes import conversations as conversation_routes
+from .routes import webhooks as webhook_routes
 from .routes.deps import idempotency_supported
 from .service import Service, open_service
 

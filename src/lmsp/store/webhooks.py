@@ -35,7 +35,7 @@ from typing import Any
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
-from lmsp.store.sql import Conn, Row, skip_locked
+from lmsp.store.sql import Conn, Row, clock_sql, skip_locked
 
 #: webhooks one client may have
 MAX_PER_CLIENT = 32
@@ -340,11 +340,12 @@ def render_delivery(row: Row) -> dict[str, Any]:
     }
 
 
-def delete_done_batch(conn: Conn, cutoff: float, batch: int) -> int:
-    """Retention: up to ``batch`` deliveries delivered or failed before ``cutoff``
-    (pending ones are never deleted)."""
+def delete_done_batch(conn: Conn, age: float, batch: int) -> int:
+    """Retention: up to ``batch`` deliveries delivered or failed more than ``age``
+    seconds ago by the database's clock (pending ones are never deleted)."""
     return conn.execute(
         "DELETE FROM webhook_deliveries WHERE seq IN (SELECT seq FROM webhook_deliveries"
-        " WHERE status != 'pending' AND last_attempt_at < ? ORDER BY last_attempt_at LIMIT ?)",
-        (cutoff, batch),
+        f" WHERE status != 'pending' AND last_attempt_at < {clock_sql(conn)} - ?"
+        " ORDER BY last_attempt_at LIMIT ?)",
+        (float(age), batch),
     ).rowcount

@@ -50,7 +50,7 @@ def sweep(
         swept.idempotency_keys += n
     while n := db.write_sync(delete_expired_pairings_batch):
         swept.pairing_requests += n
-    while n := db.write_sync(lambda c: webhooks.delete_done_batch(c, cutoff, BATCH)):
+    while n := db.write_sync(lambda c: webhooks.delete_done_batch(c, retention, BATCH)):
         swept.webhook_deliveries += n
     if kv is not None:
         named = models.digests(db.reader())
