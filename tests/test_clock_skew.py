@@ -47,13 +47,13 @@ def faketime_env() -> dict[str, str]:
     return dict(AHEAD)
 
 
-def node(tmp_path: Path, url: str, name: str, **env: str) -> Server:
+def node(tmp_path: Path, url: str, name: str, ttl: str = "3s", **env: str) -> Server:
     data_dir = tmp_path / name
     data_dir.mkdir()
     base = {
         "LMSP_DATABASE_URL": url,
         "LMSP_NODE_ID": name,
-        "LMSP_LEASE_TTL": "3s",
+        "LMSP_LEASE_TTL": ttl,
         "LMSP_TEST_ENGINE_DELAY": "0.01",
     }
     return Server(data_dir, env={**base, **env})
@@ -79,8 +79,10 @@ def scalar(url: str, sql: str, *args: Any) -> Any:
 def test_a_node_eight_days_ahead_deletes_nothing_fresh(tmp_path: Path, pg_cluster: Cluster) -> None:
     ahead = faketime_env()
     url = pg_cluster.database()
-    first = node(tmp_path, url, "a").start()
-    skewed = node(tmp_path, url, "b", LMSP_GC_INTERVAL="0.5s", **ahead)
+    # leases long enough that a busy machine never loses one (a lost lease is not the
+    # subject here; the clock is)
+    first = node(tmp_path, url, "a", ttl="15s").start()
+    skewed = node(tmp_path, url, "b", ttl="15s", LMSP_GC_INTERVAL="0.5s", **ahead)
     try:
         token = first.token
         headers = {"Authorization": f"Bearer {token}"}
