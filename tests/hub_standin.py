@@ -65,6 +65,7 @@ class Hub:
     cut_first: int = 0  # the first N file GETs break off half-way
     rate: float | None = None  # bytes per second, None: as fast as it goes
     requests: list[dict[str, Any]] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)  # of every request
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
     server: ThreadingHTTPServer | None = None
@@ -102,6 +103,8 @@ def serve(hub: Hub) -> Hub:
 
         def _route(self, head: bool) -> None:
             path = self.path.split("?", 1)[0]
+            with hub.lock:
+                hub.authorizations.append(self.headers.get("Authorization"))
             repo = re.escape(hub.repo)
             if re.fullmatch(f"/api/models/{repo}", path):
                 siblings = [{"rfilename": f.path} for f in hub.files]

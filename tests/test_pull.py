@@ -62,9 +62,9 @@ def hub_factory(variant: tuple[Path, str]) -> Iterator[Callable[..., Hub]]:
         hub.close()
 
 
-def start(tmp_path: Path, blob_cache: Path, hub: Hub, name: str = "data") -> Server:
-    data_dir = seeded_data_dir(tmp_path / name, blob_cache)
-    return Server(data_dir, env={"LMSP_HF_ENDPOINT": hub.url}).start()
+def start(tmp_path: Path, blob_cache: Path, hub: Hub, **env: str) -> Server:
+    data_dir = seeded_data_dir(tmp_path / "data", blob_cache)
+    return Server(data_dir, env={"LMSP_HF_ENDPOINT": hub.url, **env}).start()
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 120) -> Any:
@@ -223,7 +223,8 @@ def test_a_wrong_sha256_fails_with_digest_mismatch_and_leaves_nothing(
     tmp_path: Path, blob_cache: Path, hub_factory: Callable[..., Hub], variant: tuple[Path, str]
 ) -> None:
     hub = hub_factory(sha="0" * 64)
-    server = start(tmp_path, blob_cache, hub)
+    secret = "hf_" + "k3y" * 10
+    server = start(tmp_path, blob_cache, hub, HF_TOKEN=secret)
     try:
         with server.client() as http:
             task_id = http.post("/v1/models/pull", json={"from": REF}).json()["task"]["id"]
@@ -234,6 +235,9 @@ def test_a_wrong_sha256_fails_with_digest_mismatch_and_leaves_nothing(
         assert leftovers(server.data_dir) == []
         blobs = sorted(p.name for p in (server.data_dir / "blobs").iterdir())
         assert f"sha256-{variant[1]}" not in blobs and "sha256-" + "0" * 64 not in blobs
+        # HF_TOKEN went to the hub with every request, and nowhere into the log
+        assert hub.authorizations and set(hub.authorizations) == {f"Bearer {secret}"}
+        assert secret not in server.log_path.read_text()
     finally:
         server.stop()
 
