@@ -21,8 +21,11 @@ from lmsp.api.app import create_app
 from lmsp.bootstrap import bundled_model_path
 from lmsp.config import Settings
 from lmsp.store.clients import SCOPES
+from tests.hub_standin import Hub, HubFile, serve, sha256_of
 
 NON_ADMIN = [s for s in SCOPES if s != "admin"]
+PULL_REPO = "matrix/SmolLM2-GGUF"
+PULL_FILE = "smollm2-Q4_K_M.gguf"
 
 
 @dataclass
@@ -140,6 +143,8 @@ def _hook(method: str, suffix: str = "") -> Build:
         assert made.status_code == 201, made.text
         return Call(method, f"/v1/webhooks/{made.json()['id']}{suffix}")
 
+    return build
+
 
 def _conv(method: str, suffix: str = "", item: bool = False, **kw: Any) -> Build:
     """A conversation of ``token``'s with one item (``item``: the path names it)."""
@@ -184,6 +189,14 @@ ROUTES: dict[tuple[str, str], Route] = {
             "PATCH", f"/v1/models/{w.imported_model()}", json={"defaults": {"temperature": 0.5}}
         ),
         200,
+    ),
+    ("POST", "/v1/models/pull"): Route(
+        lambda w, t: Call(
+            "POST",
+            "/v1/models/pull",
+            json={"from": f"hf.co/{PULL_REPO}:Q4_K_M", "id": w.unique("pulled")},
+        ),
+        202,
     ),
     ("POST", "/v1/models/{model_id}/verify"): Route(
         _static("POST", "/v1/models/lmsp-test/verify"), 200
@@ -321,12 +334,24 @@ ROUTES: dict[tuple[str, str], Route] = {
 
 @pytest.fixture
 def world(settings: Settings) -> Iterator[World]:
-    roomy = dataclasses.replace(
-        settings, max_pending_pairings=1000, max_pending_pairings_per_source=1000
+    # a stand-in hub listing the bundled model itself: a pull of it is accepted and,
+    # its blob already in the store, fetches nothing
+    bundled = bundled_model_path()
+    hub = serve(
+        Hub(PULL_REPO, [HubFile(PULL_FILE, bundled, bundled.stat().st_size, sha256_of(bundled))])
     )
-    with TestClient(create_app(roomy)) as http:
-        owner = (settings.data_dir / "owner.token").read_text().strip()
-        yield World(http, owner)
+    roomy = dataclasses.replace(
+        settings,
+        max_pending_pairings=1000,
+        max_pending_pairings_per_source=1000,
+        hf_endpoint=hub.url,
+    )
+    try:
+        with TestClient(create_app(roomy)) as http:
+            owner = (settings.data_dir / "owner.token").read_text().strip()
+            yield World(http, owner)
+    finally:
+        hub.close()
 
 
 def operations(world: World) -> list[tuple[str, str, str | None]]:

@@ -57,6 +57,8 @@ def position(conn: Conn, task_id: str) -> int | None:
         else:  # served for its higher-tier tasks first: after every other client
             turn = (1, int(row["later"]), int(row["head"]))
         turns[row["client_id"]] = (int(row["n"]), turn)
+    if client not in turns:  # claimed meanwhile: these reads are not one snapshot
+        return None
     _, my_turn = turns[client]
     ahead = higher + earlier
     for other, (queued, turn) in turns.items():
