@@ -1,5 +1,8 @@
+CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TABLE _migrations ( name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL) STRICT;
-CREATE TABLE clients ( id TEXT PRIMARY KEY, name TEXT NOT NULL, token_prefix TEXT NOT NULL, token_hash TEXT NOT NULL UNIQUE, scopes TEXT NOT NULL, created_at INTEGER NOT NULL, last_used_at INTEGER, revoked_at INTEGER ) STRICT;
+CREATE TABLE audit_log ( id INTEGER PRIMARY KEY, at INTEGER NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL, change TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL ) STRICT;
+CREATE TABLE clients ( id TEXT PRIMARY KEY, name TEXT NOT NULL, token_prefix TEXT NOT NULL, token_hash TEXT NOT NULL UNIQUE, scopes TEXT NOT NULL, created_at INTEGER NOT NULL, last_used_at INTEGER, revoked_at INTEGER , max_queued INTEGER, max_running INTEGER, tokens_per_minute INTEGER, tokens_per_day INTEGER, served INTEGER NOT NULL DEFAULT 0) STRICT;
 CREATE TABLE idempotency_keys ( client_id TEXT NOT NULL REFERENCES clients(id), key TEXT NOT NULL, request_digest TEXT NOT NULL, status_code INTEGER NOT NULL, resource_id TEXT, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (client_id, key) ) STRICT;
 CREATE TABLE models ( id TEXT PRIMARY KEY, format TEXT NOT NULL, engine TEXT NOT NULL, digest TEXT NOT NULL, size_bytes INTEGER NOT NULL, owned_by TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{}', position INTEGER NOT NULL, created_at INTEGER NOT NULL , status TEXT NOT NULL DEFAULT 'ready' CHECK (status IN ('ready','corrupt')), verified_at INTEGER, defaults TEXT NOT NULL DEFAULT '{}') STRICT;
 CREATE TABLE nodes ( id TEXT PRIMARY KEY, epoch INTEGER NOT NULL, address TEXT NOT NULL, started_at REAL NOT NULL, heartbeat_at REAL NOT NULL, lease_expires_at REAL NOT NULL, status TEXT NOT NULL CHECK (status IN ('up','left','lost')) , clock_skew REAL) STRICT;
@@ -8,12 +11,17 @@ CREATE TABLE responses ( id TEXT PRIMARY KEY, client_id TEXT NOT NULL REFERENCES
 CREATE TABLE service_config ( key TEXT PRIMARY KEY, value TEXT NOT NULL ) STRICT;
 CREATE TABLE task_events ( task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE, sequence_number INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (task_id, sequence_number) ) STRICT, WITHOUT ROWID;
 CREATE TABLE task_tokens ( task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE, start INTEGER NOT NULL, tokens BLOB NOT NULL, PRIMARY KEY (task_id, start) ) STRICT, WITHOUT ROWID;
-CREATE TABLE tasks ( seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, response_id TEXT NOT NULL UNIQUE REFERENCES responses(id) ON DELETE CASCADE, client_id TEXT NOT NULL REFERENCES clients(id), status TEXT NOT NULL CHECK (status IN ('queued','loading','running','cancelling','completed','failed','cancelled')), on_restart TEXT NOT NULL CHECK (on_restart IN ('fail','retry','resume')), attempt INTEGER NOT NULL DEFAULT 1, last_sequence_number INTEGER NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, finished_at INTEGER, error_code TEXT, error_message TEXT, snapshot TEXT , node_id TEXT, lease_epoch INTEGER NOT NULL DEFAULT 0) STRICT;
+CREATE TABLE tasks ( seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, response_id TEXT NOT NULL UNIQUE REFERENCES responses(id) ON DELETE CASCADE, client_id TEXT NOT NULL REFERENCES clients(id), status TEXT NOT NULL CHECK (status IN ('queued','loading','running','cancelling','completed','failed','cancelled')), on_restart TEXT NOT NULL CHECK (on_restart IN ('fail','retry','resume')), attempt INTEGER NOT NULL DEFAULT 1, last_sequence_number INTEGER NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, finished_at INTEGER, error_code TEXT, error_message TEXT, snapshot TEXT , node_id TEXT, lease_epoch INTEGER NOT NULL DEFAULT 0, tier INTEGER NOT NULL DEFAULT 1) STRICT;
+CREATE TABLE usage_daily ( client_id TEXT NOT NULL, model TEXT NOT NULL, day TEXT NOT NULL, requests INTEGER NOT NULL, input_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, PRIMARY KEY (client_id, model, day) ) STRICT;
+CREATE TABLE usage_minutes ( client_id TEXT NOT NULL, minute INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY (client_id, minute) ) STRICT, WITHOUT ROWID;
 CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
 CREATE INDEX pairing_expiry ON pairing_requests(expires_at);
 CREATE INDEX pairing_source ON pairing_requests(source, status);
 CREATE INDEX responses_previous ON responses(previous_id) WHERE previous_id IS NOT NULL;
 CREATE INDEX tasks_client ON tasks(client_id, seq);
+CREATE INDEX tasks_client_status ON tasks(client_id, status);
 CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX tasks_node ON tasks(node_id) WHERE node_id IS NOT NULL;
+CREATE INDEX tasks_queue ON tasks(status, tier, client_id, seq);
 CREATE INDEX tasks_status ON tasks(status, seq);
+CREATE INDEX usage_day ON usage_daily(day);
