@@ -248,11 +248,31 @@ def test_limits_usage_and_audit(tmp_path: Path, blob_cache: Path) -> None:
         assert entries[1]["change"]["after"]["max_queued"] is None
         assert all(e["actor"] == owner_id for e in entries)
         assert user.get("/v1/audit").status_code == 403
+        # the same through the command line
+        env = {"LMSP_URL": srv.url, "LMSP_DATA_DIR": str(data_dir), "LMSP_TOKEN": None}
+        cli = CliRunner()
+        set_limit = cli.invoke(
+            main, ["clients", "limit", "user", "--tokens-per-minute", "900", "--json"], env=env
+        )
+        assert set_limit.exit_code == 0, set_limit.output
+        assert json.loads(set_limit.stdout)["limits"]["tokens_per_minute"] == 900
+        shown = cli.invoke(main, ["clients", "usage", "user", "--by", "total", "--json"], env=env)
+        assert shown.exit_code == 0, shown.output
+        totals = json.loads(shown.stdout)
+        assert [(t["client_id"], t["output_tokens"]) for t in totals] == [
+            (user_id, expected["output_tokens"])
+        ]
+        logged = cli.invoke(main, ["audit", "--target", user_id, "--json"], env=env)
+        assert logged.exit_code == 0, logged.output
+        assert [e["action"] for e in json.loads(logged.stdout)][-2:] == [
+            "client.limits_changed",
+            "client.limits_changed",
+        ]
         changed_row = entries[1]["id"]
         owner.close()
         user.close()
         limited.close()
-        heavy_rows = [e["id"] for e in entries]
+        limited_rows = [e["id"] for e in entries]
     finally:
         srv.stop()
 
@@ -272,4 +292,4 @@ def test_limits_usage_and_audit(tmp_path: Path, blob_cache: Path) -> None:
     assert code == 1
     assert checks["audit log"]["status"] == "fail"
     assert f"row {changed_row} " in checks["audit log"]["detail"], checks["audit log"]
-    assert heavy_rows[0] < changed_row < heavy_rows[2]
+    assert limited_rows[0] < changed_row < limited_rows[2]

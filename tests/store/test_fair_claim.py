@@ -109,3 +109,17 @@ def test_max_running_holds_a_client_back_at_claim_time(svc: Service) -> None:
     assert claim(svc) is None  # only a's are left, and a still runs one
     finish(svc, a_tasks[0])
     assert claim(svc) == a_tasks[1]
+
+
+def test_default_limits_are_read_from_the_environment() -> None:
+    from lmsp.config import from_env
+
+    got = from_env({"LMSP_DEFAULT_LIMITS": "max_queued=50, tokens_per_day=1000000"})
+    assert dict(got.default_limits) == {"max_queued": 50, "tokens_per_day": 1000000}
+    for bad in ("max_queued=0", "max_queued=x", "per_hour=5"):
+        try:
+            from_env({"LMSP_DEFAULT_LIMITS": bad})
+        except ValueError as exc:
+            assert "LMSP_DEFAULT_LIMITS" in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")

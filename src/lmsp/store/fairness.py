@@ -43,20 +43,28 @@ def position(conn: Conn, task_id: str) -> int | None:
             (tier, client, seq),
         ).fetchone()[0]
     )
+    # each client's last queued task of a higher tier (only those tasks are read)
+    later = {
+        row[0]: int(row[1])
+        for row in conn.execute(
+            "SELECT client_id, max(seq) FROM tasks WHERE status = 'queued' AND tier > ?"
+            " GROUP BY client_id",
+            (tier,),
+        )
+    }
     turns: dict[str, tuple[int, tuple[Any, ...]]] = {}
     for row in conn.execute(
-        "SELECT g.client_id, g.n, g.head, c.served, (SELECT max(h.seq) FROM tasks h"
-        " WHERE h.client_id = g.client_id AND h.status = 'queued' AND h.tier > ?) AS later"
-        " FROM (SELECT client_id, count(*) AS n, min(seq) AS head FROM tasks"
-        " WHERE status = 'queued' AND tier = ? GROUP BY client_id) g"
+        "SELECT g.client_id, g.n, g.head, c.served FROM (SELECT client_id, count(*) AS n,"
+        " min(seq) AS head FROM tasks WHERE status = 'queued' AND tier = ? GROUP BY client_id) g"
         " JOIN clients c ON c.id = g.client_id",
-        (tier, tier),
+        (tier,),
     ):
-        if row["later"] is None:  # its turn: when it was last served, its oldest task
+        other = row["client_id"]
+        if other not in later:  # its turn: when it was last served, its oldest task
             turn: tuple[Any, ...] = (0, int(row["served"]), int(row["head"]))
         else:  # served for its higher-tier tasks first: after every other client
-            turn = (1, int(row["later"]), int(row["head"]))
-        turns[row["client_id"]] = (int(row["n"]), turn)
+            turn = (1, later[other], int(row["head"]))
+        turns[other] = (int(row["n"]), turn)
     if client not in turns:  # claimed meanwhile: these reads are not one snapshot
         return None
     _, my_turn = turns[client]

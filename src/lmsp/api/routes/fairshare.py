@@ -49,7 +49,7 @@ async def get_usage(
 async def get_audit(
     request: Request,
     client: Admin,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     target: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
     action: Annotated[str | None, Query(min_length=1, max_length=64)] = None,

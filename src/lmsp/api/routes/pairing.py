@@ -100,7 +100,14 @@ async def clear_pairing(
     ``GET /v1/pairing`` shows it): the operator frees the slots."""
     svc = service(request)
     now = _now()
-    ids = await svc.db.write(lambda c: pairing.deny_pending(c, now, source))
+
+    def job(conn: Conn) -> list[str]:
+        denied: list[str] = pairing.deny_pending(conn, now, source)
+        for pairing_id in denied:
+            audit.record(conn, client.id, "pairing.denied", pairing_id, {"source": source})
+        return denied
+
+    ids = await svc.db.write(job)
     conn = svc.db.reader()
     rows = [row for i in ids if (row := pairing.get(conn, i)) is not None]
     return {"object": "list", "data": [pairing.render(row) for row in rows]}
