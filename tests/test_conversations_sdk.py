@@ -51,6 +51,7 @@ def wait_status(sdk: openai.OpenAI, response_id: str, *statuses: str) -> Any:
         time.sleep(0.1)
 
 
+@pytest.mark.timeout(1800)  # real generations on a shared machine
 def test_a_conversation_survives_kill_9_whole_turns_only(server: Server) -> None:
     with sdk_for(server) as sdk:
         conv = sdk.conversations.create(
@@ -201,6 +202,7 @@ def long_history() -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.timeout(1800)  # two summaries and four prompts of ~900 tokens, on a shared machine
 def test_compaction_with_the_real_model(server: Server) -> None:
     with sdk_for(server) as sdk:
         history = long_history()
