@@ -173,7 +173,8 @@ def files_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "LMSP_TEST_ENGINE_DELAY": "0.01",
         "LMSP_INPUT_WORKERS": "1",
         "LMSP_FILE_CPU_TIME": "5s",
-        "LMSP_REQUEST_CPU_TIME": "2s",
+        # six slow files (~5 s) pass it; the bystander's deadline is 16 s from its arrival
+        "LMSP_REQUEST_CPU_TIME": "3s",
     }
     with served(tmp_path_factory.mktemp("shared-files") / "data", env) as server:
         yield server

@@ -33,7 +33,9 @@ def test_embeddings_take_their_share_only_while_sequences_generate() -> None:
     assert share.yielded == 2
     share.embedded(0.5, generating=True)
     assert share.may_embed(generating=False)  # nothing generates: the debt is forgiven
-    share.embedded(5.0, generating=False)
+    share.embedded(0.5, generating=False)  # but a batch run meanwhile is owed to a newcomer
+    assert not share.may_embed(generating=True)
+    share.stepped(1.5)
     assert share.may_embed(generating=True)
 
 
@@ -102,7 +104,9 @@ class OneAtATime:
     sequences = 1
     max_step_tokens = 64
 
-    def embed(self, inputs: list[list[int]]) -> np.ndarray[Any, np.dtype[np.float32]]:
+    def embed(
+        self, inputs: list[list[int]], max_tokens: int | None = None
+    ) -> np.ndarray[Any, np.dtype[np.float32]]:
         return np.full((1, 4), float(inputs[0][0]), dtype=np.float32)
 
     def figures(self) -> dict[str, Any]:

@@ -66,6 +66,11 @@ log = logging.getLogger("lmsp.engine")
 #: how long an idle loop waits for a message before it checks its parent is alive
 IDLE_WAIT = 0.5
 
+#: the most tokens of embedding inputs one turn evaluates (a model pooled by its last
+#: token; see :mod:`lmsp.engines.llama_embed`): a sequence arriving waits for no more. The
+#: same whether or not sequences generate, so an input's vector never depends on them.
+EMBED_CHUNK = 64
+
 
 @dataclass(eq=False)
 class Seq:
@@ -146,9 +151,14 @@ class Backend(Protocol):
         """Counts for :class:`Stats` (JSON-able)."""
         ...
 
-    def embed(self, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
-        """The L2-normalised vectors of the first of ``inputs`` (at least one, as many as
-        one batch of the embedding context holds): one row each. Raise
+    def embed(
+        self, inputs: list[list[int]], max_tokens: int | None = None
+    ) -> npt.NDArray[np.float32]:
+        """The L2-normalised vectors of the first of ``inputs`` (as many as one batch of
+        the embedding context holds): one row each. With ``max_tokens`` (sequences are
+        generating) a backend may evaluate only that many tokens of the first input and
+        give no row until its last chunk (it keeps the rest of that input in hand: the
+        next call with the same first input goes on with it). Raise
         :class:`EngineError` (``model_cannot_embed`` …) to fail the request."""
         ...
 
@@ -405,9 +415,7 @@ class EngineCore:
             return
         began = time.monotonic()
         try:
-            vectors = self.backend.embed(job.inputs[job.done :])
-            if len(vectors) < 1:
-                raise EngineError("engine_error", "The engine embedded nothing.")
+            vectors = self.backend.embed(job.inputs[job.done :], EMBED_CHUNK)
         except EngineError as exc:
             self.embeds.popleft()
             self._outbox.append(Error(job.id, exc.code, exc.message))
@@ -422,7 +430,8 @@ class EngineCore:
         job.done += len(vectors)
         self.embedded += len(vectors)
         if job.done < len(job.inputs):
-            self.embeds.rotate(-1)  # requests take turns: a small one never waits for a big one
+            if len(vectors):  # no input of it in hand: the requests take turns
+                self.embeds.rotate(-1)  # (a small one never waits for a big one)
             return
         self.embeds.popleft()
         rows = np.concatenate(job.vectors)[: len(job.inputs)]

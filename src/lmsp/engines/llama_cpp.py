@@ -381,12 +381,14 @@ class LlamaModel(LlamaTokenizer):
             self.context.trim(state.slot.seq, 0)
         self.pool.give_back(state.slot, held)
 
-    def embed(self, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
+    def embed(
+        self, inputs: list[list[int]], max_tokens: int | None = None
+    ) -> npt.NDArray[np.float32]:
         """Embeddings, in a context of their own made on first use (:mod:`lmsp.engines.
         llama_embed`); a model that cannot embed is refused each time it is asked."""
         if self._embedder is None:
             self._embedder = LlamaEmbedder(self.context.model, self.embed_tokens, _threads())
-        return self._embedder.embed(inputs)
+        return self._embedder.embed(inputs, max_tokens)
 
     def figures(self) -> dict[str, Any]:
         files = self.prefix_files

@@ -11,10 +11,11 @@ start), embedding batches may take at most :attr:`share` of the engine's time. A
 batch of ``e`` seconds, the next one waits until the sequences have had
 ``e * (1 - share) / share`` seconds of steps. With the default share of a quarter, a
 generating sequence keeps at least three quarters of the rate it has alone (a factor
-of 1.33), apart from the one batch that may be running when it arrives (at most
-``LMSP_EMBED_MAX_TOKENS`` tokens: one input). When no sequence generates, embeddings take
-the whole engine; an embedding request never starves either (each turn of its share
-it gets one batch).
+of 1.33), apart from the one batch that may be running when it arrives: a batch is small,
+:data:`~lmsp.engines.core.EMBED_CHUNK` tokens (a model pooled by its last token is
+embedded a chunk at a time; other models one input at most). When no sequence
+generates, embeddings take the whole engine; an embedding request never starves either
+(each turn of its share it gets one batch).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class EmbedShare:
     def may_embed(self, generating: bool) -> bool:
         """Whether an embedding batch may run this turn."""
         if not generating:
-            self.owed = 0.0  # nothing to be fair to: the debt is forgiven
-            return True
+            self.owed = 0.0  # nothing to be fair to: the debt is forgiven (this batch's
+            return True  # is owed to whoever comes next)
         if self.owed <= 1e-6:  # paid (to a rounding error)
             return True
         self.yielded += 1
@@ -52,6 +53,6 @@ class EmbedShare:
         self.owed = max(0.0, self.owed - seconds)
 
     def embedded(self, seconds: float, generating: bool) -> None:
-        """An embedding batch took ``seconds``."""
-        if generating:
-            self.owed += seconds * (1.0 - self.share) / self.share
+        """An embedding batch took ``seconds`` (``generating``: while sequences did; a
+        batch run while none did is owed too, to a sequence that arrived meanwhile)."""
+        self.owed += seconds * (1.0 - self.share) / self.share

@@ -186,7 +186,9 @@ class TestBackend:
             self._free.append(seq.state)
             seq.state = None
 
-    def embed(self, inputs: list[list[int]]) -> npt.NDArray[np.float32]:
+    def embed(
+        self, inputs: list[list[int]], max_tokens: int | None = None
+    ) -> npt.NDArray[np.float32]:
         if self.delay:
             time.sleep(self.delay)
         return np.stack([embedding(tokens) for tokens in inputs[:EMBED_BATCH]])
