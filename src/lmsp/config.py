@@ -103,6 +103,12 @@ class Settings:
     database_url: str | None = None
     node_id: str | None = None
     lease_ttl: float = 15.0
+    # MCP tools (docs/tools.md): hosts besides loopback a server_url may name
+    # (LMSP_MCP_HOSTS, host[:port] comma-separated, * for any), the time one MCP request
+    # may take (LMSP_MCP_TIMEOUT) and the most characters of a tool result kept
+    mcp_hosts: tuple[str, ...] = ()
+    mcp_timeout: float = 60.0
+    mcp_max_result: int = 64 * 1024
 
     @property
     def node(self) -> str:
@@ -292,4 +298,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
                 raise ValueError(f"{name} must be at least 1")
     if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
         changes["enable_test_engine"] = _flag(v)
+    if v := env.get("LMSP_MCP_HOSTS"):
+        changes["mcp_hosts"] = _names(v)
+    if v := env.get("LMSP_MCP_TIMEOUT"):
+        changes["mcp_timeout"] = seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("LMSP_MCP_TIMEOUT must be more than 0s")
+    if v := env.get("LMSP_MCP_MAX_RESULT"):
+        changes["mcp_max_result"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_MCP_MAX_RESULT must be at least 1")
     return s.with_overrides(**changes)

@@ -24,10 +24,10 @@ from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
 from lmsp.metrics import Metrics
-from lmsp.protocol import items, objects
+from lmsp.protocol import items, mcp, objects
 from lmsp.protocol.states import Status
 from lmsp.sandbox import Sandbox
-from lmsp.store import idempotency, models
+from lmsp.store import idempotency, mcp_headers, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
@@ -177,6 +177,7 @@ class Service:
         running. ``item_names``: how errors name each input item (``input.3`` by
         default); ``param``: how they name the other fields."""
         model = request["model"]
+        secret = request.pop(mcp.HEADERS_KEY, None)  # MCP header values: stored apart
         record = await self.read(lambda: models.get(self.db.reader(), model))
         if record is None:
             raise model_not_found(model)
@@ -224,7 +225,7 @@ class Service:
                 raise model_not_found(model)
             if previous is not None:  # still there (not deleted or swept meanwhile)
                 response_store.continuable(conn, previous, client.id)
-            return response_store.create(
+            made = response_store.create(
                 conn,
                 client_id=client.id,
                 request=request,
@@ -232,6 +233,9 @@ class Service:
                 max_queue=self.settings.max_queue,
                 key=key,
             )
+            if secret and not made.replayed:
+                mcp_headers.keep(conn, made.response_id, secret)
+            return made
 
         created = await self.db.write(job)
         if not created.replayed:

@@ -226,6 +226,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE nodes ADD COLUMN clock_skew REAL;
         """,
     ),
+    (
+        "m015_mcp_headers",
+        # MCP tools' header values (tokens for the servers), kept apart from the stored
+        # request (which shows them redacted) and deleted with the response
+        """
+        CREATE TABLE mcp_headers (
+            response_id TEXT PRIMARY KEY REFERENCES responses(id) ON DELETE CASCADE,
+            headers TEXT NOT NULL
+        ) STRICT;
+        """,
+    ),
 ]
 
 

@@ -184,6 +184,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE nodes ADD COLUMN clock_skew DOUBLE PRECISION;
         """,
     ),
+    (
+        "p015_mcp_headers",
+        """
+        CREATE TABLE mcp_headers (
+            response_id TEXT PRIMARY KEY REFERENCES responses(id) ON DELETE CASCADE,
+            headers TEXT NOT NULL
+        );
+        """,
+    ),
 ]
 
 
