@@ -22,6 +22,8 @@ from tests.helpers import Server, free_port, open_db, task_log
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
+#: a response that ran to its end (the text after the calls may reach max_output_tokens)
+ENDED = ("completed", "incomplete")
 ENV = {"LMSP_MCP_TIMEOUT": "8s"}
 
 
@@ -136,7 +138,7 @@ def test_a_forced_call_runs_on_the_server(lmsp: Server, tools_server: McpServer)
         )
         assert answer.status_code == 200, answer.text
         response = answer.json()
-    assert response["status"] == "completed"
+    assert response["status"] in ENDED
     (listed,) = of_type(response["output"], "mcp_list_tools")
     assert sorted(t["name"] for t in listed["tools"]) == ["record", "whoami"]  # allowed only
     assert listed["server_label"] == "ledger" and listed.get("error") is None
@@ -162,7 +164,7 @@ def test_the_events_are_openai_s(lmsp: Server, tools_server: McpServer) -> None:
         ).json()
         done = finished(api, response["id"])
         task_id = done["task"]["id"]
-    assert done["status"] == "completed"
+    assert done["status"] in ENDED
     log = task_log(open_db(lmsp.data_dir), task_id)
     types = [event["type"] for event in log]
     for kind in (
@@ -237,7 +239,7 @@ def test_a_hanging_server_ends_in_an_error_item_within_the_timeout(
 ) -> None:
     with lmsp.client(timeout=300) as api:
         response = api.post("/v1/responses", json=body(tools_server.url, "hang")).json()
-    assert response["status"] == "completed"
+    assert response["status"] in ENDED
     (call,) = of_type(response["output"], "mcp_call")
     assert call["status"] == "failed" and call["output"] is None
     assert "did not answer within 8s" in call["error"]["message"]
@@ -247,7 +249,7 @@ def test_a_server_that_is_down_fails_the_list_step(lmsp: Server, tmp_path: Path)
     url = f"http://127.0.0.1:{free_port()}/mcp"
     with lmsp.client(timeout=300) as api:
         response = api.post("/v1/responses", json=body(url, "record")).json()
-    assert response["status"] == "completed"
+    assert response["status"] in ENDED
     (listed,) = of_type(response["output"], "mcp_list_tools")
     assert listed["tools"] == []
     assert "Could not reach the MCP server" in listed["error"]
@@ -260,7 +262,7 @@ def test_approval_round_trip(lmsp: Server, tools_server: McpServer) -> None:
     request = body(tools_server.url, "record", tool={"require_approval": "always"})
     with lmsp.client(timeout=300) as api:
         first = api.post("/v1/responses", json=request).json()
-        assert first["status"] == "completed"
+        assert first["status"] in ENDED
         (asked,) = of_type(first["output"], "mcp_approval_request")
         assert asked["name"] == "record" and json.loads(asked["arguments"])["note"] is not None
         assert of_type(first["output"], "mcp_call") == []
@@ -283,12 +285,12 @@ def test_approval_round_trip(lmsp: Server, tools_server: McpServer) -> None:
             return got
 
         refused = answer(False)
-        assert refused["status"] == "completed", refused
+        assert refused["status"] in ENDED, refused
         assert of_type(refused["output"], "mcp_call") == []
         assert tools_server.lines() == []  # approve: false never runs it
 
         approved = answer(True)
-        assert approved["status"] == "completed", approved
+        assert approved["status"] in ENDED, approved
         calls = of_type(approved["output"], "mcp_call")
         assert calls[0]["approval_request_id"] == asked["id"]
         assert calls[0]["arguments"] == asked["arguments"]
@@ -329,7 +331,7 @@ def test_kill_9_after_a_call_completed_never_repeats_it(
             done = finished(api, response["id"])
     finally:
         server.stop()
-    assert done["status"] == "completed", done
+    assert done["status"] in ENDED, done
     (call,) = of_type(done["output"], "mcp_call")
     assert call["status"] == "completed" and call["output"] == "recorded note number 1"
     assert len(tools_server.lines()) == 1  # exactly one effect
@@ -354,7 +356,7 @@ def test_kill_9_during_a_slow_call_does_not_repeat_it(
             done = finished(api, response["id"])
     finally:
         server.stop()
-    assert done["status"] == "completed", done
+    assert done["status"] in ENDED, done
     (call,) = of_type(done["output"], "mcp_call")
     assert call["status"] == "failed"
     assert call["error"]["message"] == "interrupted by a restart; not repeated"
@@ -405,7 +407,7 @@ def test_kill_9_during_a_read_only_call_calls_it_again(
             done = finished(api, response["id"])
     finally:
         server.stop()
-    assert done["status"] == "completed", done
+    assert done["status"] in ENDED, done
     (call,) = of_type(done["output"], "mcp_call")
     assert call["status"] == "completed" and call["error"] is None
     assert call["output"].endswith("(read 2)")  # the second call's result is the one used

@@ -343,6 +343,22 @@ def alias_for(name: str, taken: set[str]) -> str:
     return alias
 
 
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that does not say otherwise closed to the properties
+    it names (``additionalProperties: false``, as OpenAI's strict mode does): a small
+    model held to an open object writes keys until its budget runs out."""
+    if isinstance(schema, list):
+        return [closed(inner) for inner in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) for key, value in schema.items()}
+    if "properties" in schema and isinstance(schema["properties"], dict):
+        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+    if schema.get("type") == "object" and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def function_of(tool: Offered) -> dict[str, Any]:
     """The tool as a function definition (what the prompt shows)."""
     shown: dict[str, Any] = {"type": "function", "name": tool.alias}

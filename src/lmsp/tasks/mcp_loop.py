@@ -194,7 +194,7 @@ class Loop:
                 annotations = annotations if isinstance(annotations, dict) else None
                 if not mcp.allowed(definition, tool["name"], annotations):
                     continue
-                schema = tool.get("input_schema") or {"type": "object", "properties": {}}
+                schema = mcp.closed(tool.get("input_schema") or {"type": "object"})
                 try:
                     grammar.check_schema(schema)
                 except grammar.UnsupportedSchema as exc:
