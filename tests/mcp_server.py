@@ -10,6 +10,7 @@ effects exactly. Tools:
 - ``slow_read(key)``: read-only; logs a ``read`` line; its first call waits a minute,
   later ones answer at once;
 - ``hang(x)``: never answers;
+- ``pause(ms)``: read-only; waits ``ms`` milliseconds (the benchmark's tool);
 - ``whoami()``: read-only; says whether the ``X-Token`` header came with the call.
 """
 
@@ -61,6 +62,11 @@ def build(ledger: Path, token: str = "sesame") -> MCPServer:
     async def hang(x: Note) -> str:
         await asyncio.sleep(3600)
         return x
+
+    @server.tool(annotations=READ, description="Wait ms milliseconds (the benchmark's tool).")
+    async def pause(ms: Annotated[int, Field(ge=0, le=1000)]) -> str:
+        await asyncio.sleep(ms / 1000)
+        return f"waited {ms} ms"
 
     @server.tool(annotations=READ, description="Who is calling.")
     def whoami(ctx: Context) -> str:  # type: ignore[type-arg]

@@ -110,7 +110,7 @@ def of_type(output: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [item for item in output if item["type"] == kind]
 
 
-def wait_for(check: Any, timeout: float = 120) -> Any:
+def wait_for(check: Any, timeout: float = 600) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()

@@ -309,7 +309,9 @@ def needs_approval(tool_def: dict[str, Any], name: str, annotations: dict[str, A
         return False
     if "always" in rule and _matches(rule["always"], name, annotations):
         return True
-    return "never" not in rule  # only an always filter: the rest need none
+    # unmatched: the default (always) when a never filter says which need none; none
+    # when only an always filter says which need one
+    return "never" in rule
 
 
 def repeatable(annotations: dict[str, Any] | None) -> bool:

@@ -445,8 +445,7 @@ class Loop:
                 offered, functions, required = forced, [], bool(forced)
             else:
                 required = False
-        elif not first and choice == "required":
-            required = False
+        # "required": every turn calls a tool until max_tool_calls, then the answer
         shown += [mcp.function_of(t) for t in self.asm.offered.values()]
         functions = [*functions, *(grammar.Function(t.alias, t.input_schema) for t in offered)]
         schema = text_schema(self.request)
