@@ -6,6 +6,7 @@ own that outlives lmsp's ``kill -9``), whose ledger file counts every effect."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -155,6 +156,20 @@ def test_a_forced_call_runs_on_the_server(lmsp: Server, tools_server: McpServer)
     # the list comes first, the call after it
     types = [item["type"] for item in response["output"]]
     assert types.index("mcp_list_tools") < types.index("mcp_call")
+    # operators: the metrics count calls per server, `lmsp tasks show` prints the loop
+    with lmsp.client() as api:
+        metrics = api.get("/metrics").text
+    assert 'lmsp_mcp_calls_total{kind="call",outcome="ok",server="ledger"}' in metrics
+    shown = subprocess.run(
+        [sys.executable, "-m", "lmsp", "tasks", "show", response["id"]],
+        env={**os.environ, "LMSP_URL": lmsp.url, "LMSP_TOKEN": lmsp.token, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "MCP loop" in shown.stdout and "recorded note number 1" in shown.stdout
+    assert "call record(" in shown.stdout
 
 
 def test_the_events_are_openai_s(lmsp: Server, tools_server: McpServer) -> None:
@@ -202,6 +217,19 @@ def test_headers_reach_the_server_and_are_never_shown(
     stored = open_db(lmsp.data_dir).execute("SELECT request FROM responses").fetchall()
     assert all("sesame" not in row[0] for row in stored)
     assert "sesame" not in lmsp.log_path.read_text()
+
+
+def test_cancel_stops_a_task_during_a_call(lmsp: Server, tools_server: McpServer) -> None:
+    with lmsp.client(timeout=300) as api:
+        request = {**body(tools_server.url, "slow_record"), "background": True}
+        response = api.post("/v1/responses", json=request).json()
+        wait_for(tools_server.lines)  # the call is in flight (its tool waits a minute)
+        api.post(f"/v1/responses/{response['id']}/cancel")
+        done = finished(api, response["id"])
+    assert done["status"] == "cancelled"
+    (call,) = of_type(done["output"], "mcp_call")
+    assert call["status"] == "incomplete" and call["output"] is None
+    assert len(tools_server.lines()) == 1
 
 
 # -- refusals and failures --------------------------------------------------------------------
