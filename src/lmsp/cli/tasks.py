@@ -134,7 +134,9 @@ def _resolve(api: Client, ident: str) -> dict[str, Any]:
 
 def _text(response: dict[str, Any]) -> str:
     return "".join(
-        part.get("text", "") for item in response.get("output", []) for part in item["content"]
+        part.get("text", "")
+        for item in response.get("output", [])
+        for part in item.get("content") or []  # a tool call or an MCP item has none
     )
 
 
