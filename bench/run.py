@@ -22,7 +22,7 @@
     the overhead of Anthropic's shapes over the same durable core.
 (j) scale-out (bench/scaleout.py): durable creates with 64 clients, PostgreSQL against
     SQLite, one node and three; the recovery of a killed node's task against the lease TTL.
-(m) MCP tools (bench/mcp.py): the overhead of an MCP call on loopback against the tool's
+(m) MCP tools (bench/mcptools.py): the overhead of an MCP call on loopback against the tool's
     own time; a 5-call loop run on the server against the same loop driven by the client
     over function tools (goal: <= 1.0x).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
@@ -575,7 +575,7 @@ def main() -> None:
 
             bench_scaleout(work, 64, args.seconds, table)
         if args.only in (None, "mcp"):
-            from bench.mcp import bench_mcp
+            from bench.mcptools import bench_mcp
 
             bench_mcp(work, 1 if compare.quick() else 3, table)
         if args.only in (None, "compare"):

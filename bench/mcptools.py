@@ -16,7 +16,7 @@ answer, two ways, same prompt, seed and token budget:
 
 Goal: the server loop's wall time ≤ 1.0 x the client loop's.
 
-    .venv/bin/python bench/mcp.py
+    .venv/bin/python bench/mcptools.py
 """
 
 from __future__ import annotations
