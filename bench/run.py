@@ -32,6 +32,9 @@
 (o) shared work under a hostile client (bench/sharedwork.py): another client's 16-token
     response while one client sends 64x512-token embeddings and 16 multi-file requests,
     against its latency alone (goal: at most 2x).
+(m) MCP tools (bench/mcptools.py): the overhead of an MCP call on loopback against the tool's
+    own time; a 5-call loop run on the server against the same loop driven by the client
+    over function tools (goal: <= 1.0x).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -543,6 +546,7 @@ def main() -> None:
             "pull",
             "webhooks",
             "sharedwork",
+            "mcp",
         ],
         default=None,
     )
@@ -600,6 +604,10 @@ def main() -> None:
             from bench.sharedwork import bench_sharedwork
 
             bench_sharedwork(1 if compare.quick() else 3, table, quick=compare.quick())
+        if args.only in (None, "mcp"):
+            from bench.mcptools import bench_mcp
+
+            bench_mcp(work, 1 if compare.quick() else 3, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -126,6 +126,12 @@ class Settings:
     # the most a node's clock may differ from the shared database's before `lmsp doctor`
     # fails it (everything that ages is judged by the database's clock regardless)
     max_clock_skew: float = 30.0
+    # MCP tools (docs/tools.md): hosts besides loopback a server_url may name
+    # (LMSP_MCP_HOSTS, host[:port] comma-separated, * for any), the time one MCP request
+    # may take (LMSP_MCP_TIMEOUT) and the most characters of a tool result kept
+    mcp_hosts: tuple[str, ...] = ()
+    mcp_timeout: float = 60.0
+    mcp_max_result: int = 64 * 1024
 
     @property
     def node(self) -> str:
@@ -341,6 +347,16 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["max_clock_skew"] = skew = parse_duration(v)
         if skew <= 0:
             raise ValueError("LMSP_MAX_CLOCK_SKEW must be more than 0s")
+    if v := env.get("LMSP_MCP_HOSTS"):
+        changes["mcp_hosts"] = _names(v)
+    if v := env.get("LMSP_MCP_TIMEOUT"):
+        changes["mcp_timeout"] = seconds = parse_duration(v)
+        if seconds <= 0:
+            raise ValueError("LMSP_MCP_TIMEOUT must be more than 0s")
+    if v := env.get("LMSP_MCP_MAX_RESULT"):
+        changes["mcp_max_result"] = int(v)
+        if int(v) < 1:
+            raise ValueError("LMSP_MCP_MAX_RESULT must be at least 1")
     return s.with_overrides(**changes)
 
 

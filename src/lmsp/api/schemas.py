@@ -205,7 +205,7 @@ def _tools(body: CreateResponse) -> Iterator[LmspError]:
     choice = tooldefs.read_choice(body.tool_choice, tooldefs.RESPONSES)
     fmt = body.text.format if body.text else None
     shown = None if fmt is None else fmt.model_dump(exclude_none=True, by_alias=True)
-    yield from toolcheck.problems(tools, choice, shown, body.stop)
+    yield from toolcheck.problems(tools, choice, shown, body.stop, mcp_tools=True)
 
 
 def _first(problems: Iterator[LmspError]) -> None:

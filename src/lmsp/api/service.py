@@ -25,13 +25,13 @@ from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.test_engine import TestEngine
 from lmsp.fairgate import Ticket
 from lmsp.metrics import Metrics
-from lmsp.protocol import items, objects
+from lmsp.protocol import items, mcp, objects
 from lmsp.protocol.states import Status
 from lmsp.protocol.webhooks import parse_hosts
 from lmsp.sandbox import WALL_FACTOR, Sandbox
 from lmsp.store import clients as client_store
 from lmsp.store import conversations as conversation_store
-from lmsp.store import idempotency, models
+from lmsp.store import idempotency, mcp_headers, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store import usage as usage_store
@@ -193,6 +193,7 @@ class Service:
         (``context_management``): a prompt of more tokens has its older items compacted
         first (:mod:`lmsp.api.compaction`)."""
         model = request["model"]
+        secret = request.pop(mcp.HEADERS_KEY, None)  # MCP header values: stored apart
         record = await self.prepare(
             client, request, input_param, item_names=item_names, param=param
         )
@@ -232,6 +233,8 @@ class Service:
             )
             if conversation is not None and not created.replayed:  # its turn goes there
                 conversation_store.bind(conn, created.response_id, conversation, client)
+            if secret and not created.replayed:
+                mcp_headers.keep(conn, created.response_id, secret)
             return created
 
         return await self._created(model, await self.db.write(job))

@@ -18,6 +18,7 @@ from lmsp.constraints import grammar, refs
 from lmsp.constraints.budget import GrammarBudget, Outcome
 from lmsp.errors import LmspError
 from lmsp.fairgate import Ticket
+from lmsp.protocol import mcp
 from lmsp.tasks.plan import grammar_of
 
 #: the ``param`` of a place in the Responses form: ``("tools", 0, "parameters")`` →
@@ -104,7 +105,7 @@ def refuse_constraints(request: dict[str, Any], model: str, param: Param) -> Non
     """A model whose engine cannot hold its output to a grammar (the test engine) is
     asked for tools or a schema: ``400``, not a task that fails."""
     text_grammar, _ = grammar_of(request)
-    if text_grammar is None:
+    if text_grammar is None and not mcp.mcp_tools(request):
         return
     where = param("tools") if request.get("tools") else param("text", "format", "schema")
     raise LmspError(
@@ -159,11 +160,18 @@ def problems(
     fmt: dict[str, Any] | None,
     stop: Any,
     param: Param = responses_param,
+    *,
+    mcp_tools: bool = False,
 ) -> Iterator[LmspError]:
-    """Every refusal of the tools, ``tool_choice`` and text format of a request."""
+    """Every refusal of the tools, ``tool_choice`` and text format of a request
+    (``mcp_tools``: MCP servers may be among the tools: ``/v1/responses``)."""
     names: set[str] = set()
+    if mcp_tools:
+        yield from mcp.problems(tools, choice, param)
     for index, tool in enumerate(tools):
         kind = tool.get("type")
+        if kind == mcp.MCP and mcp_tools:
+            continue
         if kind != "function":
             yield LmspError(
                 "unsupported_parameter",
@@ -197,8 +205,10 @@ def problems(
                 )
             else:
                 yield from _schema(parameters, where, f"The parameters of {name!r}")
-    yield from _choice(choice, names, param)
-    calls = bool(names) and choice != "none"
+    servers = any(tool.get("type") == mcp.MCP for tool in tools) and mcp_tools
+    if not (servers and choice == "required"):
+        yield from _choice(choice, names, param)
+    calls = (bool(names) or servers) and choice != "none"
     if fmt is not None and fmt.get("type") == "json_schema":
         if fmt.get("schema") is None:
             yield LmspError(
@@ -229,6 +239,8 @@ def _choice(choice: Any, names: set[str], param: Param) -> Iterator[LmspError]:
     if not isinstance(choice, dict):
         return  # the body's own validation has refused it
     kind = choice.get("type")
+    if kind == mcp.MCP and "server_label" in choice:
+        return  # an MCP server's tool (mcp.problems); read only for /v1/responses
     if kind == "function":
         if choice.get("name") not in names:
             yield LmspError(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsp.errors import LmspError
+from lmsp.protocol import mcp
 
 #: a function tool's name: what OpenAI documents for both APIs
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -118,6 +119,9 @@ def read_tools(value: Any, dialect: Dialect) -> list[dict[str, Any]]:
         where = _at("tools", index)
         given = _object(item, where, "a tool")
         kind = _type(given, where)
+        if kind == mcp.MCP and dialect is RESPONSES:  # an MCP server (protocol/mcp.py)
+            out.append(mcp.read_tool(given, where))
+            continue
         out.append(_function(given, where, dialect) if kind == "function" else {"type": kind})
     return out
 
@@ -145,6 +149,8 @@ def read_choice(value: Any, dialect: Dialect) -> str | dict[str, Any] | None:
     kind = _type(given, "tool_choice")
     if kind == "function":
         return _named(given, "tool_choice", dialect)
+    if kind == mcp.MCP and dialect is RESPONSES:  # {"type": "mcp", "server_label", "name"?}
+        return mcp.read_choice(given)
     if kind != "allowed_tools":
         return {"type": kind}
     where = _at("tool_choice", dialect.allowed)

@@ -9,6 +9,7 @@ import click
 from lmsp.client import Client
 from lmsp.protocol.states import Status
 
+from . import mcploop
 from .remote import (
     connect,
     console,
@@ -133,7 +134,9 @@ def _resolve(api: Client, ident: str) -> dict[str, Any]:
 
 def _text(response: dict[str, Any]) -> str:
     return "".join(
-        part.get("text", "") for item in response.get("output", []) for part in item["content"]
+        part.get("text", "")
+        for item in response.get("output", [])
+        for part in item.get("content") or []  # a tool call or an MCP item has none
     )
 
 
@@ -171,6 +174,7 @@ def show(task_id: str, url: str | None, token: str | None, as_json: bool) -> Non
     if usage:
         fields.append(("tokens", f"{usage['input_tokens']} in, {usage['output_tokens']} out"))
     table(None, ["FIELD", "VALUE"], fields)
+    mcploop.show(response)  # its MCP tool loop, if any
     text = _text(response)
     if text:
         console().print(clean(text, multiline=True), markup=False, highlight=False)

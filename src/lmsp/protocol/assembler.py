@@ -286,6 +286,8 @@ class OutputAssembler:
             part["logprobs"].extend(event.get("logprobs") or [])
         elif kind == ev.FUNCTION_CALL_ARGUMENTS_DELTA and self._open is not None:
             self._open["arguments"] += event["delta"]
+        elif kind == "response.mcp_call_arguments.delta" and self._open is not None:
+            self._open["arguments"] += event["delta"]  # an MCP call's (protocol/mcpcalls.py)
         elif kind == ev.OUTPUT_ITEM_DONE and self.items:
             self.items[event["output_index"]] = copy.deepcopy(event["item"])
             self._open = None

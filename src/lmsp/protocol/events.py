@@ -64,6 +64,17 @@ OUTPUT = frozenset(
         FUNCTION_CALL_ARGUMENTS_DELTA,
         FUNCTION_CALL_ARGUMENTS_DONE,
     }
+    # the MCP loop's (OpenAI's names; :mod:`lmsp.protocol.mcp`)
+    | {
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.in_progress",
+        "response.mcp_call.completed",
+        "response.mcp_call.failed",
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.mcp_list_tools.failed",
+    }
 )
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
-from lmsp.protocol import compaction, filetext, toolcalls
+from lmsp.protocol import compaction, filetext, mcpitems, toolcalls
 from lmsp.protocol.filetext import MAX_FILE_BYTES, MAX_FILE_TEXT, file_format
 
 __all__ = ["MAX_FILE_BYTES", "MAX_FILE_TEXT", "file_format"]
@@ -163,6 +163,8 @@ def _item(item: Any, where: str, caps: frozenset[str], make_id: Callable[[str], 
         }
     if kind == "compaction":  # a summary /v1/responses/compact wrote
         return compaction.normalize(item, where, make_id)
+    if isinstance(kind, str) and kind in mcpitems.INPUT_TYPES:
+        return mcpitems.normalize(item, kind, where, _id(item, where, "mcpr", make_id))
     shown = kind if isinstance(kind, str) else repr(kind)
     raise _unsupported(f"{where}.type", f"items of type {shown!r} are not supported.")
 
@@ -379,8 +381,14 @@ def render(items: list[Item], instructions: str | None = None) -> list[Message]:
             out.append({"role": role, "content": text})
 
     previous = ""
+    requests: dict[str, Item] = {}
     for item in items:
         kind = item["type"]
+        if kind in mcpitems.INPUT_TYPES:  # the MCP loop's items (protocol/mcpitems.py)
+            for role, text in mcpitems.render(item, requests):
+                add(role, text, join=role == "assistant")
+            previous = kind
+            continue
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
             add(role, _content_text(item["content"]), join=False)

@@ -372,6 +372,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE responses ADD COLUMN conversation_id TEXT;
         """,
     ),
+    (
+        "m015_mcp_headers",
+        # MCP tools' header values (tokens for the servers), kept apart from the stored
+        # request (which shows them redacted) and deleted with the response
+        """
+        CREATE TABLE mcp_headers (
+            response_id TEXT PRIMARY KEY REFERENCES responses(id) ON DELETE CASCADE,
+            headers TEXT NOT NULL
+        ) STRICT;
+        """,
+    ),
 ]
 
 

@@ -316,6 +316,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE responses ADD COLUMN conversation_id TEXT;
         """,
     ),
+    (
+        "p015_mcp_headers",
+        """
+        CREATE TABLE mcp_headers (
+            response_id TEXT PRIMARY KEY REFERENCES responses(id) ON DELETE CASCADE,
+            headers TEXT NOT NULL
+        );
+        """,
+    ),
 ]
 
 

@@ -39,7 +39,7 @@ from lmsp.store.health import is_storage_error
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row
 
-from . import durable, revocation
+from . import durable, mcp_loop, revocation
 from .plan import plan_for
 from .pull import Downloader
 
@@ -351,6 +351,9 @@ class Runner:
             return
 
         self.metrics.begin(task_id, record.id)
+        if mcp_loop.applies(request):  # MCP tools: the loop runs the task (tasks/mcp_loop.py)
+            mcp_loop.run(self, task_id, conn, response, request, model, record, resumed)
+            return
         snapshot = (task_store.snapshot(conn, task_id) if resumed else None) or {}
         tokens: list[int] = list(snapshot.get("tokens", []))
         plan = plan_for(request)

@@ -220,6 +220,24 @@ function stream(path, onEvent) {
   };
 }
 
+// one line per step of a task's MCP tool loop (docs/tools.md)
+function mcpStep(item) {
+  if (!item) return "";
+  const error = (e) => (e && (e.message || (e.content || []).map((c) => c.text).join(" "))) || "";
+  if (item.type === "mcp_list_tools") {
+    const names = (item.tools || []).map((t) => t.name).join(", ");
+    return `[mcp ${item.server_label}] tools: ${item.error || names || "none"}`;
+  }
+  if (item.type === "mcp_call") {
+    const result = item.error ? `error: ${error(item.error)}` : item.output || "";
+    return `[mcp ${item.server_label}] ${item.name}(${item.arguments}) → ${result}`;
+  }
+  if (item.type === "mcp_approval_request") {
+    return `[mcp ${item.server_label}] waiting for approval: ${item.name}(${item.arguments})`;
+  }
+  return "";
+}
+
 function follow(taskId) {
   if (following) following.stop();
   document.body.classList.add("following");
@@ -239,6 +257,9 @@ function follow(taskId) {
     const data = JSON.parse(raw);
     if (kind === "response.output_text.delta") {
       text.append(data.delta || "");
+      text.scrollTop = text.scrollHeight;
+    } else if (kind === "response.output_item.done" && mcpStep(data.item)) {
+      text.append(`\n${mcpStep(data.item)}\n`); // the MCP loop: its lists, calls, approvals
       text.scrollTop = text.scrollHeight;
     } else if (kind === "response.queued" || kind === "response.in_progress") {
       status(kind, data);

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
 from lmsp.protocol import events as ev
-from lmsp.protocol import objects
+from lmsp.protocol import mcp, objects
 from lmsp.store import idempotency
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
@@ -75,6 +75,9 @@ def stored_request(body: CreateResponse, on_restart: str) -> dict[str, Any]:
     stored = body.stored()
     stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
     stored["on_restart"] = body.on_restart or on_restart
+    headers = mcp.take_headers(stored)  # MCP header values: kept apart, never shown
+    if headers:
+        stored[mcp.HEADERS_KEY] = headers
     return stored
 
 
@@ -85,6 +88,7 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
     turn = turns.read(body.conversation, body.context_management, body.previous_response_id)
     key = await idempotency_key(request, client)
     stored = stored_request(body, svc.settings.default_on_restart)
+    mcp.check_hosts(stored.get("tools") or [], svc.settings.mcp_hosts)
     turns.store(turn, stored)
     created = await svc.create(client, stored, key, compact_over=turn.compact_over)
     headers = dict(REPLAYED) if created.replayed else {}

@@ -1,0 +1,597 @@
+"""The MCP tool loop of a task, with a journal of effects (PROTOCOL.md section 11).
+
+A task whose ``tools`` name MCP servers runs here instead of the runner's single
+generation (:meth:`lmsp.tasks.runner.Runner._execute` hands it over). The loop:
+
+1. lists each server's tools (an ``mcp_list_tools`` item, only ``allowed_tools``; an
+   earlier list of the same server in the context is reused: cached for the task);
+2. answers the approvals a follow-up carries (``mcp_approval_response``): an approved
+   call runs first (an ``mcp_call`` with its ``approval_request_id``), a refused one never;
+3. generates a turn, the tools offered with their ``inputSchema`` (the arguments held to
+   it by llguidance, as for function tools), at most one call a turn; ``tool_choice``
+   ``{"type": "mcp", …}`` forces the first call, later turns are ``auto``;
+4. a call of an MCP tool is journaled and sent, its result fed back, and the loop goes
+   on from 3, up to ``max_tool_calls``; a function call, a call that needs an approval
+   (an ``mcp_approval_request``) or a turn without a call ends the response.
+
+The journal is the task's event log. A call's arguments and
+``response.mcp_call.in_progress`` commit **before** it is sent; its result commits with
+the events that report it (``response.mcp_call.completed|failed`` and the item's
+``output_item.done``). Every write carries the snapshot (``turn``: where this turn's
+tokens begin, ``turn_items``: the items before it), so a resumed task continues
+exactly where its log ends. When a task starts again (resume after a restart, an
+engine crash or a lost node; or a retry, whose fresh attempt first re-emits the
+previous attempt's items up to its last journaled call) a call with a logged result is
+never sent again; a call logged ``in_progress`` without a result was in flight: it is
+sent again only if its tool is annotated ``readOnlyHint`` or ``idempotentHint``, else
+its item ends with the error ``interrupted by a restart; not repeated`` and the model
+goes on knowing that.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter
+
+from lmsp import config
+from lmsp.constraints import grammar
+from lmsp.engines.base import EngineCrashed, EngineError
+from lmsp.metrics import Metrics
+from lmsp.protocol import events as ev
+from lmsp.protocol import items as input_items
+from lmsp.protocol import mcp
+from lmsp.protocol.assembler import TextDelta
+from lmsp.protocol.mcpcalls import McpAssembler
+from lmsp.store import events, journal, mcp_headers
+from lmsp.store import tasks as task_store
+from lmsp.store.sql import Conn, Row
+
+from . import mcp_client
+from .plan import callable_tools, context_of, sampling_of, text_schema
+
+if TYPE_CHECKING:
+    from lmsp.engines.client import EngineClient as LoadedModel
+    from lmsp.store.models import ModelRecord
+
+    from .runner import Runner
+
+log = logging.getLogger(__name__)
+#: calls one response makes when ``max_tool_calls`` does not say
+DEFAULT_MAX_CALLS = 16
+Item = dict[str, Any]
+
+
+def applies(request: dict[str, Any]) -> bool:
+    """Does this request run the MCP loop?"""
+    return bool(mcp.mcp_tools(request))
+
+
+# -- metrics --------------------------------------------------------------------------------
+class _Counters:
+    def __init__(self, metrics: Metrics) -> None:
+        self.calls = Counter(
+            "lmsp_mcp_calls",
+            "MCP requests sent (tools/call and tools/list), by server label and outcome.",
+            ["server", "kind", "outcome"],
+            registry=metrics.registry,
+        )
+
+
+_counters: weakref.WeakKeyDictionary[Metrics, _Counters] = weakref.WeakKeyDictionary()
+
+
+def counters(metrics: Metrics) -> _Counters:
+    found = _counters.get(metrics)
+    if found is None:
+        found = _counters[metrics] = _Counters(metrics)
+    return found
+
+
+class Stopped(Exception):
+    """The task was cancelled, or the service is shutting down."""
+
+
+@dataclass
+class Turn:
+    """Where the current turn starts: its first token and the items before it."""
+
+    token: int = 0
+    items: int = 0
+    input_tokens: int = 0
+
+
+@dataclass
+class Loop:
+    runner: Runner
+    task_id: str
+    response: Row
+    request: dict[str, Any]
+    model: LoadedModel
+    record: ModelRecord
+    settings: config.Settings = field(default_factory=config.from_env)
+    tokens: list[int] = field(default_factory=list)
+    turn: Turn = field(default_factory=Turn)
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    cached: int = 0
+
+    def __post_init__(self) -> None:
+        self.servers = {tool["server_label"]: tool for tool in mcp.mcp_tools(self.request)}
+        self.context = context_of(self.request)
+        self.sampling = sampling_of(self.request)
+        self.asm = McpAssembler()
+        self.headers: dict[str, dict[str, str]] = {}
+        self.inflight: concurrent.futures.Future[Any] | None = None
+
+    # -- writes ----------------------------------------------------------------------------
+    def _snap(self) -> dict[str, Any]:
+        return {
+            "tokens": list(self.tokens),
+            "seed": self.sampling.seed,
+            "held": self.asm.held,
+            "turn": self.turn.token,
+            "turn_items": self.turn.items,
+            "input_tokens": self.turn.input_tokens,
+        }
+
+    def _job(self, batch: list[dict[str, Any]], snap: dict[str, Any]) -> Any:
+        task_id = self.task_id
+        return self.runner._fenced(
+            task_id, lambda c: task_store.append_output(c, task_id, batch, snap)
+        )
+
+    def flush(self, wait: bool) -> None:
+        """Log the pending events with the snapshot covering them (``wait``: committed
+        when this returns — the journal's rule before a call is sent)."""
+        if self.inflight is not None:
+            if not self.inflight.result():
+                raise Stopped  # the task left `running`: a cancel won
+            self.inflight = None
+        batch, self.pending = list(self.pending), []
+        future = self.runner.db.submit(self._job(batch, self._snap()))
+        if wait:
+            if not future.result():
+                raise Stopped
+        else:
+            self.inflight = future
+
+    def _stopping(self) -> bool:
+        return self.task_id in self.runner._cancels or self.runner._shutdown.is_set()
+
+    # -- the tools ---------------------------------------------------------------------------
+    def _lists(self) -> dict[str, Item]:
+        """The latest list of each server: this response's own, else the context's."""
+        found: dict[str, Item] = {}
+        for item in [*self.context, *self.asm.items]:
+            if item.get("type") == "mcp_list_tools" and item.get("server_label") in self.servers:
+                found[item["server_label"]] = item
+        return found
+
+    def _annotations(self, label: str, name: str) -> dict[str, Any] | None:
+        listed = self._lists().get(label) or {}
+        for tool in listed.get("tools") or []:
+            if tool.get("name") == name:
+                annotations = tool.get("annotations")
+                return annotations if isinstance(annotations, dict) else None
+        return None
+
+    def offer(self) -> dict[str, mcp.Offered]:
+        """The MCP tools the model may call, by the alias it calls them by."""
+        taken = {tool["name"] for tool in self.request.get("tools") or [] if "name" in tool}
+        offered: dict[str, mcp.Offered] = {}
+        for label, listed in self._lists().items():
+            if listed.get("error"):
+                continue
+            definition = self.servers[label]
+            for tool in listed.get("tools") or []:
+                annotations = tool.get("annotations")
+                annotations = annotations if isinstance(annotations, dict) else None
+                if not mcp.allowed(definition, tool["name"], annotations):
+                    continue
+                schema = mcp.closed(tool.get("input_schema") or {"type": "object"})
+                try:
+                    grammar.check_schema(schema)
+                except grammar.UnsupportedSchema as exc:
+                    log.warning("MCP tool %s/%s left out: %s", label, tool["name"], exc.message)
+                    continue
+                alias = mcp.alias_for(tool["name"], taken)
+                offered[alias] = mcp.Offered(
+                    alias,
+                    label,
+                    tool["name"],
+                    tool.get("description"),
+                    schema,
+                    annotations,
+                    mcp.needs_approval(definition, tool["name"], annotations),
+                )
+        return offered
+
+    def _server(self, label: str) -> mcp_client.Server:
+        url = self.servers[label]["server_url"]
+        return mcp_client.Server(url, self.headers.get(label, {}), self.settings.mcp_timeout)
+
+    def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
+        """The result of an MCP request, or :class:`Stopped` (the request is dropped)."""
+        deadline = time.monotonic() + self.settings.mcp_timeout + 5
+        while True:
+            if self._stopping():
+                future.cancel()
+                raise Stopped
+            try:
+                return future.result(timeout=0.1)
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() > deadline:
+                    future.cancel()
+                    raise mcp_client.McpFailure(
+                        mcp.error_of("mcp_protocol_error", "The MCP request did not end.", -32001)
+                    ) from None
+
+    def list_server(self, label: str, item: Item | None = None) -> None:
+        """List one server's tools (``item``: a list left open by a crash, listed again)."""
+        if item is None:
+            item, added = self.asm.open_list(label)
+            self.pending += added
+            self.flush(wait=False)
+        metric = counters(self.runner.metrics).calls
+        try:
+            tools = self._wait(mcp_client.list_tools(self._server(label)))
+        except mcp_client.McpFailure as exc:
+            metric.labels(label, "list", "failed").inc()
+            self.pending += self.asm.close_list(item, None, f"Listing the tools failed: {exc}")
+        else:
+            metric.labels(label, "list", "ok").inc()
+            definition = self.servers[label]
+            shown = [
+                mcp.listed_tool(tool)
+                for tool in tools
+                if mcp.allowed(definition, tool["name"], tool.get("annotations"))
+            ]
+            self.pending += self.asm.close_list(item, shown, None)
+        self.between()
+        self.flush(wait=False)
+
+    def call(self, item: Item, journaled: bool) -> None:
+        """Send one journaled call and log its result (``journaled``: its
+        ``in_progress`` is in the pending events or the log already)."""
+        if not journaled:
+            self.pending += self.asm.send(item)
+        self.flush(wait=True)  # committed before it is sent
+        label = item["server_label"]
+        metric = counters(self.runner.metrics).calls
+        output: str | None
+        error: dict[str, Any] | None
+        try:
+            output, error = self._wait(
+                mcp_client.call_tool(
+                    self._server(label),
+                    item["name"],
+                    mcp.arguments_json(item["arguments"]),
+                    self.settings.mcp_max_result,
+                )
+            )
+        except mcp_client.McpFailure as exc:
+            output, error = None, exc.error
+        metric.labels(label, "call", "failed" if error is not None else "ok").inc()
+        log.info(
+            "task %s: MCP call %s/%s %s",
+            self.task_id,
+            label,
+            item["name"],
+            "failed" if error is not None else "completed",
+            extra={"task_id": self.task_id, "event": "mcp.call", "server": label},
+        )
+        self.pending += self.asm.result(item, output, error)
+        self.between()
+        self.flush(wait=False)
+
+    def interrupted(self, item: Item) -> None:
+        """A call in flight when the task broke off: sent again if its tool says that is
+        harmless, else ended with an error (never sent twice)."""
+        if mcp.repeatable(self._annotations(item["server_label"], item["name"])):
+            self.call(item, journaled=True)
+            return
+        error = mcp.error_of("mcp_protocol_error", mcp.INTERRUPTED)
+        counters(self.runner.metrics).calls.labels(
+            item["server_label"], "call", "interrupted"
+        ).inc()
+        self.pending += self.asm.result(item, None, error)
+        self.between()
+        self.flush(wait=False)
+
+    # -- starting (fresh, resumed or retried) ------------------------------------------------
+    def start(self, conn: Conn, resumed: bool) -> None:
+        self.headers = mcp_headers.read(conn, self.response["id"])
+        snapshot = (task_store.snapshot(conn, self.task_id) if resumed else None) or {}
+        self.tokens = list(snapshot.get("tokens", []))
+        self.turn = Turn(
+            int(snapshot.get("turn", 0)),
+            int(snapshot.get("turn_items", 0)),
+            int(snapshot.get("input_tokens", 0)),
+        )
+        logged = events.output_events(conn, self.task_id)
+        self.asm = McpAssembler.rebuild(logged, held=str(snapshot.get("held", "")))
+        if not logged:
+            self.carry_over(journal.previous_attempt(conn, self.task_id))
+        self.asm.offered = self.offer()
+        open_item = self.asm._open
+        if open_item is not None and open_item["type"] == "mcp_list_tools":
+            self.asm._open = None
+            self.list_server(open_item["server_label"], open_item)
+        pending = self.asm.pending_call()
+        if pending is not None:
+            if pending["id"] in self.asm.sent:
+                self.interrupted(pending)
+            else:
+                self.call(pending, journaled=False)
+
+    def carry_over(self, earlier: list[dict[str, Any]]) -> None:
+        """A retried task: the previous attempt's items up to its last journaled call
+        are re-emitted as they were (no call is sent again); what came after is
+        generated again."""
+        if not earlier:
+            return
+        before = McpAssembler.rebuild(earlier)
+        last = -1
+        for index, item in enumerate(before.items):
+            if item["type"] == "mcp_call" and item["id"] in before.sent:
+                last = index
+            elif item["type"] == "mcp_list_tools" and "error" not in item and item["tools"]:
+                last = max(last, index)
+        for item in before.items[: last + 1]:
+            if item["type"] == "mcp_call" and item.get("status") == "in_progress":
+                # in flight: its journal entry comes again, then the policy decides
+                added = {**item, "arguments": ""}
+                self.asm.items.append(item)
+                index = len(self.asm.items) - 1
+                self.asm.sent.add(item["id"])
+                self.pending += [
+                    {"type": ev.OUTPUT_ITEM_ADDED, "output_index": index, "item": added},
+                    {
+                        "type": mcp.MCP_CALL_ARGUMENTS_DONE,
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "arguments": item["arguments"],
+                    },
+                    {
+                        "type": mcp.MCP_CALL_IN_PROGRESS,
+                        "item_id": item["id"],
+                        "output_index": index,
+                    },
+                ]
+            elif item.get("status") != "incomplete":
+                self.pending += self.asm.whole(item)
+        self.turn = Turn(0, len(self.asm.items), 0)
+        if self.pending:
+            self.flush(wait=False)
+
+    def approvals(self) -> None:
+        """Answer the approvals of this request's input: run each approved call once."""
+        asked = {
+            item["id"]: item for item in self.context if item.get("type") == "mcp_approval_request"
+        }
+        done = {
+            item.get("approval_request_id")
+            for item in [*self.context, *self.asm.items]
+            if item.get("type") == "mcp_call"
+        }
+        for answer in input_items.input_of(self.request):
+            if answer.get("type") != "mcp_approval_response" or not answer["approve"]:
+                continue
+            request_id = answer["approval_request_id"]
+            wanted = asked.get(request_id)
+            if wanted is None or request_id in done or wanted["server_label"] not in self.servers:
+                continue
+            item: Item = {
+                "type": "mcp_call",
+                "id": self.asm._make_id("mcp"),
+                "server_label": wanted["server_label"],
+                "name": wanted["name"],
+                "arguments": wanted["arguments"],
+                "approval_request_id": request_id,
+                "output": None,
+                "error": None,
+                "status": "in_progress",
+            }
+            self.asm.items.append(item)
+            index = len(self.asm.items) - 1
+            self.pending += [
+                {"type": ev.OUTPUT_ITEM_ADDED, "output_index": index, "item": dict(item)},
+                {
+                    "type": mcp.MCP_CALL_ARGUMENTS_DONE,
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "arguments": item["arguments"],
+                },
+            ]
+            self.call(item, journaled=False)
+
+    # -- turns -------------------------------------------------------------------------------
+    def calls_made(self) -> int:
+        """Calls made before this turn (a resumed turn's grammar is its original one)."""
+        return sum(
+            1
+            for item in self.asm.items[: self.turn.items]
+            if item["type"] in ("mcp_call", "mcp_approval_request")
+        )
+
+    def between(self) -> None:
+        """A step between turns is logged: the next turn starts here."""
+        self.turn = Turn(len(self.tokens), len(self.asm.items), self.turn.input_tokens)
+
+    def turn_grammar(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """This turn's grammar and the tools its prompt shows."""
+        choice = self.request.get("tool_choice")
+        functions, required = callable_tools(self.request)
+        shown = [t for t in self.request.get("tools") or [] if t.get("type") == "function"]
+        limit = self.request.get("max_tool_calls") or DEFAULT_MAX_CALLS
+        first = self.calls_made() == 0
+        offered = list(self.asm.offered.values())
+        if choice == "none" or self.calls_made() >= limit:
+            offered = []
+        if isinstance(choice, dict) and choice.get("type") == mcp.MCP:
+            if first:
+                forced = [
+                    t
+                    for t in offered
+                    if t.server_label == choice["server_label"]
+                    and choice.get("name") in (None, t.name)
+                ]
+                offered, functions, required = forced, [], bool(forced)
+            else:
+                required = False
+        # "required": every turn calls a tool until max_tool_calls, then the answer
+        shown += [mcp.function_of(t) for t in self.asm.offered.values()]
+        functions = [*functions, *(grammar.Function(t.alias, t.input_schema) for t in offered)]
+        schema = text_schema(self.request)
+        if functions:
+            return (
+                grammar.calls_grammar(functions, required=required, limit=1, text_schema=schema),
+                shown,
+            )
+        if schema is not None:
+            return grammar.json_grammar(schema), shown
+        return None, shown
+
+    def generate(self) -> str | None:
+        """One turn (or the rest of it, resumed); ``"max_output_tokens"`` if the budget
+        ran out."""
+        prior = [*self.context, *self.asm.items[: self.turn.items]]
+        messages = input_items.render(prior, self.request.get("instructions"))
+        text_grammar, shown = self.turn_grammar()
+        prompt = (
+            self.model.prompt_tokens(messages, shown)
+            if shown
+            else self.model.prompt_tokens(messages)
+        )
+        done = self.tokens[self.turn.token :]
+        if len(prompt) + len(done) >= self.model.n_ctx:
+            raise EngineError(
+                "context_length_exceeded",
+                f"The prompt has {len(prompt)} tokens with the tool results so far; the"
+                f" context holds {self.model.n_ctx}.",
+            )
+        if not done:
+            self.turn.input_tokens += len(prompt)
+        limit = self.request.get("max_output_tokens")
+        budget = self.model.n_ctx - len(prompt) - len(done)
+        left = budget if limit is None else min(int(limit) - len(self.tokens), budget)
+        if left <= 0:
+            return "max_output_tokens"
+        runner = self.runner
+        runner.metrics.prompt(self.task_id, len(prompt))
+        generation = self.model.generate(
+            prompt, done, self.sampling, grammar=text_grammar, max_tokens=left
+        )
+        runner._live[self.task_id] = generation
+        if self.task_id in runner._cancels:
+            generation.cancel()
+        last_flush = time.monotonic()
+        produced = 0
+        try:
+            with contextlib.closing(generation):
+                for piece in generation:
+                    self.tokens.append(piece.token)
+                    produced += 1
+                    runner.metrics.token(self.task_id)
+                    if piece.text:
+                        self.pending += self.asm.feed(TextDelta(piece.text))
+                    if self._stopping():
+                        raise Stopped
+                    if produced >= left:
+                        return "max_output_tokens"
+                    if self.pending and time.monotonic() - last_flush >= runner.flush_interval:
+                        self.flush(wait=False)
+                        last_flush = time.monotonic()
+                self.cached += generation.cached_tokens
+        finally:
+            runner._live.pop(self.task_id, None)
+        return None
+
+    # -- the whole task ----------------------------------------------------------------------
+    def run(self, conn: Conn, resumed: bool) -> None:
+        try:
+            self.start(conn, resumed)
+            for label in self.servers:
+                if label not in self._lists():
+                    self.list_server(label)
+            self.asm.offered = self.offer()
+            self.approvals()
+            incomplete: str | None = None
+            while True:
+                incomplete = self.generate()
+                if incomplete is not None:
+                    break
+                self.pending += self.asm.close_open()
+                call = self.asm.pending_call()
+                if call is None:
+                    break
+                self.call(call, journaled=True)
+        except Stopped:
+            self._stop()
+            return
+        except EngineCrashed:
+            if self.inflight is not None:
+                self.inflight.result()
+            if self.pending and self.task_id not in self.runner._cancels:
+                self.flush(wait=True)
+            raise
+        self._finish(incomplete)
+
+    def _stop(self) -> None:
+        """Cancelled or shutting down: keep what was generated (shutdown: recovery
+        applies the task's policy), or finish the cancel."""
+        runner = self.runner
+        if self.inflight is not None:
+            self.inflight.result()
+            self.inflight = None
+        if runner._shutdown.is_set() and self.task_id not in runner._cancels:
+            if self.pending:
+                with contextlib.suppress(Stopped):
+                    self.flush(wait=True)
+            return
+        runner._cancelled(self.task_id)
+
+    def _finish(self, incomplete: str | None) -> None:
+        if self.inflight is not None and not self.inflight.result():
+            self.runner._cancelled(self.task_id)
+            return
+        last = list(self.pending)
+        snap = {"tokens": list(self.tokens), "seed": self.sampling.seed}
+        closing = self.asm.finish("incomplete" if incomplete else "completed")
+        output = self.asm.items
+        usage = {
+            "cached_tokens": self.cached,
+            "input_tokens": self.turn.input_tokens,
+            "output_tokens": len(self.tokens),
+            "total_tokens": self.turn.input_tokens + len(self.tokens),
+        }
+        task_id = self.task_id
+        response_id = self.response["id"]
+
+        def finish(c: Conn) -> None:
+            if last:
+                task_store.append_output(c, task_id, last, snap)
+            task_store.settle(c, task_id, closing, output, usage, incomplete)
+            mcp_headers.forget(c, response_id)
+
+        self.runner._durably(task_id, finish)
+
+
+def run(
+    runner: Runner,
+    task_id: str,
+    conn: Conn,
+    response: Row,
+    request: dict[str, Any],
+    model: LoadedModel,
+    record: ModelRecord,
+    resumed: bool,
+) -> None:
+    """Run a task's MCP loop (the runner has moved it to ``running``)."""
+    Loop(runner, task_id, response, request, model, record).run(conn, resumed)
