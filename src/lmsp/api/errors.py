@@ -55,6 +55,8 @@ STATUS: dict[str, int] = {
     "model_corrupt": 500,
     "model_load_failed": 500,
     "server_restarted": 500,
+    # an unknown model: 404 on every route, as OpenAI and Anthropic answer it
+    "model_not_found": 404,
 }
 
 TYPES: dict[int, str] = {
@@ -78,6 +80,7 @@ def type_of(status: int) -> str:
 
 def body(exc: LmspError, status: int | None = None) -> dict[str, Any]:
     status = status_of(exc.code) if status is None else status
+    logs.note_refusal(exc.code, exc.param)  # the request's log lines name its error
     return {
         "error": {
             "type": type_of(status),
@@ -134,6 +137,7 @@ def anthropic_body(kind: str, message: str) -> dict[str, Any]:
 def anthropic_response(exc: LmspError, status: int | None = None) -> JSONResponse:
     """The envelope has no ``param``: the message names the field at fault instead."""
     status = anthropic_status(exc.code) if status is None else status
+    logs.note_refusal(exc.code, exc.param)
     headers = dict(exc.headers)
     if exc.code in NO_RETRY:
         headers["x-should-retry"] = "false"

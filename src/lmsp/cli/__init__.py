@@ -240,5 +240,9 @@ from .models import models  # noqa: E402
 
 main.add_command(models)
 
+from .aliases import logs  # noqa: E402  (also adds ``lmsp models alias``)
+
+main.add_command(logs)
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -226,6 +226,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE nodes ADD COLUMN clock_skew REAL;
         """,
     ),
+    (
+        # another name for a model (store/aliases.py): clients with a fixed model name
+        "m011_model_aliases",
+        """
+        CREATE TABLE model_aliases (
+            alias TEXT PRIMARY KEY,
+            model TEXT NOT NULL,
+            created_at INTEGER NOT NULL
+        ) STRICT;
+        """,
+    ),
 ]
 
 

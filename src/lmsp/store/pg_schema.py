@@ -184,6 +184,16 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE nodes ADD COLUMN clock_skew DOUBLE PRECISION;
         """,
     ),
+    (
+        "p011_model_aliases",
+        """
+        CREATE TABLE model_aliases (
+            alias TEXT PRIMARY KEY,
+            model TEXT NOT NULL,
+            created_at BIGINT NOT NULL
+        );
+        """,
+    ),
 ]
 
 

@@ -39,7 +39,7 @@ from lmsp.store.health import is_storage_error
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row
 
-from . import durable
+from . import durable, relax
 from .plan import plan_for
 
 log = logging.getLogger(__name__)
@@ -437,6 +437,7 @@ class Runner:
         }
         closing = assembler.finish("incomplete" if incomplete else "completed")
         output = assembler.items
+        relax.check_calls(output, plan.tools)  # keywords the grammar could not enforce
 
         def finish(c: Conn) -> None:
             if last:
