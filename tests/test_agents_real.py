@@ -115,6 +115,9 @@ def test_claude_code_print_with_its_default_tools(
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_ERROR_REPORTING": "1",
         "API_TIMEOUT_MS": "3600000",
+        # its first turn reads ~21k prompt tokens: on a busy 2-core machine, longer than
+        # its 5-minute wait for the next event
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "3600000",
     }
     since = log_size(server)
     done = subprocess.run(
