@@ -310,10 +310,12 @@ def test_bad_chat_bodies_are_sdk_errors_and_write_nothing(
     cases: list[tuple[dict[str, Any], str, str]] = [
         ({"messages": []}, "invalid_value", "messages"),
         ({"messages": hello, "n": 3}, "unsupported_parameter", "n"),
-        ({"messages": hello, "model": "no-such-model"}, "model_not_found", "model"),
     ]
     for change, code, param in cases:
         with pytest.raises(openai.BadRequestError) as caught:
             sdk.chat.completions.create(**{"model": MODEL, **change})
         assert (caught.value.code, caught.value.param) == (code, param)
+    with pytest.raises(openai.NotFoundError) as missing:  # 404, as OpenAI answers it
+        sdk.chat.completions.create(messages=hello, model="no-such-model")
+    assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
     assert rows() == before

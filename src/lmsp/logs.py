@@ -22,8 +22,10 @@ import time
 from typing import Any
 
 FORMATS = ("text", "json")
-#: the fields a line may carry, in the order a JSON line shows them
-CONTEXT_FIELDS = ("task_id", "response_id", "client_id", "request_id")
+#: the fields a line may carry, in the order a JSON line shows them (``code`` and
+#: ``param``: a refused request's error, on every line written after its answer was
+#: made — uvicorn's access line of a ``4xx``/``5xx`` too)
+CONTEXT_FIELDS = ("task_id", "response_id", "client_id", "request_id", "code", "param")
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "lmsp_request_id", default=None
@@ -31,6 +33,21 @@ request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 client_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "lmsp_client_id", default=None
 )
+
+#: the request's refusal (``code``, ``param``), once its error answer is made: a holder
+#: set for each request (:func:`refusal_holder`), filled by :func:`note_refusal`
+refusal: contextvars.ContextVar[dict[str, str | None] | None] = contextvars.ContextVar(
+    "lmsp_refusal", default=None
+)
+
+
+def note_refusal(code: str, param: str | None) -> None:
+    """The request being answered is refused with ``code`` (at ``param``)."""
+    holder = refusal.get()
+    if holder is not None:
+        holder["code"], holder["param"] = code, param
+        holder["client_id"] = client_id.get()
+
 
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
@@ -43,6 +60,9 @@ class _Context(logging.Filter):
             record.request_id = request_id.get()
         if getattr(record, "client_id", None) is None:
             record.client_id = client_id.get()
+        refused = refusal.get()
+        if refused and getattr(record, "code", None) is None:
+            record.code, record.param = refused.get("code"), refused.get("param")
         return True
 
 

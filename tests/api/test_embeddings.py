@@ -118,7 +118,7 @@ REFUSED: list[tuple[str, dict[str, Any], int, str, str | None]] = [
     ("outside the vocabulary", {"input": [1, 256]}, 400, "invalid_value", "input.1"),
     ("missing input", {}, 400, "invalid_value", "input"),
     ("encoding", {"input": "x", "encoding_format": "int8"}, 400, "invalid_value", None),
-    ("unknown model", {"input": "x", "model": "nope"}, 400, "model_not_found", "model"),
+    ("unknown model", {"input": "x", "model": "nope"}, 404, "model_not_found", "model"),
 ]
 
 
@@ -136,7 +136,7 @@ def test_refusals_are_section_8_errors_that_write_nothing(
     error = answer.json()["error"]
     assert set(error) == {"type", "code", "message", "param"}
     assert error["code"] == code and error["message"]
-    assert error["type"] == "invalid_request_error"
+    assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     if param is not None:
         assert error["param"] == param
     assert counts(limited) == before

@@ -190,7 +190,7 @@ def test_delete_while_in_use_is_409(client: TestClient, settings: Settings, tmp_
     assert kv.best(model["digest"], [1, 2, 3]) is None  # its saved prefixes too
     assert not (settings.kv_dir / kvfiles.dir_name(model["digest"])).exists()
     gone = client.post("/v1/responses", json={"model": "smol-del", "input": "hi"})
-    assert gone.status_code == 400 and gone.json()["error"]["code"] == "model_not_found"
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
 
 
 def test_a_model_that_cannot_load_fails_with_model_load_failed(

@@ -30,8 +30,10 @@ from .crosssite import CrossSiteGate
 from .errors import anthropic_response, error_response, is_messages
 from .errors import body as error_body
 from .hosts import HostPolicy, RequestGate
+from .refusals import refusal
 from .routes import (
     activity,
+    aliases,
     chat,
     completions,
     console,
@@ -131,6 +133,8 @@ class HttpMetrics:
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
         token = logs.request_id.set(rid)
+        refused: dict[str, str | None] = {}  # filled when an error answer is made
+        refused_token = logs.refusal.set(refused)
 
         async def sending(message: Message) -> None:
             nonlocal status
@@ -144,7 +148,11 @@ class HttpMetrics:
             await self.app(scope, receive, sending)
         finally:
             logs.request_id.reset(token)
+            logs.refusal.reset(refused_token)
             svc = getattr(scope["app"].state, "lmsp", None)
+            if svc is not None and status >= 400:  # for ``lmsp logs --errors``
+                refused["request_id"] = rid
+                svc.refusals.add(refusal(scope, status, refused, refused.get("client_id")))
             if svc is not None:
                 route = noted.get("route") or ("unmatched" if status == 404 else "other")
                 svc.metrics.http(scope["method"], route, status, time.perf_counter() - began)
@@ -330,6 +338,7 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(webhook_routes.router)
     app.include_router(compaction_routes.router)
     app.include_router(conversation_routes.router)
+    app.include_router(aliases.router)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     app.add_middleware(CrossSiteGate)  # before BodyGate reads every body as JSON
     app.add_middleware(

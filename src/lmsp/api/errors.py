@@ -60,6 +60,8 @@ STATUS: dict[str, int] = {
     # the model hub a pull reads (PROTOCOL.md section 12) is down or answers oddly
     "hub_unavailable": 503,
     "hub_error": 503,
+    # an unknown model: 404 on every route, as OpenAI and Anthropic answer it
+    "model_not_found": 404,
 }
 
 TYPES: dict[int, str] = {
@@ -83,6 +85,7 @@ def type_of(status: int) -> str:
 
 def body(exc: LmspError, status: int | None = None) -> dict[str, Any]:
     status = status_of(exc.code) if status is None else status
+    logs.note_refusal(exc.code, exc.param)  # the request's log lines name its error
     return {
         "error": {
             "type": type_of(status),
@@ -139,6 +142,7 @@ def anthropic_body(kind: str, message: str) -> dict[str, Any]:
 def anthropic_response(exc: LmspError, status: int | None = None) -> JSONResponse:
     """The envelope has no ``param``: the message names the field at fault instead."""
     status = anthropic_status(exc.code) if status is None else status
+    logs.note_refusal(exc.code, exc.param)
     headers = dict(exc.headers)
     if exc.code in NO_RETRY:
         headers["x-should-retry"] = "false"

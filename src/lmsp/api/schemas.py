@@ -162,8 +162,9 @@ class CreateResponse(Body):
         out = self.model_dump(exclude_none=True, by_alias=True)
         if isinstance(out.get("stop"), str):
             out["stop"] = [out["stop"]]
-        if self.tools is not None:
-            out["tools"] = tooldefs.read_tools(self.tools, tooldefs.RESPONSES)
+        tools = tooldefs.request_tools(self.tools, self.input, tooldefs.RESPONSES)
+        if tools is not None:
+            out["tools"] = tools
         if self.tool_choice is not None:
             out["tool_choice"] = tooldefs.read_choice(self.tool_choice, tooldefs.RESPONSES)
         return out
@@ -201,7 +202,7 @@ def _chat_logprobs(body: ChatCompletionCreate) -> Iterator[LmspError]:
 def _tools(body: CreateResponse) -> Iterator[LmspError]:
     """Function tools, ``tool_choice`` (:mod:`.tooldefs`) and ``text.format``
     (:mod:`.toolcheck`)."""
-    tools = tooldefs.read_tools(body.tools, tooldefs.RESPONSES)
+    tools = tooldefs.request_tools(body.tools, body.input, tooldefs.RESPONSES) or []
     choice = tooldefs.read_choice(body.tool_choice, tooldefs.RESPONSES)
     fmt = body.text.format if body.text else None
     shown = None if fmt is None else fmt.model_dump(exclude_none=True, by_alias=True)
@@ -236,12 +237,9 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
         ):
             yield unsupported("include", f"include {value!r}: lmsp has no such tool output.")
     yield from _tools(body)
-    if body.text and body.text.verbosity not in (None, "medium"):
-        yield unsupported("text.verbosity", "Only the model's own verbosity (medium) is supported.")
-    if body.reasoning and body.reasoning.effort not in (None, "none"):
-        yield unsupported("reasoning.effort", "The models here do not reason.")
-    if body.reasoning and (body.reasoning.summary or body.reasoning.generate_summary):
-        yield unsupported("reasoning.summary", "The models here do not reason.")
+    # ``text.verbosity`` is asked of the model in its system message (tasks/plan.py)
+    # ``reasoning`` is accepted: the models here do no reasoning at any effort, so a
+    # response has no reasoning items and any summary asked for is empty (docs/clients.md)
     if body.service_tier not in TIERS:
         yield unsupported("service_tier", TIER_HELP)
     if body.stream_options is not None:
@@ -401,8 +399,7 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
         yield unsupported("modalities", "Only text output is supported.")
     if body.verbosity not in (None, "medium"):
         yield unsupported("verbosity", "Only the model's own verbosity (medium) is supported.")
-    if body.reasoning_effort not in (None, "none"):
-        yield unsupported("reasoning_effort", "The models here do not reason.")
+    # ``reasoning_effort`` is accepted: the models here do no reasoning at any effort
     if body.service_tier not in TIERS:
         yield unsupported("service_tier", TIER_HELP)
     if body.stream_options is not None:

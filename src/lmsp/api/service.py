@@ -29,9 +29,9 @@ from lmsp.protocol import items, mcp, objects
 from lmsp.protocol.states import Status
 from lmsp.protocol.webhooks import parse_hosts
 from lmsp.sandbox import WALL_FACTOR, Sandbox
+from lmsp.store import aliases, idempotency, mcp_headers, models
 from lmsp.store import clients as client_store
 from lmsp.store import conversations as conversation_store
-from lmsp.store import idempotency, mcp_headers, models
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store import usage as usage_store
@@ -49,6 +49,7 @@ from lmsp.tasks.webhooks import Deliverer, DeliveryPolicy
 from . import compaction, embedwork, toolcheck
 from .broker import Broker
 from .files import FileReader
+from .refusals import Refusals
 from .sessions import ConsoleSessions
 from .tokens import TokenCache
 
@@ -60,10 +61,27 @@ T = TypeVar("T")
 READERS = 4
 
 
-def model_not_found(model: str) -> errors.LmspError:
-    return errors.LmspError(
-        "model_not_found", f"The model {model!r} does not exist.", param="model"
+def model_not_found(model: str, known: list[str] | None = None) -> errors.LmspError:
+    """``404 model_not_found``, the same on every route: what to do, and the models
+    there are (``known``, when the client may list them)."""
+    message = (
+        f"The model {model!r} does not exist. Name a model of this server, or make"
+        f" {model!r} an alias of one (lmsp models alias {model} MODEL)."
     )
+    if known is not None:
+        message += f" The models here: {', '.join(known) or 'none'}."
+    return errors.LmspError("model_not_found", message, param="model")
+
+
+def _context_advice(request: dict[str, Any], input_param: str) -> str:
+    """What a client whose prompt does not fit can do, in the terms of its API: only
+    ``/v1/responses`` has ``truncation``."""
+    if request.get("truncation") == "auto":
+        return " Even its last input item alone does not fit."
+    larger = " or serve the model with a larger context (LMSP_N_CTX)."
+    if input_param == "input":
+        return ' truncation: "auto" drops the oldest input items to fit;' + larger
+    return f" Send a shorter {input_param} (fewer or shorter items),{larger}"
 
 
 @dataclass
@@ -86,6 +104,8 @@ class Service:
     # the webhook sender (docs/webhooks.md), started and stopped with the app
     webhooks: Deliverer | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    # the recent 4xx/5xx answers, for ``lmsp logs --errors``
+    refusals: Refusals = field(default_factory=Refusals)
     tokens: TokenCache = field(init=False)
     readers: ThreadPoolExecutor = field(init=False)
     # untrusted input (schemas, files) is compiled and read in worker processes
@@ -136,6 +156,16 @@ class Service:
         if task is None:
             raise errors.not_found("task", task_id)
         return task_store.render_response(conn, task)
+
+    async def model(self, name: str, client: Client) -> models.ModelRecord:
+        """The model ``name`` names (its id or an alias), or ``404 model_not_found``."""
+        record = await self.read(lambda: aliases.resolve(self.db.reader(), name))
+        if record is not None:
+            return record
+        known = None
+        if client.allows("models:read"):
+            known = await self.read(lambda: [m.id for m in models.all_models(self.db.reader())])
+        raise model_not_found(name, known)
 
     # -- shared operations -----------------------------------------------------------------
     def fit(self, record: Any, request: dict[str, Any]) -> tuple[int, int] | None:
@@ -192,11 +222,11 @@ class Service:
         default); ``param``: how they name the other fields. ``compact_over``
         (``context_management``): a prompt of more tokens has its older items compacted
         first (:mod:`lmsp.api.compaction`)."""
-        model = request["model"]
         secret = request.pop(mcp.HEADERS_KEY, None)  # MCP header values: stored apart
         record = await self.prepare(
             client, request, input_param, item_names=item_names, param=param
         )
+        model = record.id  # an alias runs as the model it names
         if compact_over is not None and not await self._replays(key):
             await compaction.compact_request(self, client, record, request, compact_over)
         previous = request.get("previous_response_id")
@@ -208,11 +238,7 @@ class Service:
             raise errors.LmspError(
                 "context_length_exceeded",
                 f"The prompt has {size[0]} tokens; the context of {model!r} holds {size[1]}."
-                + (
-                    " Even its last input item alone does not fit."
-                    if request.get("truncation") == "auto"
-                    else ' (truncation: "auto" drops the oldest input items to fit.)'
-                ),
+                + _context_advice(request, input_param),
                 param=input_param,
             )
 
@@ -254,12 +280,10 @@ class Service:
         ``request``. ``/v1/responses/input_tokens`` counts what this leaves."""
         # the budget of its files and schemas, all together, counted from now
         ticket = Ticket.arriving(client.id, self.settings.request_cpu_time, WALL_FACTOR)
-        model = request["model"]
         if request.get("service_tier") == "priority" and not client.allows("priority"):
             raise errors.forbidden("priority")  # the priority tier needs its scope
-        record = await self.read(lambda: models.get(self.db.reader(), model))
-        if record is None:
-            raise model_not_found(model)
+        record = await self.model(request["model"], client)
+        model = request["model"] = record.id  # an alias runs as the model it names
         # the sampling numbers it runs with: its own, else the model's defaults, else lmsp's
         request.update(objects.sampling_used(request, record.defaults))
         # schemas and grammar compiled once, in a worker, under their budget

@@ -19,7 +19,10 @@ from lmsp.constraints.budget import GrammarBudget, Outcome
 from lmsp.errors import LmspError
 from lmsp.fairgate import Ticket
 from lmsp.protocol import mcp
+from lmsp.tasks import relax
 from lmsp.tasks.plan import grammar_of
+
+from . import tooldefs
 
 #: the ``param`` of a place in the Responses form: ``("tools", 0, "parameters")`` →
 #: ``tools.0.parameters`` (or ``tools.0.function.parameters`` for a chat completion)
@@ -70,10 +73,11 @@ _LIMITS = {
 
 def schemas_of(request: dict[str, Any]) -> list[tuple[dict[str, Any], tuple[str | int, ...]]]:
     """Every JSON Schema of a request in its Responses form, with where it sits: each
-    function tool's ``parameters``, then ``text.format.schema``."""
+    function tool's ``parameters`` (the part of them the grammar enforces, if some were
+    relaxed), then ``text.format.schema``."""
     found: list[tuple[dict[str, Any], tuple[str | int, ...]]] = []
     for index, tool in enumerate(request.get("tools") or []):
-        parameters = tool.get("parameters")
+        parameters = tool.get(relax.ENFORCED, tool.get("parameters"))
         if tool.get("type") == "function" and isinstance(parameters, dict):
             found.append((parameters, ("tools", index, "parameters")))
     fmt = (request.get("text") or {}).get("format") or {}
@@ -89,16 +93,46 @@ async def check_grammar(
     ticket: Ticket | None = None,
 ) -> None:
     """Compile the schemas and the output grammar of a request (its Responses form)
-    under ``budget`` and the request's ``ticket``; raise the refusal if they do not fit."""
-    schemas = schemas_of(request)
-    try:
-        text_grammar, _ = grammar_of(request)
-    except RecursionError:  # a schema nested deeper than JSON can be written back
-        outcome = Outcome("too_complex", limit="depth")
-    else:
-        outcome = await budget.check(text_grammar, [schema for schema, _ in schemas], ticket)
-    if not outcome.ok:
-        raise _refusal(outcome, schemas, request, budget, param, ticket)
+    under ``budget`` and the request's ``ticket``; raise the refusal if they do not fit.
+    A keyword llguidance cannot enforce in a tool that is not ``strict`` is relaxed
+    instead (:mod:`lmsp.tasks.relax`: left out of the grammar, checked after generation)
+    and the compile tried again."""
+    for _ in range(relax.MAX_RELAXED + 1):
+        schemas = schemas_of(request)
+        try:
+            text_grammar, _ = grammar_of(request)
+        except RecursionError:  # a schema nested deeper than JSON can be written back
+            outcome = Outcome("too_complex", limit="depth")
+        else:
+            outcome = await budget.check(text_grammar, [schema for schema, _ in schemas], ticket)
+        if outcome.ok:
+            return
+        if not _relaxed(outcome, schemas, request):
+            break
+    raise _refusal(outcome, schemas, request, budget, param, ticket)
+
+
+def _relaxed(
+    outcome: Outcome,
+    schemas: list[tuple[dict[str, Any], tuple[str | int, ...]]],
+    request: dict[str, Any],
+) -> bool:
+    """Relax the keyword ``outcome`` names, if it is in a tool that is not strict."""
+    if outcome.kind != "unsupported" or outcome.schema is None:
+        return False
+    schema, place = schemas[outcome.schema]
+    if place[0] != "tools":
+        return False
+    tool = request["tools"][place[1]]
+    found = grammar.unsupported(schema, outcome.problem)
+    return tool.get("strict", True) is False and relax.relax(tool, found.path)
+
+
+def _caller_place(request: dict[str, Any], place: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """A stored place (``tools.5.parameters``) in the caller's list (``tools.4.tools.1…``)."""
+    if place[0] != "tools":
+        return place
+    return (*tooldefs.places(request["tools"])[int(place[1])], *place[2:])
 
 
 def refuse_constraints(request: dict[str, Any], model: str, param: Param) -> None:
@@ -125,20 +159,27 @@ def _refusal(
 ) -> LmspError:
     if outcome.kind == "unsupported" and outcome.schema is not None:
         schema, place = schemas[outcome.schema]
-        where = param(*place)
+        where = param(*_caller_place(request, place))
         found = grammar.unsupported(schema, outcome.problem)
         what = "The schema"
         if place[0] == "tools":
-            what = f"The parameters of {request['tools'][place[1]].get('name')!r}"
+            tool = request["tools"][place[1]]
+            what = f"The parameters of {tool.get('name')!r}"
+            if tool.get("strict", True) is not False:
+                found = grammar.UnsupportedSchema(
+                    found.message + " (a tool that is not strict has it checked after"
+                    " generation instead)",
+                    found.path,
+                )
         return LmspError(
             "unsupported_schema",
             f"{what}: {found.message}",
             param=f"{where}.{found.path}" if found.path else where,
         )
     if outcome.schema is not None:
-        where = param(*schemas[outcome.schema][1])
+        where = param(*_caller_place(request, schemas[outcome.schema][1]))
     elif len(schemas) == 1:
-        where = param(*schemas[0][1])
+        where = param(*_caller_place(request, schemas[0][1]))
     elif any(place[0] == "tools" for _, place in schemas):
         where = param("tools")
     else:
@@ -168,15 +209,17 @@ def problems(
     names: set[str] = set()
     if mcp_tools:
         yield from mcp.problems(tools, choice, param)
-    for index, tool in enumerate(tools):
+    for place, tool in zip(tooldefs.places(tools), tools, strict=True):
         kind = tool.get("type")
         if kind == mcp.MCP and mcp_tools:
             continue
         if kind != "function":
+            if tool.get("offered") is False:
+                continue  # a hosted tool lmsp cannot run, not offered (tooldefs.HOSTED)
             yield LmspError(
                 "unsupported_parameter",
                 f"Tool type {kind!r} is not supported here; only function tools are.",
-                param=param("tools", index, "type"),
+                param=param(*place, "type"),
             )
             continue
         name = tool.get("name")
@@ -184,19 +227,19 @@ def problems(
             yield LmspError(
                 "invalid_value",
                 "A function tool needs a name.",
-                param=param("tools", index, "name"),
+                param=param(*place, "name"),
             )
             continue
         if name in names:
             yield LmspError(
                 "invalid_value",
                 f"Two tools are named {name!r}.",
-                param=param("tools", index, "name"),
+                param=param(*place, "name"),
             )
         names.add(name)
         parameters = tool.get("parameters")
         if parameters is not None:
-            where = param("tools", index, "parameters")
+            where = param(*place, "parameters")
             if isinstance(parameters, dict) and parameters.get("type", "object") != "object":
                 yield LmspError(
                     "unsupported_schema",

@@ -17,11 +17,33 @@ OpenAI documents), ``description`` (text), ``parameters`` (an object) and ``stri
 boolean); ``tool_choice`` as ``"none"``, ``"auto"``, ``"required"``, a named function or
 ``allowed_tools`` (``mode`` and a list of 1 to 128 named tools). Fields neither API
 defines are ignored, as the bodies' own unknown fields are.
+
+Each tool ``type`` has one reader in :data:`KINDS` (the one place to add a tool type):
+
+- ``function``: kept in full.
+- ``namespace`` (Responses only; a group of function tools, as Codex CLI sends its
+  multi-agent tools): flattened into its function tools, each marked with its
+  ``namespace`` so that a call names it again (``{"type": "function_call", "name",
+  "namespace"}``, as OpenAI returns it); a tool's name stays its own, so two tools of the
+  same name (in two namespaces, or one plain) are refused as any two tools are.
+- a hosted tool lmsp cannot run (:data:`HOSTED`: ``web_search``, ``file_search``,
+  ``code_interpreter``, …) or a ``custom`` tool (free-form input; in a namespace too):
+  kept as ``{"type", "offered": false}``. Under
+  ``tool_choice`` ``"auto"``, ``"required"`` or ``"none"`` it is not offered to the model
+  (the response's ``tools`` shows it so); a ``tool_choice`` that forces it is refused by
+  :mod:`.toolcheck`.
+- any other type is kept as ``{"type"}`` for :mod:`.toolcheck` to refuse.
+
+:func:`places` gives each read tool's place in the caller's own list (a namespace's
+third tool is ``tools.4.tools.2``) for the errors' ``param``. Tools may also come in
+``additional_tools`` input items (:func:`request_tools`; Codex CLI sends its tools so
+for the models it knows): they are read alike and added to the request's ``tools``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +56,27 @@ MAX_TYPE = 64
 MAX_ALLOWED = 128
 CHOICES = ("none", "auto", "required")
 MODES = ("none", "auto", "required")
+#: hosted tools of the OpenAI APIs that lmsp cannot run: never offered to the model
+HOSTED = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+        "web_search_2025_08_26",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "computer_use",
+        "computer_use_preview",
+        "local_shell",
+        "shell",
+        "apply_patch",
+        "tool_search",
+    }
+)
+#: the tool types lmsp cannot offer a model (kept as ``offered: false``): the hosted
+#: ones, and ``custom`` tools (free-form input, not JSON arguments)
+UNOFFERED = HOSTED | {"custom"}
 
 
 @dataclass(frozen=True)
@@ -44,10 +87,12 @@ class Dialect:
     wrapper: str
     #: where ``allowed_tools``' mode and tools sit inside the choice
     allowed: str
+    #: a function tool is not strict unless it says so (Chat Completions' default)
+    lenient: bool = False
 
 
 RESPONSES = Dialect(wrapper="", allowed="")
-CHAT = Dialect(wrapper="function", allowed="allowed_tools")
+CHAT = Dialect(wrapper="function", allowed="allowed_tools", lenient=True)
 
 
 def _bad(where: str, message: str) -> LmspError:
@@ -105,24 +150,98 @@ def _function(given: dict[str, Any], where: str, dialect: Dialect) -> dict[str, 
         if not isinstance(strict, bool):
             raise _bad(_at(where, "strict"), "true or false.")
         tool["strict"] = strict
+    elif dialect.lenient:
+        tool["strict"] = False
     return tool
 
 
-def read_tools(value: Any, dialect: Dialect) -> list[dict[str, Any]]:
-    """``tools`` (a list, or ``None``) in the Responses form."""
+#: a tool type's reader: ``(the tool as given, its place, the dialect)`` → the tools it
+#: stands for, in the Responses form the store keeps
+Reader = Callable[[dict[str, Any], str, Dialect], list[dict[str, Any]]]
+
+
+def _read_function(given: dict[str, Any], where: str, dialect: Dialect) -> list[dict[str, Any]]:
+    return [_function(given, where, dialect)]
+
+
+def _read_namespace(given: dict[str, Any], where: str, dialect: Dialect) -> list[dict[str, Any]]:
+    if dialect.wrapper:  # Chat Completions has no namespaces
+        return [{"type": "namespace"}]
+    name = _name(given.get("name"), _at(where, "name"))
+    tools = given.get("tools")
+    if not isinstance(tools, list) or not 0 < len(tools) <= MAX_ALLOWED:
+        raise _bad(_at(where, "tools"), f"a namespace holds a list of 1 to {MAX_ALLOWED} tools.")
+    out = []
+    for index, item in enumerate(tools):
+        inner = _at(where, "tools", index)
+        tool = _object(item, inner, "a tool")
+        kind = _type(tool, inner)
+        if kind in UNOFFERED:
+            out.append({"type": kind, "namespace": name, "offered": False})
+        elif kind == "function":
+            out.append({**_function(tool, inner, dialect), "namespace": name})
+        else:
+            raise _bad(_at(inner, "type"), "a namespace holds function tools only.")
+    return out
+
+
+def _read_hosted(given: dict[str, Any], where: str, dialect: Dialect) -> list[dict[str, Any]]:
+    return [{"type": given["type"], "offered": False}]
+
+
+#: every tool type lmsp reads (add a type here, and its check in :mod:`.toolcheck`)
+KINDS: dict[str, Reader] = {
+    "function": _read_function,
+    "namespace": _read_namespace,
+    **dict.fromkeys(UNOFFERED, _read_hosted),
+}
+
+
+def request_tools(tools: Any, given_input: Any, dialect: Dialect) -> list[dict[str, Any]] | None:
+    """A request's tools: its ``tools``, then those of its ``additional_tools`` input
+    items (Codex CLI gives its tools so), read alike (``None``: none given)."""
+    out = None if tools is None else read_tools(tools, dialect)
+    if not isinstance(given_input, list):
+        return out
+    for index, item in enumerate(given_input):
+        if isinstance(item, dict) and item.get("type") == "additional_tools":
+            where = _at("input", index, "tools")
+            out = [*(out or []), *read_tools(item.get("tools"), dialect, where)]
+    return out
+
+
+def places(tools: list[dict[str, Any]]) -> list[tuple[str | int, ...]]:
+    """Each read tool's place in the caller's list: ``("tools", 4)``, or ``("tools", 4,
+    "tools", 2)`` for a namespace's third tool (a namespace's tools are read in a row)."""
+    out: list[tuple[str | int, ...]] = []
+    index, inner, group = -1, 0, None
+    for tool in tools:
+        namespace = tool.get("namespace")
+        if namespace is not None and namespace == group:
+            inner += 1
+        else:
+            index, inner, group = index + 1, 0, namespace
+        out.append(("tools", index) if namespace is None else ("tools", index, "tools", inner))
+    return out
+
+
+def read_tools(value: Any, dialect: Dialect, place: str = "tools") -> list[dict[str, Any]]:
+    """``tools`` (a list, or ``None``) in the Responses form (``place``: where the
+    list is, for errors)."""
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _bad("tools", "a list of tools.")
-    out = []
+        raise _bad(place, "a list of tools.")
+    out: list[dict[str, Any]] = []
     for index, item in enumerate(value):
-        where = _at("tools", index)
+        where = _at(place, index)
         given = _object(item, where, "a tool")
         kind = _type(given, where)
         if kind == mcp.MCP and dialect is RESPONSES:  # an MCP server (protocol/mcp.py)
             out.append(mcp.read_tool(given, where))
             continue
-        out.append(_function(given, where, dialect) if kind == "function" else {"type": kind})
+        reader = KINDS.get(kind)
+        out.extend([{"type": kind}] if reader is None else reader(given, where, dialect))
     return out
 
 

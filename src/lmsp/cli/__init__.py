@@ -254,6 +254,9 @@ main.add_command(pull)
 from .webhooks import webhooks  # noqa: E402
 
 main.add_command(webhooks)
+from .aliases import logs  # noqa: E402  (also adds ``lmsp models alias``)
+
+main.add_command(logs)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -12,8 +12,9 @@ ends.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 from lmsp.ids import new_id
@@ -59,6 +60,9 @@ def text_part(text: str = "", logprobs: list[dict[str, Any]] | None = None) -> d
 
 class OutputAssembler:
     """Builds one response's output. Feed it engine outputs, then :meth:`finish`."""
+
+    #: a function tool's name → its namespace (tools read from a ``namespace`` tool)
+    namespaces: Mapping[str, str] = MappingProxyType({})
 
     def __init__(
         self,
@@ -203,6 +207,8 @@ class OutputAssembler:
             "arguments": "",
             "status": "in_progress",
         }
+        if start.name in self.namespaces:  # a namespace's tool (Responses): named so again
+            item["namespace"] = self.namespaces[start.name]
         self.items.append(item)
         self._open = item
         return [{"type": ev.OUTPUT_ITEM_ADDED, "output_index": self._index(), "item": _added(item)}]

@@ -60,7 +60,7 @@ ROLES = ("system", "developer", "user", "assistant")
 
 #: the fields each item and part type may carry (anything else is refused, never dropped)
 _MESSAGE_KEYS = {"type", "role", "content", "id", "status"}
-_CALL_KEYS = {"type", "call_id", "name", "arguments", "id", "status"}
+_CALL_KEYS = {"type", "call_id", "name", "arguments", "id", "status", "namespace"}
 _OUTPUT_KEYS = {"type", "call_id", "output", "id", "status"}
 _PART_KEYS = {
     "input_text": {"type", "text"},
@@ -151,6 +151,12 @@ def _item(item: Any, where: str, caps: frozenset[str], make_id: Callable[[str], 
             "name": _string(item.get("name"), f"{where}.name", empty=False),
             "arguments": arguments,
             "status": "completed",
+            # a namespace's tool (tooldefs): the name alone is what the model saw
+            **(
+                {"namespace": _string(item["namespace"], f"{where}.namespace", empty=False)}
+                if item.get("namespace") is not None
+                else {}
+            ),
         }
     if kind == "function_call_output":
         _keys(item, _OUTPUT_KEYS, where, "function_call_output item")
@@ -165,6 +171,13 @@ def _item(item: Any, where: str, caps: frozenset[str], make_id: Callable[[str], 
         return compaction.normalize(item, where, make_id)
     if isinstance(kind, str) and kind in mcpitems.INPUT_TYPES:
         return mcpitems.normalize(item, kind, where, _id(item, where, "mcpr", make_id))
+    if kind == "additional_tools":
+        # tools given in the input (Codex CLI's): read with the request's ``tools``
+        # (lmsp.api.tooldefs); the item itself says nothing to the model
+        tools = item.get("tools")
+        if not isinstance(tools, list):
+            raise _error(f"{where}.tools", "a list of tools.")
+        return {"type": "additional_tools", "id": _id(item, where, "at", make_id), "tools": tools}
     shown = kind if isinstance(kind, str) else repr(kind)
     raise _unsupported(f"{where}.type", f"items of type {shown!r} are not supported.")
 
@@ -397,6 +410,8 @@ def render(items: list[Item], instructions: str | None = None) -> list[Message]:
         elif kind == "function_call":
             # the calls an assistant makes follow its text in one message
             add("assistant", render_tool_call(item["name"], item["arguments"]), join=True)
+        elif kind == "additional_tools":
+            continue  # its tools are the request's (offered as tools, not as text)
         else:
             text = render_tool_response(_output_text(item["output"]))
             add("user", text, join=previous == "function_call_output")

@@ -348,7 +348,14 @@ def function_tools(tools: list[Any]) -> list[Item]:
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise _invalid(f"{where}.input_schema", "a tool needs an input_schema object.")
-        shown: Item = {"type": "function", "name": name, "parameters": schema}
+        # not strict unless it says so (Anthropic's default): a keyword the grammar
+        # cannot enforce is then checked after generation (lmsp.tasks.relax)
+        shown: Item = {
+            "type": "function",
+            "name": name,
+            "parameters": schema,
+            "strict": tool.get("strict") is True,
+        }
         if tool.get("description") is not None:
             shown["description"] = _text(tool["description"], f"{where}.description")
         out.append(shown)

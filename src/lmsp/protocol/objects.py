@@ -106,14 +106,23 @@ def render_usage(stored: dict[str, Any] | None) -> dict[str, Any] | None:
 def render_tool(tool: dict[str, Any]) -> dict[str, Any]:
     """A tool as the response echoes it: every field of a ``FunctionTool`` present."""
     if tool.get("type") != "function":
-        return dict(tool)
-    return {
+        return dict(tool)  # a hosted tool not offered to the model says ``offered: false``
+    shown = {
         "type": "function",
         "name": tool["name"],
         "description": tool.get("description"),
         "parameters": tool.get("parameters"),
         "strict": tool.get("strict", True),
     }
+    if tool.get("namespace"):  # one of a namespace's tools, flattened
+        shown["namespace"] = tool["namespace"]
+    return shown
+
+
+def _reasoning(given: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not given:
+        return None
+    return {"effort": given.get("effort"), "summary": given.get("summary")}
 
 
 def render_tool_choice(choice: Any) -> Any:
@@ -169,7 +178,8 @@ def render_response(
         "top_k": int(request.get("top_k") or 0),
         "min_p": _number(request.get("min_p"), 0.0),
         "repeat_penalty": _number(request.get("repeat_penalty"), 1.0),
-        "reasoning": None,
+        # as asked: the models here do no reasoning, so no item and no summary come of it
+        "reasoning": _reasoning(request.get("reasoning")),
         "user": request.get("user"),
         "usage": render_usage(load_json(response["usage"])),
         "max_output_tokens": request.get("max_output_tokens"),

@@ -227,77 +227,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        # fair share (PROTOCOL.md 13): each client's limits (NULL: none) and its turn in
-        # the claim order (``served``: when it last got a sequence, a counter), each
-        # task's service tier (0 flex, 1 default, 2 priority), the usage ledger (per
-        # client, model and UTC day; per client and minute for tokens_per_minute) and
-        # the audit log (append-only, each row hashing the one before: store/audit.py)
-        "m016_fair_share",
+        # another name for a model (store/aliases.py): clients with a fixed model name
+        "m011_model_aliases",
         """
-        ALTER TABLE clients ADD COLUMN max_queued INTEGER;
-        ALTER TABLE clients ADD COLUMN max_running INTEGER;
-        ALTER TABLE clients ADD COLUMN tokens_per_minute INTEGER;
-        ALTER TABLE clients ADD COLUMN tokens_per_day INTEGER;
-        ALTER TABLE clients ADD COLUMN served INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE tasks ADD COLUMN tier INTEGER NOT NULL DEFAULT 1;
-        CREATE INDEX tasks_client_status ON tasks(client_id, status);
-        CREATE INDEX tasks_queue ON tasks(status, tier, client_id, seq);
-        CREATE TABLE usage_daily (
-            client_id TEXT NOT NULL,
+        CREATE TABLE model_aliases (
+            alias TEXT PRIMARY KEY,
             model TEXT NOT NULL,
-            day TEXT NOT NULL,
-            requests INTEGER NOT NULL,
-            input_tokens INTEGER NOT NULL,
-            cached_tokens INTEGER NOT NULL,
-            output_tokens INTEGER NOT NULL,
-            PRIMARY KEY (client_id, model, day)
-        ) STRICT;
-        CREATE INDEX usage_day ON usage_daily(day);
-        CREATE TABLE usage_minutes (
-            client_id TEXT NOT NULL,
-            minute INTEGER NOT NULL,
-            tokens INTEGER NOT NULL,
-            PRIMARY KEY (client_id, minute)
-        ) STRICT, WITHOUT ROWID;
-        CREATE TABLE audit_log (
-            id INTEGER PRIMARY KEY,
-            at INTEGER NOT NULL,
-            actor TEXT NOT NULL,
-            action TEXT NOT NULL,
-            target TEXT NOT NULL,
-            change TEXT NOT NULL,
-            prev_hash TEXT NOT NULL,
-            hash TEXT NOT NULL
-        ) STRICT;
-        CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
-        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-        CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
-        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-        """,
-    ),
-    (
-        # a model pulled from a hub (PROTOCOL.md section 12): the task that downloads it,
-        # what it downloads (the files pinned to one commit, with the hub's SHA-256) and
-        # how far it got: ``part`` the file being fetched, ``part_bytes`` its bytes on
-        # disk that a progress event recorded (synced first), where a resume starts
-        "m014_model_pulls",
-        """
-        CREATE TABLE model_pulls (
-            task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
-            ref TEXT NOT NULL,
-            model_id TEXT NOT NULL,
-            node TEXT NOT NULL DEFAULT '',
-            repo TEXT NOT NULL,
-            revision TEXT NOT NULL,
-            quant TEXT NOT NULL,
-            files TEXT NOT NULL,
-            total_bytes INTEGER NOT NULL,
-            part INTEGER NOT NULL DEFAULT 0,
-            part_bytes INTEGER NOT NULL DEFAULT 0,
-            bytes_done INTEGER NOT NULL DEFAULT 0,
             created_at INTEGER NOT NULL
         ) STRICT;
-        CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
         """,
     ),
     (
@@ -373,6 +310,31 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
+        # a model pulled from a hub (PROTOCOL.md section 12): the task that downloads it,
+        # what it downloads (the files pinned to one commit, with the hub's SHA-256) and
+        # how far it got: ``part`` the file being fetched, ``part_bytes`` its bytes on
+        # disk that a progress event recorded (synced first), where a resume starts
+        "m014_model_pulls",
+        """
+        CREATE TABLE model_pulls (
+            task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
+            ref TEXT NOT NULL,
+            model_id TEXT NOT NULL,
+            node TEXT NOT NULL DEFAULT '',
+            repo TEXT NOT NULL,
+            revision TEXT NOT NULL,
+            quant TEXT NOT NULL,
+            files TEXT NOT NULL,
+            total_bytes INTEGER NOT NULL,
+            part INTEGER NOT NULL DEFAULT 0,
+            part_bytes INTEGER NOT NULL DEFAULT 0,
+            bytes_done INTEGER NOT NULL DEFAULT 0,
+            created_at INTEGER NOT NULL
+        ) STRICT;
+        CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
+        """,
+    ),
+    (
         "m015_mcp_headers",
         # MCP tools' header values (tokens for the servers), kept apart from the stored
         # request (which shows them redacted) and deleted with the response
@@ -381,6 +343,55 @@ MIGRATIONS: list[tuple[str, str]] = [
             response_id TEXT PRIMARY KEY REFERENCES responses(id) ON DELETE CASCADE,
             headers TEXT NOT NULL
         ) STRICT;
+        """,
+    ),
+    (
+        # fair share (PROTOCOL.md 13): each client's limits (NULL: none) and its turn in
+        # the claim order (``served``: when it last got a sequence, a counter), each
+        # task's service tier (0 flex, 1 default, 2 priority), the usage ledger (per
+        # client, model and UTC day; per client and minute for tokens_per_minute) and
+        # the audit log (append-only, each row hashing the one before: store/audit.py)
+        "m016_fair_share",
+        """
+        ALTER TABLE clients ADD COLUMN max_queued INTEGER;
+        ALTER TABLE clients ADD COLUMN max_running INTEGER;
+        ALTER TABLE clients ADD COLUMN tokens_per_minute INTEGER;
+        ALTER TABLE clients ADD COLUMN tokens_per_day INTEGER;
+        ALTER TABLE clients ADD COLUMN served INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE tasks ADD COLUMN tier INTEGER NOT NULL DEFAULT 1;
+        CREATE INDEX tasks_client_status ON tasks(client_id, status);
+        CREATE INDEX tasks_queue ON tasks(status, tier, client_id, seq);
+        CREATE TABLE usage_daily (
+            client_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            day TEXT NOT NULL,
+            requests INTEGER NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            cached_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            PRIMARY KEY (client_id, model, day)
+        ) STRICT;
+        CREATE INDEX usage_day ON usage_daily(day);
+        CREATE TABLE usage_minutes (
+            client_id TEXT NOT NULL,
+            minute INTEGER NOT NULL,
+            tokens INTEGER NOT NULL,
+            PRIMARY KEY (client_id, minute)
+        ) STRICT, WITHOUT ROWID;
+        CREATE TABLE audit_log (
+            id INTEGER PRIMARY KEY,
+            at INTEGER NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL,
+            change TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        ) STRICT;
+        CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+        CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
         """,
     ),
 ]

@@ -185,70 +185,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
-        "p016_fair_share",
+        "p011_model_aliases",
         """
-        ALTER TABLE clients ADD COLUMN max_queued BIGINT;
-        ALTER TABLE clients ADD COLUMN max_running BIGINT;
-        ALTER TABLE clients ADD COLUMN tokens_per_minute BIGINT;
-        ALTER TABLE clients ADD COLUMN tokens_per_day BIGINT;
-        ALTER TABLE clients ADD COLUMN served BIGINT NOT NULL DEFAULT 0;
-        ALTER TABLE tasks ADD COLUMN tier BIGINT NOT NULL DEFAULT 1;
-        CREATE INDEX tasks_client_status ON tasks(client_id, status);
-        CREATE INDEX tasks_queue ON tasks(status, tier, client_id, seq);
-        CREATE TABLE usage_daily (
-            client_id TEXT NOT NULL,
+        CREATE TABLE model_aliases (
+            alias TEXT PRIMARY KEY,
             model TEXT NOT NULL,
-            day TEXT NOT NULL,
-            requests BIGINT NOT NULL,
-            input_tokens BIGINT NOT NULL,
-            cached_tokens BIGINT NOT NULL,
-            output_tokens BIGINT NOT NULL,
-            PRIMARY KEY (client_id, model, day)
-        );
-        CREATE INDEX usage_day ON usage_daily(day);
-        CREATE TABLE usage_minutes (
-            client_id TEXT NOT NULL,
-            minute BIGINT NOT NULL,
-            tokens BIGINT NOT NULL,
-            PRIMARY KEY (client_id, minute)
-        );
-        CREATE TABLE audit_log (
-            id BIGINT PRIMARY KEY,
-            at BIGINT NOT NULL,
-            actor TEXT NOT NULL,
-            action TEXT NOT NULL,
-            target TEXT NOT NULL,
-            change TEXT NOT NULL,
-            prev_hash TEXT NOT NULL,
-            hash TEXT NOT NULL
-        );
-        CREATE FUNCTION lmsp_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            RAISE EXCEPTION 'the audit log is append-only';
-        END $$;
-        CREATE TRIGGER lmsp_audit_append_only BEFORE UPDATE OR DELETE ON audit_log
-            FOR EACH ROW EXECUTE FUNCTION lmsp_audit_append_only();
-        """,
-    ),
-    (
-        "p014_model_pulls",
-        """
-        CREATE TABLE model_pulls (
-            task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
-            ref TEXT NOT NULL,
-            model_id TEXT NOT NULL,
-            node TEXT NOT NULL DEFAULT '',
-            repo TEXT NOT NULL,
-            revision TEXT NOT NULL,
-            quant TEXT NOT NULL,
-            files TEXT NOT NULL,
-            total_bytes BIGINT NOT NULL,
-            part BIGINT NOT NULL DEFAULT 0,
-            part_bytes BIGINT NOT NULL DEFAULT 0,
-            bytes_done BIGINT NOT NULL DEFAULT 0,
             created_at BIGINT NOT NULL
         );
-        CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
         """,
     ),
     (
@@ -317,12 +260,79 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
+        "p014_model_pulls",
+        """
+        CREATE TABLE model_pulls (
+            task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
+            ref TEXT NOT NULL,
+            model_id TEXT NOT NULL,
+            node TEXT NOT NULL DEFAULT '',
+            repo TEXT NOT NULL,
+            revision TEXT NOT NULL,
+            quant TEXT NOT NULL,
+            files TEXT NOT NULL,
+            total_bytes BIGINT NOT NULL,
+            part BIGINT NOT NULL DEFAULT 0,
+            part_bytes BIGINT NOT NULL DEFAULT 0,
+            bytes_done BIGINT NOT NULL DEFAULT 0,
+            created_at BIGINT NOT NULL
+        );
+        CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
+        """,
+    ),
+    (
         "p015_mcp_headers",
         """
         CREATE TABLE mcp_headers (
             response_id TEXT PRIMARY KEY REFERENCES responses(id) ON DELETE CASCADE,
             headers TEXT NOT NULL
         );
+        """,
+    ),
+    (
+        "p016_fair_share",
+        """
+        ALTER TABLE clients ADD COLUMN max_queued BIGINT;
+        ALTER TABLE clients ADD COLUMN max_running BIGINT;
+        ALTER TABLE clients ADD COLUMN tokens_per_minute BIGINT;
+        ALTER TABLE clients ADD COLUMN tokens_per_day BIGINT;
+        ALTER TABLE clients ADD COLUMN served BIGINT NOT NULL DEFAULT 0;
+        ALTER TABLE tasks ADD COLUMN tier BIGINT NOT NULL DEFAULT 1;
+        CREATE INDEX tasks_client_status ON tasks(client_id, status);
+        CREATE INDEX tasks_queue ON tasks(status, tier, client_id, seq);
+        CREATE TABLE usage_daily (
+            client_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            day TEXT NOT NULL,
+            requests BIGINT NOT NULL,
+            input_tokens BIGINT NOT NULL,
+            cached_tokens BIGINT NOT NULL,
+            output_tokens BIGINT NOT NULL,
+            PRIMARY KEY (client_id, model, day)
+        );
+        CREATE INDEX usage_day ON usage_daily(day);
+        CREATE TABLE usage_minutes (
+            client_id TEXT NOT NULL,
+            minute BIGINT NOT NULL,
+            tokens BIGINT NOT NULL,
+            PRIMARY KEY (client_id, minute)
+        );
+        CREATE TABLE audit_log (
+            id BIGINT PRIMARY KEY,
+            at BIGINT NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL,
+            change TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        );
+        CREATE FUNCTION lmsp_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'the audit log is append-only';
+        END $$;
+        CREATE TRIGGER lmsp_audit_append_only BEFORE UPDATE OR DELETE ON audit_log
+            FOR EACH ROW EXECUTE FUNCTION lmsp_audit_append_only();
         """,
     ),
 ]

@@ -20,6 +20,7 @@ from lmsp.engines.base import Sampling
 from lmsp.protocol import completions, items, objects
 from lmsp.protocol.assembler import Event, OutputAssembler
 from lmsp.protocol.toolcalls import CallAssembler
+from lmsp.tasks import relax
 
 #: the ``include`` value that asks for log probabilities in the output
 LOGPROBS = "message.output_text.logprobs"
@@ -61,6 +62,10 @@ def _brief(item: Item) -> dict[str, Any]:
     return {"id": item.get("id"), "type": item.get("type"), "role": item.get("role")}
 
 
+#: ``text.verbosity`` other than ``medium`` (the model's own), as the model is asked it
+VERBOSITY = {"low": "Answer concisely.", "high": "Answer thoroughly, with detail."}
+
+
 def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
     """The chat messages of a stored request: ``instructions`` first, as the system
     message (a conversation's earlier instructions are not carried over), then every
@@ -69,7 +74,11 @@ def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
     if request.get(completions.RAW):
         (prompt,) = items.input_of(request)
         return completions.raw_messages("".join(part["text"] for part in prompt["content"]))
-    return items.render(context_of(request), request.get("instructions"))
+    instructions = request.get("instructions")
+    hint = VERBOSITY.get(str((request.get("text") or {}).get("verbosity")))
+    if hint:  # ``text.verbosity``: asked of the model in its system message
+        instructions = f"{instructions}\n\n{hint}" if instructions else hint
+    return items.render(context_of(request), instructions)
 
 
 def sampling_of(request: dict[str, Any]) -> Sampling:
@@ -110,14 +119,20 @@ class Plan:
     def assembler(self) -> OutputAssembler:
         """A fresh assembler for this task's output."""
         if self.calls:
-            return CallAssembler()
+            return self._named(CallAssembler())
         return OutputAssembler(stop=self.stop)
 
     def replay(self, logged: Iterable[Event], held: str) -> OutputAssembler:
         """The assembler as it was after ``logged`` (a resumed task)."""
         if self.calls:
-            return CallAssembler.replay(logged, held=held)
+            return self._named(CallAssembler.replay(logged, held=held))
         return OutputAssembler.replay(logged, stop=self.stop, held=held)
+
+    def _named(self, assembler: OutputAssembler) -> OutputAssembler:
+        assembler.namespaces = {
+            tool["name"]: tool["namespace"] for tool in self.tools if tool.get("namespace")
+        }
+        return assembler
 
 
 def tools_of(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -152,7 +167,10 @@ def callable_tools(request: dict[str, Any]) -> tuple[list[grammar.Function], boo
             tools = [t for t in tools if t["name"] in names]
             required = choice.get("mode") == "required"
     functions = [
-        grammar.Function(t["name"], t.get("parameters") or {"type": "object", "properties": {}})
+        grammar.Function(
+            t["name"],
+            t.get(relax.ENFORCED, t.get("parameters")) or {"type": "object", "properties": {}},
+        )
         for t in tools
     ]
     return functions, required

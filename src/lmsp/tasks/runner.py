@@ -39,7 +39,7 @@ from lmsp.store.health import is_storage_error
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row
 
-from . import durable, mcp_loop, revocation
+from . import durable, mcp_loop, relax, revocation
 from .plan import plan_for
 from .pull import Downloader
 
@@ -467,6 +467,7 @@ class Runner:
         }
         closing = assembler.finish("incomplete" if incomplete else "completed")
         output = assembler.items
+        relax.check_calls(output, plan.tools)  # keywords the grammar could not enforce
 
         def finish(c: Conn) -> None:
             if last:

@@ -92,7 +92,7 @@ async def new_login_link(request: Request, client: Admin) -> dict[str, Any]:
     }
 
 
-@router.get("/", include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
 @router.get("/console/pair", include_in_schema=False)
 @router.get("/console/login", include_in_schema=False)
 async def page() -> HTMLResponse:

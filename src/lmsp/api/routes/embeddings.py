@@ -27,13 +27,11 @@ from fastapi.responses import JSONResponse, Response
 from lmsp import errors
 from lmsp.engines.base import EngineError, Tokenizer
 from lmsp.protocol import embeddings
-from lmsp.store import models
 from lmsp.store.clients import Client
 
 from .. import embedwork
 from ..auth import require
 from ..schemas import EmbeddingCreate
-from ..service import model_not_found
 from .deps import service
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
@@ -79,9 +77,7 @@ async def create_embeddings(body: EmbeddingCreate, request: Request, client: Wri
     svc = service(request)
     settings = svc.settings
     inputs, names = embeddings.read_input(body.input, settings.embed_max_inputs)
-    record = await svc.read(lambda: models.get(svc.db.reader(), body.model))
-    if record is None:
-        raise model_not_found(body.model)
+    record = await svc.model(body.model, client)
     host = svc.host
     try:
         tokenizer = await asyncio.to_thread(host.tokenizer, record)

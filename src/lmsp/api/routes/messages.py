@@ -33,7 +33,7 @@ from .. import inputs, toolcheck
 from ..auth import require
 from ..message_schemas import CountTokens, MessageCreate, check_message
 from ..revocation import until_revoked
-from ..service import Service, model_not_found
+from ..service import Service
 from ..sse import MessagesPing, event_response, sse, task_events
 from .deps import idempotency_key, service, stored_task_request
 
@@ -112,7 +112,7 @@ async def create_message(body: MessageCreate, request: Request, client: Writer) 
             client, stored, key, input_param="messages", param=messages.tools_param
         )
     except errors.LmspError as exc:
-        raise await _named_models(svc, client, exc) from None
+        raise _named_models(exc) from None
     headers = dict(REPLAYED) if created.replayed else {}
     if body.stream:
         return _stream(request, created.task_id, client, headers=headers, cancel=True)
@@ -126,9 +126,10 @@ async def count_tokens(body: CountTokens, request: Request, client: Writer) -> d
     the context check of a create does)."""
     svc = service(request)
     prompt = prompt_of(body)
-    record = await svc.read(lambda: models.get(svc.db.reader(), body.model))
-    if record is None:
-        raise await _named_models(svc, client, model_not_found(body.model))
+    try:
+        record = await svc.model(body.model, client)
+    except errors.LmspError as exc:
+        raise _named_models(exc) from None
     prompt["input"] = await asyncio.to_thread(
         items.normalize, prompt["input"], capabilities=models.capabilities(record), param="messages"
     )
@@ -161,16 +162,12 @@ async def retrieve_message(
     return JSONResponse(await svc.read(_message, svc, task["id"]))
 
 
-async def _named_models(svc: Service, client: Client, exc: errors.LmspError) -> errors.LmspError:
-    """An unknown model's error says what to do, and names the models there are to a
-    client that may list them: Claude Code and other Anthropic clients ask for Claude's
-    names unless told another."""
+def _named_models(exc: errors.LmspError) -> errors.LmspError:
+    """An unknown model's ``404`` (:meth:`Service.model`, the same on every route) says
+    how Claude Code names another: it asks for Claude's names unless told."""
     if exc.code != "model_not_found":
         return exc
-    hint = " Name a model of this server (Claude Code: set ANTHROPIC_MODEL, or pass --model)."
-    if client.allows("models:read"):
-        known = await svc.read(lambda: [m.id for m in models.all_models(svc.db.reader())])
-        hint += f" The models here: {', '.join(known)}."
+    hint = " (Claude Code: set ANTHROPIC_MODEL, or pass --model.)"
     return errors.LmspError(exc.code, exc.message + hint, param=exc.param)
 
 

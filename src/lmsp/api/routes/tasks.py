@@ -32,9 +32,12 @@ Reader = Annotated[Client, Depends(require("responses:read"))]
 Writer = Annotated[Client, Depends(require("responses:write"))]
 
 
-def render(conn: Conn, task: Row, client: Client) -> dict[str, Any]:
-    """The task object; an admin (who sees every client's tasks) also gets its owner."""
+def render(conn: Conn, task: Row, client: Client, *, nodes: bool = False) -> dict[str, Any]:
+    """The task object; an admin (who sees every client's tasks) also gets its owner.
+    ``node``: the node holding (or that last held) the task when nodes share the
+    database (``nodes``), ``null`` on a single machine (PROTOCOL.md section 5)."""
     obj = objects.render_task(task, task_store.queue_position(conn, task))
+    obj["node"] = task["node_id"] if nodes else None
     if client.admin:
         obj["client_id"] = task["client_id"]
     return obj
@@ -78,7 +81,7 @@ def _list_page(
     owner = client_id or client.id if client_id is not None or not client.admin else None
     rows = task_store.page(conn, owner, status.value if status else None, before, limit + 1)
     page = rows[:limit]
-    data = [render(conn, t, client) for t in page]
+    data = [render(conn, t, client, nodes=svc.membership is not None) for t in page]
     return {
         "object": "list",
         "data": data,
@@ -93,7 +96,8 @@ async def get_task(task_id: str, request: Request, client: Reader) -> dict[str, 
     svc = service(request)
 
     def page() -> dict[str, Any]:
-        return render(svc.db.reader(), svc.owned_task(task_id, client), client)
+        task = svc.owned_task(task_id, client)
+        return render(svc.db.reader(), task, client, nodes=svc.membership is not None)
 
     return await svc.read(page)
 
@@ -136,6 +140,7 @@ async def cancel_task(task_id: str, request: Request, client: Writer) -> dict[st
         await svc.cancel(task_id, wait=svc.settings.cancel_wait)
 
     def page() -> dict[str, Any]:
-        return render(svc.db.reader(), svc.owned_task(task_id, client), client)
+        task = svc.owned_task(task_id, client)
+        return render(svc.db.reader(), task, client, nodes=svc.membership is not None)
 
     return await svc.read(page)

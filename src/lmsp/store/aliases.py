@@ -1,0 +1,53 @@
+"""Model aliases: another name for a model, so that a client with a fixed model name
+(``gpt-4o-mini``, ``claude-sonnet-4-5``, ``text-embedding-3-small``, Codex CLI's default)
+reaches a model of this server. Stored durably (migration ``m011_model_aliases`` /
+``p011_model_aliases``); an alias whose model was deleted names nothing (``404``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmsp.ids import now
+from lmsp.store import models
+from lmsp.store.models import ModelRecord
+from lmsp.store.sql import Conn
+
+
+@dataclass(frozen=True)
+class Alias:
+    alias: str
+    model: str
+    created_at: int
+
+
+def resolve(conn: Conn, name: str) -> ModelRecord | None:
+    """The model ``name`` names: a model id first, else an alias's model."""
+    record = models.get(conn, name)
+    if record is not None:
+        return record
+    row = conn.execute("SELECT model FROM model_aliases WHERE alias = ?", (name,)).fetchone()
+    return None if row is None else models.get(conn, row["model"])
+
+
+def all_aliases(conn: Conn) -> list[Alias]:
+    rows = conn.execute("SELECT alias, model, created_at FROM model_aliases ORDER BY alias")
+    return [Alias(r["alias"], r["model"], int(r["created_at"])) for r in rows]
+
+
+def put(conn: Conn, alias: str, model: str) -> str:
+    """Point ``alias`` at ``model``: ``set``, ``missing`` (no such model) or ``taken``
+    (a model has that id: a model's own name always wins)."""
+    if models.get(conn, model) is None:
+        return "missing"
+    if models.get(conn, alias) is not None:
+        return "taken"
+    conn.execute(
+        "INSERT INTO model_aliases (alias, model, created_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (alias) DO UPDATE SET model = excluded.model",
+        (alias, model, now()),
+    )
+    return "set"
+
+
+def delete(conn: Conn, alias: str) -> bool:
+    return conn.execute("DELETE FROM model_aliases WHERE alias = ?", (alias,)).rowcount > 0
