@@ -348,6 +348,9 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         if skew <= 0:
             raise ValueError("LMSP_MAX_CLOCK_SKEW must be more than 0s")
     if v := env.get("LMSP_MCP_HOSTS"):
+        from lmsp.protocol.outbound import parse_hosts as parse_outbound
+
+        parse_outbound(v, "LMSP_MCP_HOSTS")  # a malformed entry stops the start, saying which
         changes["mcp_hosts"] = _names(v)
     if v := env.get("LMSP_MCP_TIMEOUT"):
         changes["mcp_timeout"] = seconds = parse_duration(v)

@@ -12,15 +12,14 @@ A tool ``{"type": "mcp", "server_label", "server_url", "allowed_tools"?, "header
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from lmsp.errors import LmspError
+from lmsp.protocol import outbound
 
 MCP = "mcp"
 #: the stored request's key for the header values, taken out before the request is
@@ -228,43 +227,10 @@ def problems(tools: list[dict[str, Any]], choice: Any, param: Any) -> Iterator[L
 
 # -- hosts --------------------------------------------------------------------------------
 def host_allowed(url: str, allowed: Iterable[str]) -> bool:
-    """May lmsp reach ``url``? ``http``/``https`` only; loopback always, other hosts when
-    ``allowed`` (``LMSP_MCP_HOSTS``: ``host`` or ``host:port``, ``*`` for any) lists them."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return False
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return False
-    if parts.username or parts.password:
-        return False
-    host = parts.hostname.lower()
-    if _loopback(host):
-        return True
-    for entry in allowed:
-        entry = entry.strip().lower()
-        if entry == "*":
-            return True
-        name, _, want = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
-        if want and not want.isdigit():
-            name, want = entry, ""
-        if name.strip("[]") == host and (not want or int(want) == (port or _default(parts))):
-            return True
-    return False
-
-
-def _default(parts: Any) -> int:
-    return 443 if parts.scheme == "https" else 80
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """May lmsp reach ``url``? The rule webhooks follow (:mod:`lmsp.protocol.outbound`)
+    under ``LMSP_MCP_HOSTS`` (``allowed``: its ``host`` or ``host:port`` entries)."""
+    rules = outbound.parse_hosts(",".join(allowed), "LMSP_MCP_HOSTS")
+    return outbound.allows(url, rules)
 
 
 def check_hosts(tools: list[dict[str, Any]], allowed: Iterable[str]) -> None:

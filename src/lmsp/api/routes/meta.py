@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -10,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lmsp import PROTOCOL, __version__
 from lmsp.metrics import CONTENT_TYPE
+from lmsp.protocol import outbound
 
 from ..auth import authorize
 from .deps import service
@@ -54,12 +54,7 @@ async def service_info(request: Request) -> dict[str, Any]:
 
 def loopback(host: str) -> bool:
     """Whether the service listens on the loopback interface only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return outbound.loopback(host)
 
 
 @router.get(
