@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import agents
+from tests import npm_agents
 from tests.helpers import Server, served
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,7 @@ def alias(srv: Server, name: str) -> None:
 # -- Codex CLI and Claude Code, from npm -----------------------------------------------------
 @pytest.fixture(scope="session")
 def npm_bin() -> Path:
-    return agents.install()
+    return npm_agents.install()
 
 
 def test_codex_exec_with_its_default_config(server: Server, npm_bin: Path, tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_codex_exec_with_its_default_config(server: Server, npm_bin: Path, tmp_p
     (an alias here), sends its default tools (in ``additional_tools`` items for that
     model: a namespace holding a custom tool), ``reasoning``, ``text.verbosity``,
     ``store: false``, ``include``, ``prompt_cache_key``, ``client_metadata``."""
-    alias(server, agents.CODEX_DEFAULT_MODEL)
+    alias(server, npm_agents.CODEX_DEFAULT_MODEL)
     home = tmp_path / "codex-home"
     home.mkdir()
     (home / "config.toml").write_text(
@@ -135,8 +135,6 @@ def test_claude_code_print_with_its_default_tools(
 
 # -- the Python agent frameworks --------------------------------------------------------------
 def test_openai_agents_sdk_runs_a_tool_turn_and_streams(server: Server) -> None:
-    from openai import AsyncOpenAI
-
     from agents import (
         Agent,
         ModelSettings,
@@ -145,6 +143,7 @@ def test_openai_agents_sdk_runs_a_tool_turn_and_streams(server: Server) -> None:
         function_tool,
         set_tracing_disabled,
     )
+    from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
     calls: list[str] = []
