@@ -241,13 +241,18 @@ def input_items_page(
         if after not in ids:
             raise LmspError("not_found", f"No input item with id {after!r}.", param="after")
         start = ids.index(after) + 1
-    page = listed[start : start + limit]
+    return list_page(listed[start : start + limit], start + limit < len(listed))
+
+
+def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """One page of a list (OpenAI's shape): its items, the first and last ids (cursors
+    for ``after``), and whether more follow."""
     return {
         "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": start + limit < len(listed),
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
     }
 
 

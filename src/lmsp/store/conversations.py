@@ -23,7 +23,7 @@ from typing import Any
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
-from lmsp.protocol import items
+from lmsp.protocol import items, objects
 from lmsp.protocol.states import Status
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, Row
@@ -175,13 +175,7 @@ def page(
         (conversation_id, *args, limit + 1),
     ).fetchall()
     data = [shown(json.loads(row[0])) for row in rows[:limit]]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(rows) > limit,
-    }
+    return objects.list_page(data, len(rows) > limit)
 
 
 # -- a response's turn ------------------------------------------------------------------------

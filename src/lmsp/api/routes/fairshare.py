@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from lmsp import errors
+from lmsp.protocol import objects
 from lmsp.store import audit, usage
 from lmsp.store.clients import Client
 
@@ -62,9 +63,4 @@ async def get_audit(
         )
     )
     shown = [audit.render(row) for row in rows[:limit]]
-    return {
-        "object": "list",
-        "data": shown,
-        "has_more": len(rows) > limit,
-        "last_id": shown[-1]["id"] if shown else None,
-    }
+    return objects.list_page(shown, len(rows) > limit)

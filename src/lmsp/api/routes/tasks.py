@@ -82,13 +82,7 @@ def _list_page(
     rows = task_store.page(conn, owner, status.value if status else None, before, limit + 1)
     page = rows[:limit]
     data = [render(conn, t, client, nodes=svc.membership is not None) for t in page]
-    return {
-        "object": "list",
-        "data": data,
-        "has_more": len(rows) > limit,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-    }
+    return objects.list_page(data, len(rows) > limit)
 
 
 @router.get("/{task_id}")

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
+from lmsp.protocol import objects
 from lmsp.protocol import webhooks as wire
 from lmsp.store import webhooks as store
 from lmsp.store.clients import Client
@@ -127,10 +128,4 @@ def _deliveries_page(
             raise errors.invalid(f"Unknown cursor {after!r}.", param="after")
     rows = store.deliveries(conn, webhook_id, before, limit + 1)
     data = [store.render_delivery(row) for row in rows[:limit]]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(rows) > limit,
-    }
+    return objects.list_page(data, len(rows) > limit)
