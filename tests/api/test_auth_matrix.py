@@ -89,6 +89,14 @@ class World:
         assert approved.status_code == 200, approved.text
         return pending
 
+    def alias(self) -> str:
+        name = self.unique("alias")
+        made = self.http.put(
+            f"/v1/model_aliases/{name}", json={"model": "lmsp-test"}, headers=self.auth(self.owner)
+        )
+        assert made.status_code == 200, made.text
+        return name
+
     def imported_model(self) -> str:
         model_id = self.unique("matrix-model")
         made = self.http.post(
@@ -190,6 +198,17 @@ ROUTES: dict[tuple[str, str], Route] = {
         ),
         200,
     ),
+    ("GET", "/v1/model_aliases"): Route(_static("GET", "/v1/model_aliases"), 200),
+    ("PUT", "/v1/model_aliases/{alias}"): Route(
+        lambda w, t: Call(
+            "PUT", f"/v1/model_aliases/{w.unique('alias')}", json={"model": "lmsp-test"}
+        ),
+        200,
+    ),
+    ("DELETE", "/v1/model_aliases/{alias}"): Route(
+        lambda w, t: Call("DELETE", f"/v1/model_aliases/{w.alias()}"), 200
+    ),
+    ("GET", "/v1/refusals"): Route(_static("GET", "/v1/refusals"), 200),
     ("POST", "/v1/models/pull"): Route(
         lambda w, t: Call(
             "POST",
