@@ -240,7 +240,7 @@ def test_unknown_include_values_are_refused(client: TestClient) -> None:
 # -- the field policy ------------------------------------------------------------------------
 REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"tools": [{"type": "bogus_tool"}], "tool_choice": "none"}, "tools.0.type"),
-    ({"tools": [{"type": "function", "name": "f"}, {"type": "mcp"}]}, "tools.1.type"),
+    ({"tools": [{"type": "function", "name": "f"}, {"type": "teleport"}]}, "tools.1.type"),
     (
         {"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
         "tool_choice.type",

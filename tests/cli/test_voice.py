@@ -32,6 +32,8 @@ MEANS_ANOTHER_THING = {
     "--scopes",
     # `run`'s is this request's; `models set`'s is a model's default for later ones
     "--temperature",
+    # `tasks follow` starts after an event's sequence number; `audit` after a row's id
+    "--after",
 }
 
 

@@ -46,16 +46,19 @@ def alias(
         click.echo(f"{clean(result['alias'])} -> {clean(result['model'])}")
 
 
-@click.command(short_help="Show the recent refused requests (--errors), with their client.")
-@click.option("--errors", "errors_only", is_flag=True, help="The recent 4xx/5xx answers.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 256))
+@click.command(short_help="Show the recent refused requests, with their client.")
+@click.option(
+    "--errors", "errors_only", is_flag=True, help="The recent 4xx/5xx answers (the default)."
+)
+@click.option(
+    "--limit", default=50, show_default=True, type=click.IntRange(1, 256), help="How many to list."
+)
 @remote_options
 def logs(errors_only: bool, limit: int, url: str | None, token: str | None, as_json: bool) -> None:
-    """The service's log goes to its stderr (LMSP_LOG_FORMAT=json for JSON lines); with
-    --errors, the refused requests it keeps in memory (newest first): status, error
-    code, param, client and its user agent."""
-    if not errors_only:
-        raise click.UsageError("lmsp logs shows --errors; the full log is the service's stderr")
+    """The refused requests the service keeps in memory (newest first): status, error
+    code, param, client and its user agent. The whole log goes to the service's stderr
+    (LMSP_LOG_FORMAT=json for JSON lines)."""
+    del errors_only  # the refusals are the one log kept here: --errors says so
     with connect(url, token) as api:
         result = api.request("GET", "/v1/refusals", params={"limit": limit})
     if as_json:

@@ -50,7 +50,7 @@ def _shown(limits: dict[str, Any]) -> str:
     return " ".join(f"{k}={'-' if v is None else v}" for k, v in limits.items())
 
 
-@click.command("limit")
+@click.command("limit", short_help="Set or lift a client's limits (no option: show them).")
 @click.argument("name")
 @click.option("--max-queued", help="Unfinished tasks it may hold at once (none: no limit).")
 @click.option("--max-running", help="Its tasks that may run at once (none: no limit).")
@@ -103,7 +103,7 @@ def _stamp(text: str | None, end: bool) -> int | None:
     return day + 86399 if end else day
 
 
-@click.command("usage")
+@click.command("usage", short_help="Requests and tokens per client, from the usage ledger.")
 @click.argument("name", required=False)
 @click.option("--since", help="From this UTC day (YYYY-MM-DD) or Unix time.")
 @click.option("--until", help="Up to this UTC day (YYYY-MM-DD) or Unix time.")
@@ -180,9 +180,16 @@ def _totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(summed.values())
 
 
-@click.command("audit")
+@click.command("audit", short_help="The audit log of owner and admin actions.")
 @click.option("--after", type=int, default=0, help="Rows after this id.")
-@click.option("--limit", "count", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option(
+    "--limit",
+    "count",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="How many to list.",
+)
 @click.option("--target", help="Only rows about this client, pairing or model id.")
 @remote_options
 def audit(

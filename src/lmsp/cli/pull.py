@@ -37,7 +37,7 @@ POLL = 0.5
 
 @click.command("pull", short_help="Download a model from the hub (hf.co/owner/repo:QUANT).")
 @click.argument("reference")
-@click.option("--id", "model_id", help="The id to serve it under (default: owner/repo:QUANT).")
+@click.option("--id", "model_id", help="The id to serve the model under.")
 @remote_options
 def pull(
     reference: str, model_id: str | None, url: str | None, token: str | None, as_json: bool
@@ -46,7 +46,8 @@ def pull(
 
     REFERENCE is hf.co/{owner}/{repo}:{quant}, e.g.
     hf.co/bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M. Interrupting this command leaves
-    the download running in the service; run it again to follow it.
+    the download running in the service; run it again to follow it. Without --id the
+    model is served as owner/repo:QUANT.
     """
     body: dict[str, Any] = {"from": reference}
     if model_id:

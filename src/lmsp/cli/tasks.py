@@ -74,7 +74,7 @@ def _details(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
     type=click.IntRange(1, 100),
     default=20,
     show_default=True,
-    help="How many tasks to list.",
+    help="How many to list.",
 )
 @click.option(
     "--client",

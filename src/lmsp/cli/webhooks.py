@@ -16,7 +16,7 @@ def webhooks() -> None:
     """Webhooks: be told when your responses end, instead of polling."""
 
 
-@webhooks.command("add")
+@webhooks.command("add", short_help="Register URL; its signing secret is printed once.")
 @click.argument("hook_url", metavar="URL")
 @click.option(
     "--event",
@@ -94,9 +94,11 @@ def remove(webhook_id: str, url: str | None, token: str | None, as_json: bool) -
         click.echo(f"removed {webhook_id}")
 
 
-@webhooks.command("deliveries")
+@webhooks.command("deliveries", short_help="A webhook's recent deliveries and their state.")
 @click.argument("webhook_id")
-@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(1, 100), default=20, show_default=True, help="How many to list."
+)
 @remote_options
 def list_deliveries(
     webhook_id: str, limit: int, url: str | None, token: str | None, as_json: bool
