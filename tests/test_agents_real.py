@@ -98,6 +98,7 @@ def test_codex_exec_with_its_default_config(server: Server, npm_bin: Path, tmp_p
     assert refusals_in_log(server, since) == []
 
 
+@pytest.mark.long  # its ~21k-token prompt: over 20 minutes of prompt evaluation here
 def test_claude_code_print_with_its_default_tools(
     server: Server, npm_bin: Path, tmp_path: Path
 ) -> None:
