@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from lmsp import errors
 from lmsp.datadir import ensure_private_dir
 from lmsp.protocol import objects
-from lmsp.store import blobs, models, pulls
+from lmsp.store import audit, blobs, models, pulls
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.tasks.hub import Hub, parse_reference
@@ -95,7 +95,7 @@ async def pull_model(body: PullModel, request: Request, client: ModelWriter) -> 
         )
 
     def job(conn: Any) -> tuple[Any, bool]:
-        return pulls.create(
+        made = pulls.create(
             conn,
             client_id=client.id,
             ref=ref.canonical,
@@ -108,6 +108,9 @@ async def pull_model(body: PullModel, request: Request, client: ModelWriter) -> 
             max_queue=svc.settings.max_queue,
             key=key,
         )
+        if not made[1] and not made[0].replayed:  # a new pull, not the same one again
+            audit.record(conn, client.id, "model.pulled", model_id, {"from": ref.canonical})
+        return made
 
     created, again = await svc.db.write(job)
     svc.runner.notify()

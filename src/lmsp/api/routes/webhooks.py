@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from lmsp import errors
 from lmsp.protocol import objects
 from lmsp.protocol import webhooks as wire
+from lmsp.store import audit
 from lmsp.store import webhooks as store
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, Row
@@ -67,7 +68,10 @@ async def create_webhook(body: NewWebhook, request: Request, client: Writer) -> 
 
     def job(conn: Conn) -> dict[str, Any]:
         row, secret = store.add(conn, client.id, url, events, body.description, body.all_clients)
-        return dict(store.render(row), secret=secret)
+        shown = store.render(row)
+        change = {"url": url, "events": events, "all_clients": body.all_clients}
+        audit.record(conn, client.id, "webhook.added", shown["id"], change)
+        return dict(shown, secret=secret)
 
     return JSONResponse(await svc.db.write(job), 201)
 
@@ -98,6 +102,7 @@ async def delete_webhook(webhook_id: str, request: Request, client: Writer) -> d
     def job(conn: Conn) -> None:
         _owned(conn, webhook_id, client)
         store.delete(conn, webhook_id)
+        audit.record(conn, client.id, "webhook.removed", webhook_id)
 
     await svc.db.write(job)
     return {"id": webhook_id, "object": "webhook.deleted", "deleted": True}
