@@ -167,7 +167,10 @@ def test_openai_agents_sdk_runs_a_tool_turn_and_streams(server: Server) -> None:
             tool_use_behavior="stop_on_first_tool",
         )
         result = await Runner.run(agent, "Weather in Paris?", max_turns=2)
-        plain = Agent(name="plain", model=model, model_settings=ModelSettings(max_tokens=16))
+        # the Agents SDK takes an `incomplete` answer for an error: stopped at its first
+        # sentence's end (lmsp's `stop`), well within its budget
+        settings = ModelSettings(temperature=0, max_tokens=200, extra_body={"stop": ["."]})
+        plain = Agent(name="plain", model=model, model_settings=settings)
         streamed = Runner.run_streamed(plain, "Say hi.", max_turns=1)
         kinds = [event.type async for event in streamed.stream_events()]
         await sdk.close()

