@@ -260,7 +260,7 @@ def test_unknown_model_alias_and_every_refusal_logs_its_code(server: Server) -> 
             assert answer.status_code == 404, (path, answer.text)
             assert MODEL in answer.text and "text-embedding-3-small" in answer.text, path
         api.post("/v1/responses", json={"model": MODEL, "input": "hi", "top_p": 7})
-        api.post("/v1/responses", json={"model": MODEL, "input": "hi", "conversation": "c"})
+        api.post("/v1/responses", json={"model": MODEL, "input": "hi", "prompt": {"id": "pmpt_1"}})
         assert api.get("/v1/no-such-route").status_code == 404
         assert httpx.post(f"{server.url}/v1/responses", json={}).status_code == 401
         alias(server, "text-embedding-3-small")
