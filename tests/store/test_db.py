@@ -50,6 +50,36 @@ def test_waiting_jobs_share_one_commit(db: Database) -> None:
     assert count == 50
 
 
+def test_a_caller_that_stops_waiting_never_stops_the_writer(db: Database) -> None:
+    """An awaiting task cancelled (its HTTP client went away) cancels its future: if the
+    writer had not taken the job yet, the job is dropped; if it had, the job ends and is
+    answered. Either way the writer goes on (it once died of ``InvalidStateError``)."""
+    release = hold_writer(db)
+    dropped = db.submit(put("dropped", "x"))
+    assert dropped.cancel()
+    kept = db.submit(put("kept", "x"))
+    release.set()
+    assert kept.result(10) == "kept"
+
+    running = threading.Event()
+    finish = threading.Event()
+
+    def slow(conn: sqlite3.Connection) -> str:
+        running.set()
+        finish.wait(10)
+        conn.execute("INSERT INTO service_config (key, value) VALUES ('slow', 'x')")
+        return "slow"
+
+    taken = db.submit(slow)
+    assert running.wait(10)
+    assert not taken.cancel()  # the writer holds it: past cancelling
+    finish.set()
+    assert taken.result(10) == "slow"
+    assert db.write_sync(put("after", "x")) == "after"
+    keys = {row[0] for row in db.reader().execute("SELECT key FROM service_config")}
+    assert {"kept", "slow", "after"} <= keys and "dropped" not in keys
+
+
 def test_a_failing_job_rolls_back_only_itself(db: Database) -> None:
     release = hold_writer(db)
 

@@ -339,7 +339,11 @@ class Database:
                     stop = True
                     break
                 batch.append(nxt)
-            self._commit_batch(self._writer(), batch)
+            # a caller that stopped waiting (its asyncio task was cancelled) took its job
+            # back: it is not run; every other future is running now, past cancelling
+            batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            if batch:
+                self._commit_batch(self._writer(), batch)
             if stop:
                 break
         self._writer_conn.close()
