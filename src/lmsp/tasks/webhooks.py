@@ -51,6 +51,8 @@ SLOTS = 64
 PER_WEBHOOK = 4
 #: a claim's lease: past the longest try, so no other node takes a row being tried
 LEASE = 60.0
+#: the most of a receiver's answer read (to keep its connection); the rest is never read
+MAX_ANSWER = 64 * 1024
 #: the shortest and longest naps between looks at the outbox
 MIN_NAP = 0.01
 MAX_NAP = 1.0
@@ -81,6 +83,7 @@ class Deliverer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes: list[store.Outcome] = []
         self._ready = threading.Event()
+        self._woken = False  # a wake is on its way to the loop (one is enough)
         self.sent = 0  # tries made by this process (for tests and figures)
 
     # -- life ---------------------------------------------------------------------------------
@@ -108,9 +111,11 @@ class Deliverer:
     def wake(self) -> None:
         """Look at the outbox now (called after every commit; from any thread)."""
         loop, event = self._loop, self._wake
-        if loop is not None and event is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop just closed
-                loop.call_soon_threadsafe(event.set)
+        if self._woken or loop is None or event is None or loop.is_closed():
+            return
+        self._woken = True  # commits in a burst: one call into the loop, not one each
+        with contextlib.suppress(RuntimeError):  # the loop just closed
+            loop.call_soon_threadsafe(event.set)
 
     def _run(self) -> None:
         try:
@@ -129,6 +134,7 @@ class Deliverer:
             timeout=TIMEOUT, follow_redirects=False, limits=limits, headers=headers
         ) as http:
             while not self._stopping:
+                self._woken = False  # before the look: a commit from now on wakes it again
                 self._wake.clear()
                 nap = MAX_NAP
                 try:
@@ -215,7 +221,14 @@ class Deliverer:
                 asyncio.timeout(TIMEOUT),  # the whole try, however slowly it drips
                 http.stream("POST", item.url, content=body, headers=headers) as answer,
             ):
-                status = answer.status_code  # the body is never read
+                status = answer.status_code
+                # a short body is read to its end, so the connection is kept for the next
+                # try; a long one is left unread (the connection is closed instead)
+                read = 0
+                async for chunk in answer.aiter_raw():
+                    read += len(chunk)
+                    if read > MAX_ANSWER:
+                        break
             if not 200 <= status < 300:
                 error = f"HTTP {status}"
         except (TimeoutError, httpx.TimeoutException):
