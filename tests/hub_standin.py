@@ -64,6 +64,7 @@ class Hub:
     files: list[HubFile]
     cut_first: int = 0  # the first N file GETs break off half-way
     rate: float | None = None  # bytes per second, None: as fast as it goes
+    cdn: bool = False  # a file's URL redirects (302) to another host, as the real hub's CDN
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)  # of every request
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -123,9 +124,18 @@ def serve(hub: Hub) -> Hub:
                 tree.append({"type": "file", "oid": "0" * 40, "size": 12, "path": "README.md"})
                 return self._json(200, tree)
             match = re.fullmatch(f"/{repo}/resolve/([^/]+)/(.+)", path)
-            if match is None:
+            if hub.cdn and match is not None:  # to "localhost": another host than the hub's
+                self.send_response(302)
+                port = hub.url.rsplit(":", 1)[1]
+                self.send_header("Location", f"http://localhost:{port}/cdn/{match.group(2)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            cdn = re.fullmatch("/cdn/(.+)", path)
+            name = cdn.group(1) if cdn else match.group(2) if match else None
+            if name is None:
                 return self._json(404, {"error": "Repository not found"})
-            file = next((f for f in hub.files if f.path == match.group(2)), None)
+            file = next((f for f in hub.files if f.path == name), None)
             if file is None or file.source is None:
                 return self._json(404, {"error": "Entry not found"})
             return self._file(file, head)
@@ -135,7 +145,15 @@ def serve(hub: Hub) -> Hub:
             wanted = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
             start = int(wanted.group(1)) if wanted else 0
             with hub.lock:
-                hub.requests.append({"method": self.command, "start": start, "at": time.time()})
+                hub.requests.append(
+                    {
+                        "method": self.command,
+                        "start": start,
+                        "at": time.time(),
+                        "host": self.headers.get("Host"),
+                        "authorization": self.headers.get("Authorization"),
+                    }
+                )
                 gets = sum(1 for r in hub.requests if r["method"] == "GET")
             cut = self.command == "GET" and gets <= hub.cut_first
             if start >= size and wanted:

@@ -242,6 +242,28 @@ def test_a_wrong_sha256_fails_with_digest_mismatch_and_leaves_nothing(
         server.stop()
 
 
+def test_a_file_redirected_to_another_host_is_fetched_without_the_token(
+    tmp_path: Path, blob_cache: Path, hub_factory: Callable[..., Hub]
+) -> None:
+    """The real hub sends a file's bytes from its CDN (a ``302`` to another host): the
+    pull follows it, and ``HF_TOKEN`` stays with the hub."""
+    hub = hub_factory(cdn=True)
+    secret = "hf_" + "cdn" * 10
+    server = start(tmp_path, blob_cache, hub, HF_TOKEN=secret)
+    try:
+        with server.client() as http:
+            task_id = http.post("/v1/models/pull", json={"from": REF}).json()["task"]["id"]
+            task = wait_for(lambda: finished(http, task_id), "the pull")
+            assert task["status"] == "completed", task
+            assert http.get(f"/v1/models/{MODEL}").status_code == 200
+        gets = [r for r in hub.requests if r["method"] == "GET"]
+        assert gets and all(r["host"].startswith("localhost:") for r in gets)
+        assert [r["authorization"] for r in gets] == [None] * len(gets)
+        assert f"Bearer {secret}" in hub.authorizations  # the hub's own API had it
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
 def test_a_cancel_deletes_the_partial_file(
     tmp_path: Path, blob_cache: Path, hub_factory: Callable[..., Hub], variant: tuple[Path, str]

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from lmsp import errors
@@ -52,7 +51,7 @@ from lmsp.store.pulls import HubFile, Pull
 from lmsp.store.sql import Conn
 
 from . import durable
-from .hub import Hub, hub_unreachable
+from .hub import BrokenDownload, Hub, hub_unreachable
 
 log = logging.getLogger(__name__)
 
@@ -310,18 +309,19 @@ class Downloader:
                                     raise _Stop(cancelled=True)
                                 last, last_pos = now, pos
                             self._check(task_id)
-                except (httpx.HTTPError, errors.LmspError) as exc:
+                except (BrokenDownload, errors.LmspError) as exc:
                     if isinstance(exc, errors.LmspError) and exc.code != "hub_error":
                         raise
                     failures += 1
+                    cause = exc.cause if isinstance(exc, BrokenDownload) else exc
                     if failures >= MAX_FAILURES:
-                        raise hub_unreachable(exc) from None
+                        raise hub_unreachable(cause) from None
                     log.info(
                         "pull %s: the download broke off at %d of %d bytes (%s); resuming",
                         task_id,
                         pos,
                         file.size,
-                        type(exc).__name__,
+                        type(cause).__name__,
                         extra={"task_id": task_id, "event": "model.pull.retry"},
                     )
                     self._shutdown.wait(min(0.2 * 2**failures, 5.0))
