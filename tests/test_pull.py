@@ -82,6 +82,13 @@ def finished(http: httpx.Client, task_id: str) -> dict[str, Any] | None:
     return task if task["status"] in ("completed", "failed", "cancelled") else None
 
 
+def pulled(http: httpx.Client) -> dict[str, Any]:
+    """Pull :data:`REF` and wait for the task's end."""
+    task_id = http.post("/v1/models/pull", json={"from": REF}).json()["task"]["id"]
+    task: dict[str, Any] = wait_for(lambda: finished(http, task_id), "the pull")
+    return task
+
+
 def progress_events(http: httpx.Client, task_id: str) -> list[dict[str, Any]]:
     page = http.get(
         f"/v1/tasks/{task_id}/events",
@@ -227,8 +234,7 @@ def test_a_wrong_sha256_fails_with_digest_mismatch_and_leaves_nothing(
     server = start(tmp_path, blob_cache, hub, HF_TOKEN=secret)
     try:
         with server.client() as http:
-            task_id = http.post("/v1/models/pull", json={"from": REF}).json()["task"]["id"]
-            task = wait_for(lambda: finished(http, task_id), "the pull")
+            task = pulled(http)
             assert task["status"] == "failed"
             assert task["error"]["code"] == "digest_mismatch", task
             assert http.get(f"/v1/models/{MODEL}").status_code == 404
@@ -252,8 +258,7 @@ def test_a_file_redirected_to_another_host_is_fetched_without_the_token(
     server = start(tmp_path, blob_cache, hub, HF_TOKEN=secret)
     try:
         with server.client() as http:
-            task_id = http.post("/v1/models/pull", json={"from": REF}).json()["task"]["id"]
-            task = wait_for(lambda: finished(http, task_id), "the pull")
+            task = pulled(http)
             assert task["status"] == "completed", task
             assert http.get(f"/v1/models/{MODEL}").status_code == 200
         gets = [r for r in hub.requests if r["method"] == "GET"]
