@@ -394,6 +394,16 @@ MIGRATIONS: list[tuple[str, str]] = [
         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
         """,
     ),
+    (
+        # a webhook's last change of its URL, events, description or secret (the
+        # ``/v1/webhook_endpoints`` face shows it as ``updated_at``); rows made before
+        # it were never changed, so they start at their creation
+        "m017_webhook_updated_at",
+        """
+        ALTER TABLE webhooks ADD COLUMN updated_at INTEGER;
+        UPDATE webhooks SET updated_at = created_at;
+        """,
+    ),
 ]
 
 

@@ -335,6 +335,13 @@ MIGRATIONS: list[tuple[str, str]] = [
             FOR EACH ROW EXECUTE FUNCTION lmsp_audit_append_only();
         """,
     ),
+    (
+        "p017_webhook_updated_at",
+        """
+        ALTER TABLE webhooks ADD COLUMN updated_at BIGINT;
+        UPDATE webhooks SET updated_at = created_at;
+        """,
+    ),
 ]
 
 

@@ -18,8 +18,8 @@ that dies mid-try leaves a row that falls due again when its lease ends.
 The secret: Standard Webhooks signs with HMAC-SHA256, so the server needs the key
 itself, not a hash of it. It is kept in the ``webhooks`` row (the database is the
 user's alone: mode 0600 in the data directory, or the PostgreSQL database the
-operator secures) and shown to the client once, when the webhook is created; no read
-ever returns it again.
+operator secures) and shown to the client when the webhook is created and when its
+secret is replaced (:func:`rotate`); no read ever returns it.
 """
 
 from __future__ import annotations
@@ -68,9 +68,10 @@ def add(
         )
     webhook_id = new_id("wh")
     secret = new_secret()
+    stamp = _now()
     conn.execute(
         "INSERT INTO webhooks (id, client_id, url, events, description, all_clients, secret,"
-        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             webhook_id,
             client_id,
@@ -79,7 +80,8 @@ def add(
             description,
             1 if all_clients else 0,
             secret,
-            _now(),
+            stamp,
+            stamp,
         ),
     )
     row = get(conn, webhook_id)
@@ -99,6 +101,78 @@ def listed(conn: Conn, client_id: str | None) -> list[Row]:
     return list(
         conn.execute(
             "SELECT * FROM webhooks WHERE client_id = ? ORDER BY created_at, id", (client_id,)
+        )
+    )
+
+
+def update(
+    conn: Conn,
+    webhook_id: str,
+    *,
+    url: str | None = None,
+    events: Sequence[str] | None = None,
+    description: str | None = None,
+) -> tuple[Row, dict[str, Any]] | None:
+    """Change a webhook's URL, events or description (``None``: keep it); returns its
+    row and what changed (empty: nothing did, and ``updated_at`` stays), or ``None`` if
+    there is no such webhook. Pending deliveries go to the new URL; events already in
+    the outbox are still sent, whatever the new events."""
+    row = get(conn, webhook_id)
+    if row is None:
+        return None
+    wanted = {
+        "url": url,
+        "events": None if events is None else json.dumps(list(events)),
+        "description": description,
+    }
+    columns = {k: v for k, v in wanted.items() if v is not None and v != row[k]}
+    if not columns:
+        return row, {}
+    sets = ", ".join(f"{column} = ?" for column in columns)
+    if not conn.execute(
+        f"UPDATE webhooks SET {sets}, updated_at = ? WHERE id = ?",
+        (*columns.values(), _now(), webhook_id),
+    ).rowcount:
+        return None
+    change: dict[str, Any] = dict(columns)
+    if "events" in change:
+        change["events"] = list(events or ())
+    fresh = get(conn, webhook_id)
+    assert fresh is not None
+    return fresh, change
+
+
+def rotate(conn: Conn, webhook_id: str) -> tuple[Row, str] | None:
+    """A new secret for a webhook (``None``: no such webhook); the old one signs nothing
+    from this commit on (every try reads the secret when it is claimed)."""
+    secret = new_secret()
+    if not conn.execute(
+        "UPDATE webhooks SET secret = ?, updated_at = ? WHERE id = ?",
+        (secret, _now(), webhook_id),
+    ).rowcount:
+        return None
+    row = get(conn, webhook_id)
+    assert row is not None
+    return row, secret
+
+
+def newest_first(conn: Conn, client_id: str | None, after: Row | None, limit: int) -> list[Row]:
+    """A client's webhooks (``None``: every client's), newest first (``created_at`` is
+    in seconds: ties in id order), those after the webhook ``after`` (a cursor); at
+    most ``limit``."""
+    where: list[str] = []
+    args: list[Any] = []
+    if client_id is not None:
+        where.append("client_id = ?")
+        args.append(client_id)
+    if after is not None:
+        where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+        args += [after["created_at"], after["created_at"], after["id"]]
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return list(
+        conn.execute(
+            f"SELECT * FROM webhooks{clause} ORDER BY created_at DESC, id DESC LIMIT ?",
+            (*args, limit),
         )
     )
 
