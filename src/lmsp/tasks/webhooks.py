@@ -37,6 +37,7 @@ import httpx
 from standardwebhooks.webhooks import Webhook
 
 from lmsp import __version__
+from lmsp.ids import new_id
 from lmsp.protocol import webhooks as wire
 from lmsp.store import webhooks as store
 from lmsp.store.db import Database
@@ -53,9 +54,53 @@ PER_WEBHOOK = 4
 LEASE = 60.0
 #: the most of a receiver's answer read (to keep its connection); the rest is never read
 MAX_ANSWER = 64 * 1024
+#: the longest a test event (``POST /v1/webhook_endpoints/{id}/test``) waits for its answer
+TEST_TIMEOUT = 5.0
+#: what a test event's ``data.id`` names: no response has it
+TEST_RESPONSE_ID = "resp_test"
 #: the shortest and longest naps between looks at the outbox
 MIN_NAP = 0.01
 MAX_NAP = 1.0
+
+
+def signed_headers(event_id: str, secret: str, body: bytes) -> dict[str, str]:
+    """A try's headers: Standard Webhooks' id, a fresh timestamp and the signature of
+    ``id.timestamp.body`` with ``secret``."""
+    stamp = datetime.now(tz=UTC)
+    return {
+        "content-type": "application/json",
+        "webhook-id": event_id,
+        "webhook-timestamp": str(int(stamp.timestamp())),
+        "webhook-signature": Webhook(secret).sign(event_id, stamp, body),
+    }
+
+
+class NoAnswer(Exception):
+    """A test event got no HTTP answer (refused, timed out, not HTTP); says why."""
+
+
+async def send_test(url: str, secret: str, event_type: str) -> int:
+    """Send one signed test event to ``url`` now and return the status it answered
+    (redirects not followed, :data:`TEST_TIMEOUT` for the whole try); raise
+    :class:`NoAnswer` if it did not answer. Not a delivery: nothing is written, and a
+    refusal is not tried again. The event names no real response (``data.id`` is
+    :data:`TEST_RESPONSE_ID`); its ``webhook-id`` is a fresh event id."""
+    event_id = new_id("evt")
+    body = wire.event_body(event_id, event_type, int(time.time()), TEST_RESPONSE_ID)
+    agent = {"user-agent": f"lmsp/{__version__} (webhooks)"}
+    try:
+        async with (
+            asyncio.timeout(TEST_TIMEOUT),
+            httpx.AsyncClient(timeout=TEST_TIMEOUT, follow_redirects=False, headers=agent) as http,
+            http.stream(
+                "POST", url, content=body, headers=signed_headers(event_id, secret, body)
+            ) as answer,
+        ):
+            return answer.status_code  # its body is not read
+    except (TimeoutError, httpx.TimeoutException):
+        raise NoAnswer(f"no answer within {TEST_TIMEOUT:.0f} s") from None
+    except httpx.HTTPError as exc:
+        raise NoAnswer(wire.describe(f"{type(exc).__name__}: {exc}")) from None
 
 
 @dataclass(frozen=True)
@@ -208,13 +253,7 @@ class Deliverer:
         status: int | None = None
         error: str | None = None
         body = wire.event_body(item.event_id, item.type, int(item.created_at), item.response_id)
-        stamp = datetime.now(tz=UTC)
-        headers = {
-            "content-type": "application/json",
-            "webhook-id": item.event_id,
-            "webhook-timestamp": str(int(stamp.timestamp())),
-            "webhook-signature": Webhook(item.secret).sign(item.event_id, stamp, body),
-        }
+        headers = signed_headers(item.event_id, item.secret, body)
         try:
             self.sent += 1
             async with (
