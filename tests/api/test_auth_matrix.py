@@ -22,6 +22,7 @@ from lmsp.bootstrap import bundled_model_path
 from lmsp.config import Settings
 from lmsp.store.clients import SCOPES
 from tests.hub_standin import Hub, HubFile, serve, sha256_of
+from tests.webhook_receiver import Receiver
 
 NON_ADMIN = [s for s in SCOPES if s != "admin"]
 PULL_REPO = "matrix/SmolLM2-GGUF"
@@ -40,10 +41,11 @@ class Call:
 class World:
     """The app in process and helpers that make the resources a request needs."""
 
-    def __init__(self, http: TestClient, owner: str) -> None:
+    def __init__(self, http: TestClient, owner: str, hook_url: str = "") -> None:
         self.http = http
         self.owner = owner
         self.counter = 0
+        self.hook_url = hook_url  # a receiver that answers 200 (a webhook test's target)
 
     def auth(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}"}
@@ -152,6 +154,25 @@ def _hook(method: str, suffix: str = "") -> Build:
         return Call(method, f"/v1/webhooks/{made.json()['id']}{suffix}")
 
     return build
+
+
+def _endpoint(method: str, suffix: str = "", **kw: Any) -> Build:
+    """A webhook of ``token``'s through ``/v1/webhook_endpoints``, its URL the world's
+    receiver."""
+
+    def build(world: World, token: str) -> Call:
+        made = world.http.post(
+            "/v1/webhook_endpoints",
+            json={"name": "m", "url": world.hook_url, "event_types": ["response.completed"]},
+            headers=world.auth(token),
+        )
+        assert made.status_code == 201, made.text
+        return Call(method, f"/v1/webhook_endpoints/{made.json()['id']}{suffix}", **kw)
+
+    return build
+
+
+ENDPOINT = {"name": "m", "url": "http://127.0.0.1:9/hook", "event_types": ["response.failed"]}
 
 
 def _conv(method: str, suffix: str = "", item: bool = False, **kw: Any) -> Build:
@@ -321,6 +342,26 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/v1/webhooks/{webhook_id}/deliveries"): Route(
         _hook("GET", "/deliveries"), 200, owned=True
     ),
+    ("GET", "/v1/webhook_endpoints"): Route(_static("GET", "/v1/webhook_endpoints"), 200),
+    ("POST", "/v1/webhook_endpoints"): Route(
+        _static("POST", "/v1/webhook_endpoints", json=ENDPOINT), 201
+    ),
+    ("GET", "/v1/webhook_endpoints/{webhook_endpoint_id}"): Route(
+        _endpoint("GET"), 200, owned=True
+    ),
+    ("POST", "/v1/webhook_endpoints/{webhook_endpoint_id}"): Route(
+        _endpoint("POST", json={"name": "renamed"}), 200, owned=True
+    ),
+    ("DELETE", "/v1/webhook_endpoints/{webhook_endpoint_id}"): Route(
+        _endpoint("DELETE"), 200, owned=True
+    ),
+    ("POST", "/v1/webhook_endpoints/{webhook_endpoint_id}/rotate_secret"): Route(
+        _endpoint("POST", "/rotate_secret", json={}), 200, owned=True
+    ),
+    ("POST", "/v1/webhook_endpoints/{webhook_endpoint_id}/test"): Route(
+        _endpoint("POST", "/test", json={"event_type": "response.completed"}), 200, owned=True
+    ),
+    ("GET", "/v1/webhook_event_types"): Route(_static("GET", "/v1/webhook_event_types"), 200),
     ("POST", "/v1/responses/compact"): Route(
         _static("POST", "/v1/responses/compact", json={"model": "lmsp-test", "input": "x"}), 200
     ),
@@ -365,11 +406,13 @@ def world(settings: Settings) -> Iterator[World]:
         max_pending_pairings_per_source=1000,
         hf_endpoint=hub.url,
     )
+    receiver = Receiver().start()
     try:
         with TestClient(create_app(roomy)) as http:
             owner = (settings.data_dir / "owner.token").read_text().strip()
-            yield World(http, owner)
+            yield World(http, owner, receiver.url)
     finally:
+        receiver.stop()
         hub.close()
 
 

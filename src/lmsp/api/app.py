@@ -46,6 +46,7 @@ from .routes import (
     pulls,
     responses,
     tasks,
+    webhook_endpoints,
 )
 from .routes import clients as client_routes
 from .routes import compaction as compaction_routes
@@ -336,6 +337,8 @@ def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
     app.include_router(fairshare.router)
     app.include_router(pulls.router)
     app.include_router(webhook_routes.router)
+    app.include_router(webhook_endpoints.router)
+    app.include_router(webhook_endpoints.types_router)
     app.include_router(compaction_routes.router)
     app.include_router(conversation_routes.router)
     app.include_router(aliases.router)

@@ -42,26 +42,37 @@ class NewWebhook(BaseModel):
     all_clients: bool = False
 
 
-def _owned(conn: Conn, webhook_id: str, client: Client) -> Row:
+def owned(conn: Conn, webhook_id: str, client: Client) -> Row:
+    """The webhook if ``client`` may see it (its own; ``admin``: any), else ``404``."""
     row = store.get(conn, webhook_id)
     if row is None or not client.oversees(row["client_id"]):
         raise errors.not_found("webhook", webhook_id)
     return row
 
 
+def refuse_unknown(body: BaseModel, what: str) -> None:
+    """A field lmsp does not know is refused, never ignored."""
+    for name in body.model_extra or {}:
+        raise errors.LmspError(
+            "unsupported_parameter", f"Unknown field {name!r} for {what}.", param=name
+        )
+
+
+def checked_url(svc: Service, url: str) -> str:
+    """``url`` if ``LMSP_WEBHOOK_HOSTS`` lets a webhook name it, else ``400``."""
+    try:
+        return wire.check_url(url, wire.parse_hosts(svc.settings.webhook_hosts))
+    except wire.InvalidUrl as exc:
+        raise errors.LmspError("invalid_webhook_url", str(exc), param="url") from None
+
+
 @router.post("", status_code=201)
 async def create_webhook(body: NewWebhook, request: Request, client: Writer) -> JSONResponse:
     """A webhook for this client's responses; the answer carries its ``secret``
     (``whsec_…``), which no later answer shows."""
-    for name in body.model_extra or {}:
-        raise errors.LmspError(
-            "unsupported_parameter", f"Unknown field {name!r} for a webhook.", param=name
-        )
+    refuse_unknown(body, "a webhook")
     svc = service(request)
-    try:
-        url = wire.check_url(body.url, wire.parse_hosts(svc.settings.webhook_hosts))
-    except wire.InvalidUrl as exc:
-        raise errors.LmspError("invalid_webhook_url", str(exc), param="url") from None
+    url = checked_url(svc, body.url)
     if body.all_clients and not client.admin:
         raise errors.forbidden("admin")
     events = [name for name in wire.EVENTS if name in set(body.events)]
@@ -90,7 +101,7 @@ async def list_webhooks(request: Request, client: Reader) -> dict[str, Any]:
 @router.get("/{webhook_id}")
 async def get_webhook(webhook_id: str, request: Request, client: Reader) -> dict[str, Any]:
     svc = service(request)
-    row = await svc.read(lambda: _owned(svc.db.reader(), webhook_id, client))
+    row = await svc.read(lambda: owned(svc.db.reader(), webhook_id, client))
     return store.render(row, with_client=client.admin)
 
 
@@ -100,7 +111,7 @@ async def delete_webhook(webhook_id: str, request: Request, client: Writer) -> d
     svc = service(request)
 
     def job(conn: Conn) -> None:
-        _owned(conn, webhook_id, client)
+        owned(conn, webhook_id, client)
         store.delete(conn, webhook_id)
         audit.record(conn, client.id, "webhook.removed", webhook_id)
 
@@ -125,7 +136,7 @@ def _deliveries_page(
     svc: Service, webhook_id: str, client: Client, limit: int, after: str | None
 ) -> dict[str, Any]:
     conn = svc.db.reader()
-    _owned(conn, webhook_id, client)
+    owned(conn, webhook_id, client)
     before: int | None = None
     if after is not None:
         before = store.delivery_seq(conn, webhook_id, after)
