@@ -293,3 +293,28 @@ def request_of(conn: Conn, response: Row) -> dict[str, Any]:
         if started is not None:
             request[items.HISTORY] = started
     return request
+
+
+def given_request(conn: Conn, response: Row) -> dict[str, Any]:
+    """:func:`request_of`, with only as much of the history as the model is given: a
+    turn ``truncation: "auto"`` cut short (its record says how many items it ``kept``)
+    reads its history newest first until it holds those, never the older ones it left
+    out. The runner's one read of a task's request."""
+    request: dict[str, Any] = json.loads(response["request"])
+    kept = (request.get(items.TRUNCATED) or {}).get("kept")
+    previous = response["previous_id"]
+    if kept is None or previous is None or items.HISTORY in request:
+        return request_of(conn, response)
+    wanted = int(kept) - len(items.input_of(request))
+    newest: list[list[dict[str, Any]]] = []
+    held = 0
+    if wanted <= 0:  # none of it: still, the whole history must be there
+        _chain(conn, previous, ids_only=True)
+    else:
+        for turn in newest_first(conn, previous):
+            newest.append(turn.items)
+            held += len(turn.items)
+            if held >= wanted:
+                break
+    request[items.HISTORY] = [item for seen in reversed(newest) for item in seen]
+    return request
