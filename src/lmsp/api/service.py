@@ -7,7 +7,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
@@ -41,12 +41,12 @@ from lmsp.store.open import open_database
 from lmsp.store.sql import Conn, Row
 from lmsp.tasks import recovery, retention
 from lmsp.tasks.nodes import Membership
-from lmsp.tasks.plan import full_context_of, messages_of, tools_of, truncate
+from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.pull import Downloader
 from lmsp.tasks.runner import Runner
 from lmsp.tasks.webhooks import Deliverer, DeliveryPolicy
 
-from . import compaction, embedwork, toolcheck
+from . import compaction, embedwork, fitting, toolcheck
 from .broker import Broker
 from .files import FileReader
 from .refusals import Refusals
@@ -168,40 +168,31 @@ class Service:
         raise model_not_found(name, known)
 
     # -- shared operations -----------------------------------------------------------------
-    def fit(self, record: Any, request: dict[str, Any]) -> tuple[int, int] | None:
-        """``(prompt tokens, context)`` as :meth:`create` counts them (``input_tokens``)."""
-        return self._fit(record, request)
+    def fit(self, record: Any, request: dict[str, Any]) -> fitting.Size | None:
+        """``(prompt tokens, context)`` as :meth:`create` counts them (``input_tokens``),
+        exact even for a prompt too long (without ``truncation: "auto"``)."""
+        return self._fit(record, request, exact=True)
 
-    def _fit(self, record: Any, request: dict[str, Any]) -> tuple[int, int] | None:
+    def _fit(
+        self, record: Any, request: dict[str, Any], *, exact: bool = False
+    ) -> fitting.Size | None:
         """``(prompt tokens, context)`` of ``request`` (``None``: not known before it
-        runs). With ``truncation: "auto"`` a prompt too long for the context loses its
-        oldest context items, the fewest that make it fit (the last item always stays;
-        recorded in the request, :func:`lmsp.tasks.plan.truncate`), as the Responses API
-        defines it; the size is then the truncated prompt's."""
+        runs), its history read newest first only as far as the context holds it, and
+        with ``truncation: "auto"`` its oldest context items dropped, the fewest that
+        make it fit, as the Responses API defines it (:func:`lmsp.api.fitting.fit`). In
+        a reader thread."""
+        history: Iterable[response_store.Turn] = ()
+        previous = request.get("previous_response_id")
+        if items.HISTORY in request:  # a conversation's items so far (:meth:`prepare`)
+            history = [response_store.Turn(request[items.HISTORY], 0)]
+        elif previous is not None:
+            history = response_store.newest_first(self.db.reader(), previous)
+        tools = tools_of(request)
 
-        def size(dropped: int) -> tuple[int, int] | None:
-            truncate(request, dropped)
-            return self.host.prompt_size(record, messages_of(request), tools_of(request))
+        def measure(context: list[dict[str, Any]]) -> tuple[int, int] | None:
+            return self.host.prompt_size(record, messages_of(request, context), tools)
 
-        whole = size(0)
-        if whole is None or whole[0] < whole[1] or request.get("truncation") != "auto":
-            return whole
-        low, high = 1, len(full_context_of(request)) - 1  # the fewest that fit is in here
-        best: tuple[int, tuple[int, int]] | None = None
-        while low <= high:  # fewer dropped items never make a prompt shorter
-            middle = (low + high) // 2
-            got = size(middle)
-            if got is None:
-                return None
-            if got[0] < got[1]:
-                best, high = (middle, got), middle - 1
-            else:
-                low = middle + 1
-        if best is None:
-            truncate(request, 0)
-            return whole
-        truncate(request, best[0])
-        return best[1]
+        return fitting.fit(request, history, measure, exact=exact)
 
     async def create(
         self,
@@ -234,10 +225,11 @@ class Service:
         # a prompt the context cannot hold is refused now, when its length can be known
         # (or, with truncation "auto", its oldest items are dropped until it fits)
         size = await self.read(self._fit, record, request)
-        if size is not None and size[0] >= size[1]:
+        if size is not None and size.tokens >= size.context:
+            has = str(size.tokens) if size.whole else f"at least {size.tokens}"
             raise errors.LmspError(
                 "context_length_exceeded",
-                f"The prompt has {size[0]} tokens; the context of {model!r} holds {size[1]}."
+                f"The prompt has {has} tokens; the context of {model!r} holds {size.context}."
                 + _context_advice(request, input_param),
                 param=input_param,
             )
@@ -276,8 +268,9 @@ class Service:
     ) -> models.ModelRecord:
         """What :meth:`create` checks and resolves before it counts the prompt: the model,
         the sampling numbers, schemas and grammars, every input item (files read), the
-        history of ``previous_response_id`` and the items of ``conversation``, all in
-        ``request``. ``/v1/responses/input_tokens`` counts what this leaves."""
+        items of ``conversation``, all in ``request``, and that ``previous_response_id``
+        may be continued (its history is read by :meth:`fit`, only as far as the
+        context holds it). ``/v1/responses/input_tokens`` counts what this leaves."""
         # the budget of its files and schemas, all together, counted from now
         ticket = Ticket.arriving(client.id, self.settings.request_cpu_time, WALL_FACTOR)
         if request.get("service_tier") == "priority" and not client.allows("priority"):
@@ -305,9 +298,9 @@ class Service:
             ticket,
         )
         previous = request.get("previous_response_id")
-        if previous is not None:  # the history, for the size check (stored by reference)
-            request[items.HISTORY] = await self.read(
-                lambda: response_store.conversation(self.db.reader(), previous, client.id)
+        if previous is not None:  # its history is read when it is counted (:meth:`fit`)
+            await self.read(
+                lambda: response_store.continuable(self.db.reader(), previous, client.id)
             )
         conversation = (request.get("conversation") or {}).get("id")
         if conversation is not None:  # its items so far (the stored request names the last)

@@ -200,11 +200,14 @@ def render_response(
 
 def render_truncated(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
     """What ``truncation: "auto"`` left out: ``{"items": n, "first": {...}, "last":
-    {...}}`` (a request stored with the whole ``dropped`` list, before, shown alike)."""
-    if not recorded or "dropped" not in recorded:
-        return recorded
-    gone = recorded["dropped"]
-    return {"items": recorded["items"], "first": gone[0], "last": gone[-1]}
+    {...}}`` (a request stored with the whole ``dropped`` list, before, shown alike; the
+    count ``kept`` is lmsp's own, for its runner)."""
+    if not recorded:
+        return None
+    if "dropped" in recorded:
+        gone = recorded["dropped"]
+        return {"items": recorded["items"], "first": gone[0], "last": gone[-1]}
+    return {key: recorded[key] for key in ("items", "first", "last")}
 
 
 def render_task(task: Row, queue_position: int | None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ response can no longer be run or continued (``history_deleted``).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,14 +218,54 @@ def context_of(conn: Conn, response_id: str) -> list[dict[str, Any]]:
     its output (``history_deleted`` if a response of its history is gone)."""
     out: list[dict[str, Any]] = []
     for row in _chain(conn, response_id, ids_only=False):
-        request = json.loads(row["request"])
-        if items.HISTORY in request:  # stored before history was kept by reference
-            out = list(request[items.HISTORY])
-        elif (started := conversations.history(conn, request)) is not None:
-            out = started  # a turn of a conversation (``conversation``)
-        out.extend(items.input_of(request))
-        out.extend(json.loads(row["output"]) if row["output"] else [])
+        seen, started = _seen(conn, json.loads(row["request"]), row["output"])
+        if started:
+            out = seen
+        else:
+            out.extend(seen)
     return out
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One response of a history, as a later turn sees it: its input and then its output
+    (the oldest one's own history first, when it carries one), and its stored bytes."""
+
+    items: list[dict[str, Any]]
+    size: int
+
+
+def newest_first(conn: Conn, response_id: str) -> Iterator[Turn]:
+    """What :func:`context_of` gives, a response at a time, the newest first, each read
+    only when it is asked for: a caller that needs only the newest items of a long
+    conversation stops early, and never holds the rest (``history_deleted`` if a
+    response of it is gone, before the first)."""
+    chain = _chain(conn, response_id, ids_only=True)
+    for link in reversed(chain):
+        row = conn.execute(
+            "SELECT request, output FROM responses WHERE id = ?", (link["id"],)
+        ).fetchone()
+        if row is None:  # deleted while it was read
+            raise history_deleted(link["id"])
+        seen, started = _seen(conn, json.loads(row["request"]), row["output"])
+        yield Turn(seen, len(row["request"]) + len(row["output"] or ""))
+        if started:  # its own history is all that came before it
+            return
+
+
+def _seen(conn: Conn, request: dict[str, Any], output: str | None) -> tuple[list[Any], bool]:
+    """The items a later turn sees of one stored response, and whether they start with
+    a history of its own (then what came before it is in there already)."""
+    started = True
+    if items.HISTORY in request:  # stored before history was kept by reference
+        seen = list(request[items.HISTORY])
+    elif (found := conversations.history(conn, request)) is not None:
+        seen = found  # a turn of a conversation (``conversation``)
+    else:
+        seen, started = [], False
+    seen.extend(items.input_of(request))
+    seen.extend(json.loads(output) if output else [])
+    return seen, started
 
 
 def history_of(conn: Conn, response: Row) -> list[dict[str, Any]]:
@@ -251,4 +292,29 @@ def request_of(conn: Conn, response: Row) -> dict[str, Any]:
         started = conversations.history(conn, request)
         if started is not None:
             request[items.HISTORY] = started
+    return request
+
+
+def given_request(conn: Conn, response: Row) -> dict[str, Any]:
+    """:func:`request_of`, with only as much of the history as the model is given: a
+    turn ``truncation: "auto"`` cut short (its record says how many items it ``kept``)
+    reads its history newest first until it holds those, never the older ones it left
+    out. The runner's one read of a task's request."""
+    request: dict[str, Any] = json.loads(response["request"])
+    kept = (request.get(items.TRUNCATED) or {}).get("kept")
+    previous = response["previous_id"]
+    if kept is None or previous is None or items.HISTORY in request:
+        return request_of(conn, response)
+    wanted = int(kept) - len(items.input_of(request))
+    newest: list[list[dict[str, Any]]] = []
+    held = 0
+    if wanted <= 0:  # none of it: still, the whole history must be there
+        _chain(conn, previous, ids_only=True)
+    else:
+        for turn in newest_first(conn, previous):
+            newest.append(turn.items)
+            held += len(turn.items)
+            if held >= wanted:
+                break
+    request[items.HISTORY] = [item for seen in reversed(newest) for item in seen]
     return request

@@ -35,26 +35,38 @@ def full_context_of(request: dict[str, Any]) -> list[Item]:
 
 def context_of(request: dict[str, Any]) -> list[Item]:
     """The items a stored request gives the model: its whole context but the oldest
-    items ``truncation: "auto"`` dropped when it was created (:func:`truncate`)."""
-    dropped = int((request.get(items.TRUNCATED) or {}).get("items", 0))
-    return full_context_of(request)[dropped:]
+    items ``truncation: "auto"`` dropped when it was created (:func:`truncate`). Its
+    ``kept`` newest items, which is all a runner reads of a long history
+    (:func:`lmsp.store.responses.given_request`); by the count dropped in a record from
+    before ``kept``."""
+    recorded = request.get(items.TRUNCATED) or {}
+    context = full_context_of(request)
+    if "kept" in recorded:
+        return context[max(0, len(context) - int(recorded["kept"])) :]
+    return context[int(recorded.get("items", 0)) :]
 
 
-def truncate(request: dict[str, Any], dropped: int) -> None:
-    """Record in ``request`` that its ``dropped`` oldest context items are left out
-    (``truncation: "auto"``): how many, and the first and the last of them (id, type and
-    role; the items between are the context's, in order). Never the whole list: a long
-    conversation drops more with every turn, and the record is copied into the
-    response object of every lifecycle event (that list once made an 18-turn chain's
-    events quadratic in its length)."""
-    if dropped <= 0:
+def truncate(
+    request: dict[str, Any], dropped: int, *, unread: int = 0, oldest: Item | None = None
+) -> None:
+    """Record in ``request`` that the ``dropped`` oldest items of the context it holds
+    are left out (``truncation: "auto"``), after ``unread`` older ones its history had
+    (only counted, never read: the oldest of all is ``oldest``): how many in all, the
+    first and the last of them (id, type and role; the items between are the context's,
+    in order), and how many are ``kept`` (internal: what a runner reads). Never the whole
+    list: a long conversation drops more with every turn, and the record is copied into
+    the response object of every lifecycle event (that list once made an 18-turn
+    chain's events quadratic in its length)."""
+    if dropped + unread <= 0:
         request.pop(items.TRUNCATED, None)
         return
     context = full_context_of(request)
+    first = oldest if unread and oldest is not None else context[0]
     request[items.TRUNCATED] = {
-        "items": dropped,
-        "first": _brief(context[0]),
+        "items": unread + dropped,
+        "first": _brief(first),
         "last": _brief(context[dropped - 1]),
+        "kept": len(context) - dropped,
     }
 
 
@@ -66,11 +78,12 @@ def _brief(item: Item) -> dict[str, Any]:
 VERBOSITY = {"low": "Answer concisely.", "high": "Answer thoroughly, with detail."}
 
 
-def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
+def messages_of(request: dict[str, Any], context: list[Item] | None = None) -> list[dict[str, str]]:
     """The chat messages of a stored request: ``instructions`` first, as the system
     message (a conversation's earlier instructions are not carried over), then every
-    item of its context. A text completion's prompt is one raw-prompt message, which the
-    engine gives the model without the chat template (:mod:`lmsp.protocol.completions`)."""
+    item of its context (``context``: these items instead). A text completion's prompt
+    is one raw-prompt message, which the engine gives the model without the chat
+    template (:mod:`lmsp.protocol.completions`)."""
     if request.get(completions.RAW):
         (prompt,) = items.input_of(request)
         return completions.raw_messages("".join(part["text"] for part in prompt["content"]))
@@ -78,7 +91,7 @@ def messages_of(request: dict[str, Any]) -> list[dict[str, str]]:
     hint = VERBOSITY.get(str((request.get("text") or {}).get("verbosity")))
     if hint:  # ``text.verbosity``: asked of the model in its system message
         instructions = f"{instructions}\n\n{hint}" if instructions else hint
-    return items.render(context_of(request), instructions)
+    return items.render(context_of(request) if context is None else context, instructions)
 
 
 def sampling_of(request: dict[str, Any]) -> Sampling:

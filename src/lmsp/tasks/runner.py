@@ -321,7 +321,7 @@ class Runner:
             return
         response = task_store.get_response(conn, task["response_id"])
         assert response is not None
-        request = response_store.request_of(conn, response)  # its history expanded
+        request = response_store.given_request(conn, response)  # its history, as given
         record = models.get(conn, response["model"])
         if record is None:
             raise EngineError("model_load_failed", f"The model {response['model']!r} is gone.")
