@@ -3,7 +3,7 @@ and the history of a conversation.
 
 A turn of a conversation (``previous_response_id``) is stored with only its own input
 and a reference to the response it continues (``previous_id``); its history is the
-chain of those references, expanded when it is needed (:func:`history_of`). So a
+chain of those references, expanded when it is needed (:func:`request_of`). So a
 conversation's bytes grow by each turn's own size, not by the history's, and deleting a
 response removes its content from every later turn too: a turn whose history lost a
 response can no longer be run or continued (``history_deleted``).
@@ -266,19 +266,6 @@ def _seen(conn: Conn, request: dict[str, Any], output: str | None) -> tuple[list
     seen.extend(items.input_of(request))
     seen.extend(json.loads(output) if output else [])
     return seen, started
-
-
-def history_of(conn: Conn, response: Row) -> list[dict[str, Any]]:
-    """The items before a stored response's own input (``history_deleted`` if a
-    response of them is gone)."""
-    request = json.loads(response["request"])
-    if items.HISTORY in request:  # stored before history was kept by reference
-        return list(request[items.HISTORY])
-    started = conversations.history(conn, request)
-    if started is not None:
-        return started
-    previous = response["previous_id"]
-    return [] if previous is None else context_of(conn, previous)
 
 
 def request_of(conn: Conn, response: Row) -> dict[str, Any]:
