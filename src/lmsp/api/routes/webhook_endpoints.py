@@ -32,7 +32,7 @@ from lmsp.store.sql import Conn, Row
 from lmsp.tasks import webhooks as sender
 
 from .deps import service
-from .webhooks import Reader, Writer, checked_url, owned, refuse_unknown
+from .webhooks import Reader, Writer, checked_url, owned, refuse_unknown, remove
 
 router = APIRouter(prefix="/v1/webhook_endpoints", tags=["webhooks"])
 types_router = APIRouter(prefix="/v1/webhook_event_types", tags=["webhooks"])
@@ -199,14 +199,7 @@ async def delete_endpoint(
     webhook_endpoint_id: str, request: Request, client: Writer
 ) -> dict[str, Any]:
     """Remove a webhook: its pending deliveries are not sent."""
-    svc = service(request)
-
-    def job(conn: Conn) -> None:
-        owned(conn, webhook_endpoint_id, client)
-        store.delete(conn, webhook_endpoint_id)
-        audit.record(conn, client.id, "webhook.removed", webhook_endpoint_id)
-
-    await svc.db.write(job)
+    await remove(service(request), webhook_endpoint_id, client)
     return {"id": webhook_endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True}
 
 

@@ -108,7 +108,12 @@ async def get_webhook(webhook_id: str, request: Request, client: Reader) -> dict
 @router.delete("/{webhook_id}")
 async def delete_webhook(webhook_id: str, request: Request, client: Writer) -> dict[str, Any]:
     """Remove a webhook: its pending deliveries are not sent."""
-    svc = service(request)
+    await remove(service(request), webhook_id, client)
+    return {"id": webhook_id, "object": "webhook.deleted", "deleted": True}
+
+
+async def remove(svc: Service, webhook_id: str, client: Client) -> None:
+    """Delete a webhook the client owns, audited (both faces of the API)."""
 
     def job(conn: Conn) -> None:
         owned(conn, webhook_id, client)
@@ -116,7 +121,6 @@ async def delete_webhook(webhook_id: str, request: Request, client: Writer) -> d
         audit.record(conn, client.id, "webhook.removed", webhook_id)
 
     await svc.db.write(job)
-    return {"id": webhook_id, "object": "webhook.deleted", "deleted": True}
 
 
 @router.get("/{webhook_id}/deliveries")
