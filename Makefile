@@ -30,7 +30,7 @@ test: lint
 torture: $(VENV)/.dev
 	LMSP_CAMPAIGN=long $(VENV)/bin/pytest -q --timeout 5400 tests/campaigns
 
-# what `make test` leaves out for its length: Claude Code reading its ~21k-token prompt
+# what `make test` leaves out: Claude Code reading its ~21k-token prompt (about 6 minutes)
 # with the bundled model at a 32k context (tests marked `long`)
 long: $(VENV)/.dev
 	$(VENV)/bin/pytest -q -m long --timeout 5400
