@@ -70,6 +70,9 @@ class FakeBackend:
     def evaluated(self, seq: Seq) -> None:
         return None
 
+    def sent(self, seqs: list[Seq]) -> None:
+        return None
+
     def pick(self, seq: Seq, logits: Logits) -> Piece | None:
         position = len(seq.resume) + seq.produced
         if self.crash_on is not None and position == self.crash_on:
@@ -182,6 +185,52 @@ def test_shutdown_ends_the_loop(loop: Any) -> None:
     conn.send([Shutdown()])
     thread.join(10)
     assert not thread.is_alive()
+
+
+class Recording:
+    """A channel end that writes down what it sends, beside the backend's calls."""
+
+    def __init__(self, conn: Any, log: list[tuple[str, Any]]) -> None:
+        self.conn, self.log = conn, log
+
+    def poll(self, timeout: float) -> bool:
+        return bool(self.conn.poll(timeout))
+
+    def recv(self) -> Any:
+        return self.conn.recv()
+
+    def send(self, frame: Any) -> None:
+        self.log.append(("send", [m for m in frame if isinstance(m, Tokens)]))
+        self.conn.send(frame)
+
+
+def test_after_send_work_comes_after_the_tokens_are_out() -> None:
+    """A backend's slow work (saving a prefix) runs once the step's tokens are sent,
+    before the next step: never between a step and its tokens."""
+    log: list[tuple[str, Any]] = []
+
+    class Saving(FakeBackend):
+        def decode(self, step: list[Request]) -> None:
+            log.append(("decode", len(step)))
+            super().decode(step)
+
+        def sent(self, seqs: list[Seq]) -> None:
+            log.append(("sent", sorted(s.id for s in seqs if s.reported)))
+
+    here, there = multiprocessing.Pipe()
+    core = EngineCore(Saving(sequences=2), Recording(there, log))
+    thread = threading.Thread(target=core.run, daemon=True)
+    thread.start()
+    try:
+        here.send([Submit(1, [3, 0], [], GREEDY)])
+        collect(here, {1})
+    finally:
+        here.close()
+        thread.join(10)
+    kinds = [kind for kind, _ in log]
+    assert kinds == ["decode", "send", "sent"] * 4, log  # 3 tokens, then the end
+    for i in range(1, len(log), 3):
+        assert bool(log[i][1]) == (i < 9) and log[i + 1][1] == ([1] if i < 9 else [])
 
 
 def thread_client(backend: FakeBackend, tmp_path: Path) -> EngineClient:

@@ -47,6 +47,9 @@ class FakeBackend:
     def evaluated(self, seq: Seq) -> None:
         return None
 
+    def sent(self, seqs: list[Seq]) -> None:
+        return None
+
     def pick(self, seq: Seq, logits: Logits) -> Piece | None:
         if b"crash" in bytes(seq.prompt):
             die()

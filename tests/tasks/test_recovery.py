@@ -402,3 +402,41 @@ def test_cancel_of_a_resumed_task_before_the_runner_takes_it(settings: Settings)
         check_log_invariants(conn)
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("found", ["running", "queued"])
+def test_the_model_of_a_left_task_loads_before_the_runner_asks(
+    settings: Settings, found: str
+) -> None:
+    """After a restart the engine of the model unfinished tasks will run starts while
+    recovery and the server start: its load is not on the resumed task's time."""
+    new_data_dir(settings)
+    prep = prepare(settings, found, "resume", seed=7)
+    with started(settings) as svc:
+        assert [r.id for r in models.awaited(svc.db.reader())] == [TEST_MODEL_ID]
+        deadline = time.monotonic() + 30
+        while not svc.host.is_loaded(TEST_MODEL_ID) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert svc.host.is_loaded(TEST_MODEL_ID)  # the runner has not started
+        svc.runner.start(resume=svc.recovered.resumed)
+        wait_terminal(settings, [prep.task_id])
+        assert svc.response_object(prep.task_id)["status"] == "completed"
+
+
+def test_nothing_loads_ahead_when_no_task_is_left(settings: Settings) -> None:
+    new_data_dir(settings)
+    prep = prepare(settings, "queued", "fail", seed=8)
+    conn = store_reader(settings)
+    try:
+        assert conn.execute("SELECT status FROM tasks").fetchone()[0] == "queued"
+    finally:
+        conn.close()
+    db = open_database(settings)
+    try:  # the task ends: nothing is left for a restart to load
+        db.write_sync(lambda c: task_store.cancel(c, prep.task_id))
+        assert models.awaited(db.reader()) == []
+    finally:
+        db.close()
+    with started(settings) as svc:
+        assert svc.host.warm(models.awaited(svc.db.reader())) is None
+        assert not svc.host.is_loaded(TEST_MODEL_ID)

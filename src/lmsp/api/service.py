@@ -445,9 +445,16 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
                 db, settings.node, f"{settings.host}:{settings.port}", settings.lease_ttl
             )
             membership.join()
-        # a node recovers what it held itself (on a shared database, other nodes' tasks
-        # are theirs, and their rescuers' once their lease runs out)
-        report = recovery.recover(db, settings.node if db.shared else None)
+        host = open_host(settings, db, metrics)
+        # the models unfinished tasks will run load while recovery and the server start
+        host.warm(models.awaited(db.reader()))
+        try:
+            # a node recovers what it held itself (on a shared database, other nodes'
+            # tasks are theirs, and their rescuers' once their lease runs out)
+            report = recovery.recover(db, settings.node if db.shared else None)
+        except BaseException:
+            host.close()
+            raise
     except BaseException:
         db.close()
         raise
@@ -459,6 +466,40 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         len(report.resumed),
     )
     metrics.recovered(report.outcomes)
+    runner = Runner(
+        db,
+        host,
+        parallel=settings.parallel,
+        flush_interval=settings.flush_interval,
+        metrics=metrics,
+    )
+    runner.pulls = Downloader(
+        db,
+        settings.data_dir,
+        settings.hf_endpoint,
+        settings.hf_token,
+        node=settings.node if db.shared else "",
+        metrics=metrics,
+    )
+    if membership is not None:
+        membership.attach(runner)
+        membership.start()  # the lease is renewed from now on (it ends with the database)
+        db.on_task_change(runner.heard)
+    metrics.add_collector(lambda: database_figures(db))
+    metrics.add_collector(lambda: engine_figures(host))
+    metrics.add_collector(lambda: usage_figures(db))
+    metrics.add_collector(lambda: embedwork.engine_figures(host))
+    service = Service(settings, db, host, runner, service_id, report, metrics, kv=host.prefix_files)
+    service.membership = membership
+    policy = DeliveryPolicy(
+        settings.webhook_retry, settings.webhook_give_up, parse_hosts(settings.webhook_hosts)
+    )
+    service.webhooks = Deliverer(db, policy, settings.node if db.shared else None)
+    return service
+
+
+def open_host(settings: Settings, db: Database, metrics: Metrics) -> ModelHost:
+    """The model host, its prefix cache the relief of a full disk."""
     kv = PrefixFiles(
         settings.kv_dir,
         max_bytes=settings.kv_cache_bytes,
@@ -484,36 +525,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         embed_share=settings.embed_share,
     )
     host.metrics = metrics
-    runner = Runner(
-        db,
-        host,
-        parallel=settings.parallel,
-        flush_interval=settings.flush_interval,
-        metrics=metrics,
-    )
-    runner.pulls = Downloader(
-        db,
-        settings.data_dir,
-        settings.hf_endpoint,
-        settings.hf_token,
-        node=settings.node if db.shared else "",
-        metrics=metrics,
-    )
-    if membership is not None:
-        membership.attach(runner)
-        membership.start()  # the lease is renewed from now on (it ends with the database)
-        db.on_task_change(runner.heard)
-    metrics.add_collector(lambda: database_figures(db))
-    metrics.add_collector(lambda: engine_figures(host))
-    metrics.add_collector(lambda: usage_figures(db))
-    metrics.add_collector(lambda: embedwork.engine_figures(host))
-    service = Service(settings, db, host, runner, service_id, report, metrics, kv=kv)
-    service.membership = membership
-    policy = DeliveryPolicy(
-        settings.webhook_retry, settings.webhook_give_up, parse_hosts(settings.webhook_hosts)
-    )
-    service.webhooks = Deliverer(db, policy, settings.node if db.shared else None)
-    return service
+    return host
 
 
 def engine_figures(host: ModelHost) -> list[Metric]:

@@ -147,6 +147,11 @@ class Backend(Protocol):
         """``seq`` ended; its cache holds ``held`` (``intact``) or cannot be trusted."""
         ...
 
+    def sent(self, seqs: list[Seq]) -> None:
+        """A step's results are out: work kept off the tokens' way (saving caches) may
+        run now, before the next step. ``seqs`` are the active sequences."""
+        ...
+
     def figures(self) -> dict[str, Any]:
         """Counts for :class:`Stats` (JSON-able)."""
         ...
@@ -206,8 +211,11 @@ class EngineCore:
                 self._admit()
                 self._step()
                 self._embed()
+                sending = bool(self._outbox)
                 if not self._send():
                     return
+                if sending:
+                    self._after_send()
         finally:
             for seq in list(self.active.values()):
                 self._end(seq, intact=True)
@@ -272,6 +280,12 @@ class EngineCore:
             log.info("engine: the service is gone; exiting")
             return False
         return True
+
+    def _after_send(self) -> None:
+        try:
+            self.backend.sent(list(self.active.values()))
+        except Exception:  # saving a prefix is an optimisation: never fatal
+            log.exception("engine: after-send work failed")
 
     # -- sequences ---------------------------------------------------------------------
     def _admit(self) -> None:

@@ -259,6 +259,27 @@ class ModelHost:
         self._closed = False  # a task wants it: loading works again after close()
         return self._ensure(record, engine, slot)
 
+    def warm(self, records: list[ModelRecord]) -> threading.Thread | None:
+        """Start the engines of ``records`` (as many as may be loaded at once) on a
+        thread of their own, so that after a restart the models unfinished tasks will
+        run load while recovery and the HTTP server start, not once a task asks. A model
+        that cannot start is left to the task that asks for it (which fails with why)."""
+        chosen = [r for r in records if r.engine in self.engines][: self.max_loaded]
+        if not chosen:
+            return None
+
+        def load() -> None:
+            for record in chosen:
+                try:
+                    self.check(record)
+                    self._ensure(record, self.engines[record.engine], None)
+                except Exception as exc:
+                    log.info("not loaded ahead: %s (%s)", record.id, exc)
+
+        thread = threading.Thread(target=load, name="lmsp-warm", daemon=True)
+        thread.start()
+        return thread
+
     def _ensure(self, record: ModelRecord, engine: Engine, slot: int | None) -> EngineClient:
         """The running engine of ``record`` (started if need be, by this thread or by
         the one already starting it); marked in use by ``slot`` unless ``None``."""

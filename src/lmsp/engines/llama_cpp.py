@@ -15,7 +15,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,7 @@ class _Sequence:
     kept: int  # tokens its cache held when it started
     generating: bool = False
     saved_at: int = 0  # ``held`` length at the last save
+    due: list[int] = field(default_factory=list)  # lengths of ``held`` to save once sent
 
 
 class LlamaModel(LlamaTokenizer):
@@ -292,7 +293,7 @@ class LlamaModel(LlamaTokenizer):
         seq.cached = min(keep, len(seq.prompt))
         seq.state = _Sequence(choice.slot, constraint, decoder, list(seq.resume), keep)
         if keep >= self.save_after and not from_disk:
-            self._save(seq.slot, seq.held)  # a prefix two prompts share: a hot one
+            seq.state.due.append(keep)  # a prefix two prompts share: a hot one
 
     def _start(self, slot: Slot, choice_cached: int, context: list[int]) -> tuple[int, bool]:
         """Make ``slot`` hold the longest available prefix of ``context``, at most all
@@ -349,10 +350,10 @@ class LlamaModel(LlamaTokenizer):
                 return  # more of the prompt to come
             state.generating = True
             if len(seq.context) - state.kept >= self.save_after:
-                self._save(seq.slot, seq.held)  # the next turn starts with all of it
+                state.due.append(len(seq.held))  # the next turn starts with all of it
             state.saved_at = len(seq.held)
         elif self.prefix_files is not None and len(seq.held) - state.saved_at >= self.save_every:
-            self._save(seq.slot, seq.held)
+            state.due.append(len(seq.held))
             state.saved_at = len(seq.held)
 
     def pick(self, seq: Seq, logits: Logits) -> Piece | None:
@@ -372,10 +373,21 @@ class LlamaModel(LlamaTokenizer):
         state.generated.append(token)
         return Piece(token, state.decoder.feed(raw), self._logprobs(logits, token, raw, seq))
 
+    def sent(self, seqs: list[Seq]) -> None:
+        """Save what is due once a sequence's first token is out: a save copies the
+        sequence's whole cache out of the context (tens of MB for a long prompt), which
+        would otherwise come before that token."""
+        for seq in seqs:
+            state: _Sequence | None = seq.state
+            if state is not None and state.due and state.generating and seq.reported:
+                self._save_due(seq, state)
+
     def release(self, seq: Seq, intact: bool) -> None:
         state: _Sequence | None = seq.state
         if state is None:
             return
+        if intact and state.due:  # ended before its saves were sent: its slot is reused next
+            self._save_due(seq, state)
         held = seq.held if intact else []  # after a failed step: trust none of it
         if not held:
             self.context.trim(state.slot.seq, 0)
@@ -397,17 +409,26 @@ class LlamaModel(LlamaTokenizer):
             "prefix_cache": dict(files.counts) if files is not None else {},
         }
 
-    def _save(self, seq: int, held: list[int]) -> None:
-        """Save the sequence's cache for ``held`` to disk, written off the loop."""
+    def _save_due(self, seq: Seq, state: _Sequence) -> None:
+        """Save the prefixes of ``held`` that are due, written off the loop. The cache is
+        copied out once: a prefix's file may hold cells past its tokens, which a restore
+        trims (:meth:`_start`); the cells of a prefix do not depend on what follows."""
         files = self.prefix_files
-        key = (len(held), hash(tuple(held)))
-        if files is None or key in self._saved:
+        due, state.due = state.due, []
+        if files is None:
             return
-        if len(self._saved) >= 4096:  # a guard against saving again, not a record: bounded
-            self._saved.clear()
-        self._saved.add(key)
-        data = self.context.save(seq)
-        self._saver.submit(files.save, self.digest, list(held), data, tag=self.tag)
+        data: bytes | None = None
+        for n in sorted(set(due)):
+            held = seq.held[:n]
+            key = (n, hash(tuple(held)))
+            if key in self._saved:
+                continue
+            if len(self._saved) >= 4096:  # a guard against saving again, not a record
+                self._saved.clear()
+            self._saved.add(key)
+            if data is None:
+                data = self.context.save(seq.slot)
+            self._saver.submit(files.save, self.digest, held, data, tag=self.tag)
 
     def _logprobs(self, logits: Logits, token: int, raw: bytes, seq: Seq) -> dict[str, Any] | None:
         sampling = seq.sampling

@@ -186,6 +186,9 @@ class TestBackend:
             self._free.append(seq.state)
             seq.state = None
 
+    def sent(self, seqs: list[Seq]) -> None:
+        return None
+
     def embed(
         self, inputs: list[list[int]], max_tokens: int | None = None
     ) -> npt.NDArray[np.float32]:

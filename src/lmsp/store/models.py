@@ -143,6 +143,19 @@ def users(conn: Conn, model_id: str) -> int:
     return int(row[0])
 
 
+def awaited(conn: Conn) -> list[ModelRecord]:
+    """The ready models unfinished tasks will run, those of running tasks first: what a
+    restart may load before any task asks for it."""
+    rows = conn.execute(
+        "SELECT responses.model, max(CASE WHEN tasks.status = 'queued' THEN 0 ELSE 1 END)"
+        " AS started FROM tasks JOIN responses ON responses.id = tasks.response_id"
+        f" WHERE tasks.status IN ({UNFINISHED_SQL}) GROUP BY responses.model"
+        " ORDER BY started DESC, responses.model"
+    ).fetchall()
+    found = (get(conn, row[0]) for row in rows)
+    return [record for record in found if record is not None and record.status == "ready"]
+
+
 def delete(conn: Conn, model_id: str) -> str:
     """Delete a model record: ``deleted``, ``missing`` or ``in_use`` (unfinished tasks
     use it; nothing changes then). The caller removes the blob once unreferenced."""
