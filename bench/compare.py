@@ -36,6 +36,8 @@ Every row prints lmsp's figure, llama-server's where it applies, the ratio, the 
 MET / MISSED. If ``llama-server`` cannot be built or started the lmsp rows still run and
 the rows that need it say ``n/a``. ``LMSP_BENCH_QUICK=1`` runs everything small (one
 repetition, fewer tokens): a smoke run of the harness, not figures.
+``LMSP_BENCH_PARTS`` (comma-separated: ``generation``, ``prefix``, ``exact``,
+``creates``, ``kill``, ``resume``) runs only those parts, to look at one row again.
 """
 
 from __future__ import annotations
@@ -786,6 +788,12 @@ def start_llama_server(
         return None
 
 
+def wanted(part: str) -> bool:
+    """Whether ``LMSP_BENCH_PARTS`` (unset: every part) names ``part``."""
+    parts = {p.strip() for p in os.environ.get("LMSP_BENCH_PARTS", "").split(",") if p.strip()}
+    return not parts or part in parts
+
+
 def run(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) -> None:
     """All the side-by-side benchmarks; ``table`` prints the summary."""
     from llama_cpp import Llama
@@ -827,7 +835,7 @@ def run(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) ->
         for side in [lm, *lls]:
             with side.client() as http:  # warm-up: lmsp loads its model on first use
                 side.stream(http, messages_for(SUBJECTS[7]), 4)
-        fast = bench_generation(lm, lls, plan, figures)
+        fast = bench_generation(lm, lls, plan, figures) if wanted("generation") else math.nan
 
         def restart() -> list[Side]:
             lm_server.stop()
@@ -840,24 +848,29 @@ def run(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) ->
                 *(llama_side(server, name) for name, server in ll_servers.items()),
             ]
 
-        bench_prefix([lm, *lls], plan, figures, count, restart)
+        if wanted("prefix"):
+            bench_prefix([lm, *lls], plan, figures, count, restart)
         busy.append(busy_cpus())
         for server in ll_servers.values():
             server.stop()  # from here on lmsp only: leave it the machine
         lm_server.stop()
-        exact = Server(work / "exact-data", env=dict(env, LMSP_EXACT="1")).start()
-        servers.append(exact)
-        bench_exact(exact, plan, figures, fast)
-        exact.stop()
-        creating = Server(work / "creates-data", env=env).start()
-        servers.append(creating)
-        bench_creates(creating, plan, figures)
-        crashing = Server(work / "crash-data", env=env).start()
-        servers.append(crashing)
-        with crashing.client() as http:  # an engine to kill
-            lmsp_side(crashing).stream(http, messages_for(SUBJECTS[7]), 4)
-        bench_engine_kill(crashing, plan, figures)
-        bench_resume(work, dict(env, LMSP_DEFAULT_ON_RESTART="resume"), plan, figures, count)
+        if wanted("exact"):
+            exact = Server(work / "exact-data", env=dict(env, LMSP_EXACT="1")).start()
+            servers.append(exact)
+            bench_exact(exact, plan, figures, fast)
+            exact.stop()
+        if wanted("creates"):
+            creating = Server(work / "creates-data", env=env).start()
+            servers.append(creating)
+            bench_creates(creating, plan, figures)
+        if wanted("kill"):
+            crashing = Server(work / "crash-data", env=env).start()
+            servers.append(crashing)
+            with crashing.client() as http:  # an engine to kill
+                lmsp_side(crashing).stream(http, messages_for(SUBJECTS[7]), 4)
+            bench_engine_kill(crashing, plan, figures)
+        if wanted("resume"):
+            bench_resume(work, dict(env, LMSP_DEFAULT_ON_RESTART="resume"), plan, figures, count)
     finally:
         for server in servers:
             with contextlib.suppress(Exception):

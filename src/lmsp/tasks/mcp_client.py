@@ -5,6 +5,8 @@ of its own, runs every MCP request of the process; a worker submits one and gets
 :class:`concurrent.futures.Future`, which it polls so that a cancel of its task stops
 waiting at once (cancelling the future cancels the request: its connection closes).
 
+The SDK is imported by the first request (it takes ~0.7 s: not on a restart's path).
+
 Each request opens its own session (connect, initialize, one request, close): a task
 may be resumed on another node or after a restart, and nothing of a session survives
 that. Every request is bounded by ``timeout`` (``LMSP_MCP_TIMEOUT``) as a whole, and a
@@ -20,15 +22,12 @@ import json
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-import httpx2
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.exceptions import MCPError
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lmsp.protocol import mcp
+
+if TYPE_CHECKING:  # the SDK takes ~0.7 s to import: only a request that needs it pays
+    from mcp import Client
 
 T = TypeVar("T")
 
@@ -75,6 +74,9 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _failure(server: Server, exc: BaseException) -> McpFailure:
+    import httpx2
+    from mcp.shared.exceptions import MCPError
+
     exc = _leaf(exc)
     if isinstance(exc, McpFailure):
         return exc
@@ -120,6 +122,11 @@ async def _bounded(server: Server, work: Any) -> Any:
 
 
 def _client(server: Server) -> Client:
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
     http = create_mcp_http_client(
         headers=server.headers, timeout=httpx2.Timeout(server.timeout, read=server.timeout)
     )
