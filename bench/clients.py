@@ -334,10 +334,14 @@ def creates_process(
     clients: int,
     start_at: float,
     seconds: float,
+    rate: float = 0.0,
 ) -> tuple[list[float], list[str]]:
     """In a child process: ``clients`` concurrent clients create background responses
     (each answered ``202`` after its commit) from wall time ``start_at`` for ``seconds``;
-    the latencies of the successful creates and the errors."""
+    the latencies of the successful creates and the errors. Each client creates again
+    as soon as it is answered, or with ``rate`` (creates a second, all clients
+    together) at fixed times, each latency counted from the time its create was due
+    (a late answer delays the next create: that wait is counted too)."""
 
     async def main() -> tuple[list[float], list[str]]:
         latencies: list[float] = []
@@ -353,9 +357,13 @@ def creates_process(
             )
             await asyncio.sleep(max(0.0, start_at - time.time()))
 
-            async def worker(stop_at: float) -> None:
+            async def worker(stop_at: float, first: float) -> None:
+                due = first
                 while time.perf_counter() < stop_at:
                     t0 = time.perf_counter()
+                    if rate > 0:
+                        await asyncio.sleep(max(0.0, due - t0))
+                        t0, due = due, due + clients / rate
                     try:
                         answer = await http.post("/v1/responses", json=body)
                         if answer.status_code == 202:
@@ -365,8 +373,10 @@ def creates_process(
                     except httpx.HTTPError as exc:
                         errors.append(repr(exc))
 
-            stop_at = time.perf_counter() + seconds
-            await asyncio.gather(*(worker(stop_at) for _ in range(clients)))
+            began = time.perf_counter()
+            stop_at = began + seconds
+            offsets = [i / rate if rate > 0 else 0.0 for i in range(clients)]
+            await asyncio.gather(*(worker(stop_at, began + o) for o in offsets))
         return latencies, errors
 
     return asyncio.run(main())

@@ -22,7 +22,7 @@ BODY = {
     "on_restart": "resume",
 }
 KILLS = 6
-STEP = 5  # new events the resumed task must persist before the next kill
+STEP = 1  # new delta events (each a flush of several tokens) the resumed task must log first
 
 
 def text_of(obj: dict[str, Any]) -> str:
@@ -105,7 +105,7 @@ def test_kill_9_many_times_then_the_uninterrupted_text(
         task_id = created["task"]["id"]
 
         kills = 0
-        status, last = wait_for_events(data_dir, task_id, 2 + STEP)
+        status, last = wait_for_events(data_dir, task_id, 5 + STEP)  # 4 opening events, then text
         while kills < KILLS and status == "running":
             server.kill()  # mid-generation: no shutdown code runs
             kills += 1
@@ -146,7 +146,7 @@ def test_kill_9_in_fast_mode_keeps_every_committed_token(tmp_path: Path) -> None
             created = http.post("/v1/responses", json={**BODY, "background": True}).json()
         task_id = created["task"]["id"]
         committed: list[str] = []
-        status, last = wait_for_events(data_dir, task_id, 2 + STEP)
+        status, last = wait_for_events(data_dir, task_id, 5 + STEP)  # 4 opening events, then text
         for _ in range(2):
             if status != "running":
                 break

@@ -47,7 +47,7 @@ class Settings:
     max_queue: int = 1024
     idempotency_ttl: float = 86400.0
     gc_interval: float = 60.0
-    flush_interval: float = 0.05
+    flush_interval: float = 0.1
     n_ctx: int = 0  # one sequence's context; 0: the model's trained context (SmolLM2: 8192)
     # bytes the KV caches of one model's sequences may take together; the context is cut
     # to fit (docs/operations.md). Default: a quarter of the machine's memory
@@ -210,6 +210,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["exact"] = _flag(v)
     if v := env.get("LMSP_KEEP_ALIVE"):
         changes["keep_alive"] = parse_duration(v)
+    if v := env.get("LMSP_FLUSH_INTERVAL"):
+        changes["flush_interval"] = flush = float(parse_duration(v))
+        if not 0.005 <= flush <= 1.0:
+            raise ValueError("LMSP_FLUSH_INTERVAL must be between 5ms and 1s")
     if v := env.get("LMSP_MAX_LOADED_MODELS"):
         changes["max_loaded_models"] = int(v)
         if int(v) < 1:

@@ -145,7 +145,7 @@ def test_a_stream_and_following_it_again(client: TestClient) -> None:
     names = [name for _, name, _ in events]
     assert names[0] == "message_start" and names[1] == "content_block_start"
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
-    assert names.count("content_block_delta") == 24
+    assert 1 <= names.count("content_block_delta") <= 24  # a delta joins the tokens of a flush
     message_id = events[0][2]["message"]["id"]
     final = client.get(f"/v1/messages/{message_id}").json()
     assert text_of(events) == final["content"][0]["text"]

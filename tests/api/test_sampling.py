@@ -65,15 +65,17 @@ def test_logprobs_on_deltas_and_in_the_final_part(client: TestClient) -> None:
     )
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert deltas
-    for delta in deltas:
-        (entry,) = delta["logprobs"]  # the test engine: one token a word
-        assert entry["token"] == delta["delta"]
-        assert bytes(entry["bytes"]).decode() == entry["token"]
-        assert len(entry["top_logprobs"]) == 3
-        assert entry["logprob"] < 0
+    for delta in deltas:  # the tokens a delta joins (logged together): one entry each
+        assert delta["logprobs"]
+        assert "".join(e["token"] for e in delta["logprobs"]) == delta["delta"]
+        for entry in delta["logprobs"]:
+            assert bytes(entry["bytes"]).decode() == entry["token"]
+            assert len(entry["top_logprobs"]) == 3
+            assert entry["logprob"] < 0
     final = events[-1]["response"]
     part = final["output"][0]["content"][0]
-    assert len(part["logprobs"]) == len(deltas)
+    assert len(part["logprobs"]) == sum(len(d["logprobs"]) for d in deltas)
+    assert len(part["logprobs"]) == final["usage"]["output_tokens"]  # a word a token here
     # include asks for them without alternatives
     obj = create(client, include=["message.output_text.logprobs"])
     entries = obj["output"][0]["content"][0]["logprobs"]

@@ -102,3 +102,35 @@ def lifecycle(kind: str, response: dict[str, Any], **extra: Any) -> dict[str, An
     """A lifecycle event carrying the response object (no sequence number yet: the log
     gives it)."""
     return {"type": kind, **extra, "response": response}
+
+
+#: delta events that may be joined with the next one of the same item (and part)
+_JOINABLE = {
+    OUTPUT_TEXT_DELTA: ("item_id", "content_index"),
+    FUNCTION_CALL_ARGUMENTS_DELTA: ("item_id",),
+}
+
+
+def coalesce(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``batch`` with each run of deltas of one item (and content part) joined into one
+    event: the same text, arguments and logprobs, in fewer events. A log read back or
+    replayed gives the same items either way."""
+    out: list[dict[str, Any]] = []
+    for event in batch:
+        keys = _JOINABLE.get(event.get("type", ""))
+        last = out[-1] if out else None
+        if (
+            keys is not None
+            and last is not None
+            and last.get("type") == event["type"]
+            and all(last.get(k) == event.get(k) for k in keys)
+        ):
+            joined = dict(last, delta=last["delta"] + event["delta"])
+            if "logprobs" in last or "logprobs" in event:
+                joined["logprobs"] = list(last.get("logprobs") or []) + list(
+                    event.get("logprobs") or []
+                )
+            out[-1] = joined
+        else:
+            out.append(event)
+    return out

@@ -3,11 +3,14 @@ and events.
 
 ``parallel`` worker threads take queued tasks in FIFO order (tasks recovered in
 ``running`` with ``on_restart: resume`` first), move them ``loading → running →``
-terminal, and log text deltas in batches: a worker hands a batch to the group-commit
-writer at least every ``flush_interval`` seconds while the engine goes on generating.
-Each batch carries the snapshot that covers it. The engine runs in a process of its own
-(:mod:`lmsp.engines.client`); each worker submits its task's sequence there and reads
-its pieces, checking each one against a committed cancel before it is shown.
+terminal, and log text deltas in batches: a worker hands its first text to the
+group-commit writer at once, then a batch at most every ``flush_interval`` seconds
+(``LMSP_FLUSH_INTERVAL``) while the engine goes on generating, each run of deltas of one
+item joined into one event (:func:`lmsp.protocol.events.coalesce`: fewer rows, frames and
+wake-ups per token). Each batch carries the snapshot that covers it. The engine runs in
+a process of its own (:mod:`lmsp.engines.client`); each worker submits its task's
+sequence there and reads its pieces, checking each one against a committed cancel
+before it is shown.
 
 When the engine process dies, the worker keeps the pieces that came before, logs them,
 and its task follows its ``on_restart`` policy with the error code ``engine_crashed``
@@ -20,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -29,6 +33,7 @@ from lmsp.engines.base import EngineCrashed, EngineError, Generation
 from lmsp.engines.host import ModelHost
 from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
+from lmsp.protocol import events as ev
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.states import Status
 from lmsp.store import events, models, nodes
@@ -53,7 +58,7 @@ class Runner:
         host: ModelHost,
         *,
         parallel: int = 1,
-        flush_interval: float = 0.05,
+        flush_interval: float = 0.1,
         metrics: Metrics | None = None,
     ) -> None:
         self.db = db
@@ -380,13 +385,13 @@ class Runner:
 
         pending: list[dict[str, Any]] = []
         inflight: concurrent.futures.Future[Any] | None = None
-        last_flush = time.monotonic()
+        last_flush = -math.inf  # the first text is logged at once: the time to it counts
         stopped = False
         incomplete: str | None = None
 
         def flush() -> concurrent.futures.Future[Any]:
             snap = {"tokens": list(tokens), "seed": sampling.seed, "held": assembler.held}
-            batch = list(pending)  # one delta event per token, many per transaction
+            batch = ev.coalesce(pending)  # one delta event per item since the last flush
             pending.clear()
             return self.db.submit(
                 self._fenced(
@@ -457,7 +462,7 @@ class Runner:
         if stopped or task_id in self._cancels:
             self._cancelled(task_id)
             return
-        last = list(pending)  # committed with the completion: all of the text, or none
+        last = ev.coalesce(pending)  # committed with the completion: all of the text, or none
         snap = {"tokens": list(tokens), "seed": sampling.seed}
         usage = {
             "cached_tokens": cached,
