@@ -409,7 +409,7 @@ def test_the_model_of_a_left_task_loads_before_the_runner_asks(
     settings: Settings, found: str
 ) -> None:
     """After a restart the engine of the model unfinished tasks will run starts while
-    the server starts: its load is not on the resumed task's time."""
+    recovery and the server start: its load is not on the resumed task's time."""
     new_data_dir(settings)
     prep = prepare(settings, found, "resume", seed=7)
     with started(settings) as svc:

@@ -445,9 +445,16 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
                 db, settings.node, f"{settings.host}:{settings.port}", settings.lease_ttl
             )
             membership.join()
-        # a node recovers what it held itself (on a shared database, other nodes' tasks
-        # are theirs, and their rescuers' once their lease runs out)
-        report = recovery.recover(db, settings.node if db.shared else None)
+        host = open_host(settings, db, metrics)
+        # the models unfinished tasks will run load while recovery and the server start
+        host.warm(models.awaited(db.reader()))
+        try:
+            # a node recovers what it held itself (on a shared database, other nodes'
+            # tasks are theirs, and their rescuers' once their lease runs out)
+            report = recovery.recover(db, settings.node if db.shared else None)
+        except BaseException:
+            host.close()
+            raise
     except BaseException:
         db.close()
         raise
@@ -459,9 +466,6 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         len(report.resumed),
     )
     metrics.recovered(report.outcomes)
-    host = open_host(settings, db, metrics)
-    # the models the tasks left after recovery will run load while the server starts
-    host.warm(models.awaited(db.reader()))
     runner = Runner(
         db,
         host,

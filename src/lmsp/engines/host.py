@@ -262,7 +262,7 @@ class ModelHost:
     def warm(self, records: list[ModelRecord]) -> threading.Thread | None:
         """Start the engines of ``records`` (as many as may be loaded at once) on a
         thread of their own, so that after a restart the models unfinished tasks will
-        run load while the HTTP server starts, not once a task asks. A model
+        run load while recovery and the HTTP server start, not once a task asks. A model
         that cannot start is left to the task that asks for it (which fails with why)."""
         chosen = [r for r in records if r.engine in self.engines][: self.max_loaded]
         if not chosen:
