@@ -50,12 +50,13 @@ def pull_once(http: httpx.Client, model_id: str) -> float:
     answer = http.post("/v1/models/pull", json={"from": f"hf.co/{REPO}:Q4_1", "id": model_id})
     answer.raise_for_status()
     task_id = answer.json()["task"]["id"]
-    while True:
-        task = http.get(f"/v1/tasks/{task_id}").json()
-        if task["status"] in ("completed", "failed", "cancelled"):
-            break
-        time.sleep(0.02)
+    # the task's events as they are committed (a stream that ends with the task): its
+    # end is seen when it happens, without a poll's granularity or its requests' CPU
+    with http.stream("GET", f"/v1/tasks/{task_id}/events") as events:
+        for _ in sse_lines(events):
+            pass
     took = time.perf_counter() - began
+    task = http.get(f"/v1/tasks/{task_id}").json()
     assert task["status"] == "completed", task
     http.delete(f"/v1/models/{model_id}").raise_for_status()  # the next pull fetches again
     return took
@@ -79,15 +80,27 @@ LINK = 100 * (1 << 20)
 
 
 class Streams:
-    """``n`` clients streaming answers of the bundled model until stopped; tokens counted."""
+    """``n`` clients streaming answers of the bundled model until stopped; the tokens
+    are the server's own count (``lmsp_generated_tokens`` on ``/metrics``: a delta
+    event carries all the text of a flush, not one token)."""
 
     def __init__(self, url: str, token: str, n: int) -> None:
-        self.tokens = 0
-        self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.http = httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
         self.threads = [
             threading.Thread(target=self.run, args=(url, token, i), daemon=True) for i in range(n)
         ]
+
+    @property
+    def tokens(self) -> float:
+        metrics = self.http.get("/metrics").text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("lmsp_generated_tokens_total")
+        )
 
     def run(self, url: str, token: str, i: int) -> None:
         headers = {"Authorization": f"Bearer {token}"}
@@ -100,10 +113,7 @@ class Streams:
                     "stream": True,
                 }
                 with http.stream("POST", "/v1/responses", json=body) as answer:
-                    for event, _ in sse_lines(answer):
-                        if event == "response.output_text.delta":
-                            with self.lock:
-                                self.tokens += 1
+                    for _ in sse_lines(answer):
                         if self.stop.is_set():
                             break
 
@@ -116,6 +126,7 @@ class Streams:
         self.stop.set()
         for thread in self.threads:
             thread.join(60)
+        self.http.close()
 
 
 def bench_pull(

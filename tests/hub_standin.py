@@ -84,6 +84,10 @@ class Hub:
 def serve(hub: Hub) -> Hub:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # as a real server does (nginx, uvicorn): headers and body are two writes, and
+        # with Nagle's algorithm a kept-alive connection's second answer waited ~40 ms
+        # for the client's delayed ACK
+        disable_nagle_algorithm = True
 
         def log_message(self, *args: Any) -> None:
             pass

@@ -97,6 +97,30 @@ def _string(fh: BinaryIO) -> str:
     return _read(fh, length).decode("utf-8", errors="replace")
 
 
+_LENGTH = struct.Struct("<Q")
+_BLOCK = 1 << 16
+
+
+def _skip_strings(fh: BinaryIO, count: int) -> None:
+    """Skip an array of ``count`` strings (a vocabulary and its merges: ~100k) from
+    blocks read at once, not two calls on the file per string (that took ~35 ms)."""
+    block, pos = b"", 0
+    unpack = _LENGTH.unpack_from
+    for _ in range(count):
+        if pos + 8 > len(block):
+            block, pos = block[pos:] + fh.read(_BLOCK), 0
+            if len(block) < 8:
+                raise NotGGUF("the GGUF header ends early")
+        length = int(unpack(block, pos)[0])
+        if length > MAX_STRING:
+            raise NotGGUF("a GGUF header string is implausibly long")
+        pos += 8 + length
+        if pos > len(block):  # the string runs past the block: skip the rest of it
+            fh.seek(pos - len(block), 1)
+            block, pos = b"", 0
+    fh.seek(pos - len(block), 1)  # give back what was read past the array
+
+
 def _value(fh: BinaryIO, kind: int) -> Any:
     if kind in _SCALARS:
         return _unpack(fh, _SCALARS[kind])
@@ -108,11 +132,7 @@ def _value(fh: BinaryIO, kind: int) -> Any:
         if item_kind in _SCALARS:  # skip fixed-size items without reading them
             fh.seek(count * struct.calcsize(_SCALARS[item_kind]), 1)
         elif item_kind == _STRING:
-            for _ in range(count):
-                length = int(_unpack(fh, "<Q"))
-                if length > MAX_STRING:
-                    raise NotGGUF("a GGUF header string is implausibly long")
-                fh.seek(length, 1)
+            _skip_strings(fh, count)
         else:
             raise NotGGUF(f"unsupported GGUF array item type {item_kind}")
         return {"array_of": item_kind, "length": count}

@@ -20,6 +20,7 @@ dropped on a redirect to another host, e.g. the hub's CDN); it is never logged.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import re
 import ssl
@@ -141,6 +142,13 @@ def pick_files(tree: list[dict[str, Any]], quant: str) -> list[HubFile]:
     return files
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The certificates a hub's TLS is checked against (certifi's), loaded once: loading
+    them takes ~20 ms, which every pull and every ``POST /v1/models/pull`` paid."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class Hub:
     """A client of the hub's file API (one ``httpx.Client``, closed with ``close``)."""
 
@@ -153,6 +161,7 @@ class Hub:
         self.headers = headers
         self.http = httpx.Client(
             headers=headers,
+            verify=tls_context(),
             follow_redirects=True,
             timeout=httpx.Timeout(timeout, connect=10),
         )
@@ -256,9 +265,8 @@ class Hub:
     def _connect(self, url: str) -> http.client.HTTPConnection:
         parts = urlsplit(url)
         if parts.scheme == "https":
-            context = ssl.create_default_context(cafile=certifi.where())
             return http.client.HTTPSConnection(
-                parts.hostname or "", parts.port, timeout=self.timeout, context=context
+                parts.hostname or "", parts.port, timeout=self.timeout, context=tls_context()
             )
         if parts.scheme != "http":
             raise errors.LmspError("hub_error", f"The hub sent a {parts.scheme!r} address.")

@@ -24,6 +24,7 @@ the task. A file already in the blob store is not fetched again.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import logging
 import os
@@ -33,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -61,6 +62,33 @@ PROGRESS_INTERVAL = 0.5
 MAX_FAILURES = 8
 #: pulls that download at once on one node
 MAX_ACTIVE = 2
+
+
+#: bytes between two hand-overs of a part file's new bytes to the disk (see below)
+WRITEBACK = 8 << 20
+
+
+def _writeback_call() -> Callable[[int, int, int, int], int] | None:
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return cast(Callable[[int, int, int, int], int], call)
+
+
+_SYNC_FILE_RANGE = _writeback_call()
+
+
+def start_writeback(fd: int, start: int, end: int) -> None:
+    """Start writing bytes ``start`` to ``end`` of ``fd`` to the disk, without waiting
+    (Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``): the sync before each progress
+    event and the last one then find little left to write, where the last alone took
+    ~50 ms for a 94 MiB file. A no-op elsewhere; the ``fsync`` calls stay what makes
+    bytes durable."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, start, end - start, 2)  # SYNC_FILE_RANGE_WRITE
 
 
 class _Stop(Exception):
@@ -284,7 +312,7 @@ class Downloader:
             out.seek(pos)
             failures = 0
             last = time.monotonic()
-            last_pos = pos
+            last_pos = written = pos
             while pos < file.size:
                 self._check(task_id)
                 try:
@@ -293,13 +321,16 @@ class Downloader:
                             out.seek(0)
                             out.truncate(0)
                             sha.reset()
-                            pos = 0
+                            pos = written = 0
                         for chunk in chunks:
                             if pos + len(chunk) > file.size:
                                 raise _mismatch(file, "more bytes than the hub lists")
                             sha.update(chunk)
                             blobs.write_chunk(out, chunk)
                             pos += len(chunk)
+                            if pos - written >= WRITEBACK:
+                                start_writeback(out.fileno(), written, pos)
+                                written = pos
                             failures = 0
                             now = time.monotonic()
                             if now - last >= PROGRESS_INTERVAL:
@@ -357,9 +388,10 @@ class Downloader:
         first_path = _located(self.blobs_dir, work, 0, first)
         try:
             with first_path.open("rb") as fh:
-                meta = metadata_of(read_header_from(fh))
-                if len(pull.files) == 1:
-                    check_structure(fh, first.size)
+                whole = len(pull.files) == 1  # one file: its layout is checked too
+                meta = metadata_of(
+                    check_structure(fh, first.size) if whole else read_header_from(fh)
+                )
         except NotGGUF as exc:
             raise errors.LmspError("invalid_model_file", f"Not a whole GGUF file: {exc}") from None
         meta.update(
