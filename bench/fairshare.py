@@ -11,7 +11,8 @@ off in the store ("off"); runs alternate on/off and the medians are compared:
    output tokens per second of wall time.
 Goal: on ≥ 0.97 x off.
 
-Light behind heavy: a real ``lmsp serve`` (real model, 2 sequences); a heavy client
+Light behind heavy: a real ``lmsp serve`` (real model, 2 sequences, and the reserved
+one of the default ``LMSP_RESERVED_SEQUENCES=1``; then without it); a heavy client
 keeps 100 tasks queued, a light client sends one request at a time (streamed, so its
 wait to start and its own run are timed apart); its latency against twice one task's
 alone, and each request against one task's duration under the same load plus its own
@@ -171,8 +172,11 @@ def overhead(
     return rows
 
 
-def light_behind_heavy(work: Path, samples: int, backlog: int, tokens: int) -> list[list[str]]:
-    server = Server(work / "fair-wait", env={"LMSP_PARALLEL": "2"}).start()
+def light_behind_heavy(
+    work: Path, samples: int, backlog: int, tokens: int, reserved: int = 1
+) -> list[list[str]]:
+    env = {"LMSP_PARALLEL": "2", "LMSP_RESERVED_SEQUENCES": str(reserved)}
+    server = Server(work / f"fair-wait-{reserved}", env=env).start()
     stop = threading.Event()
     try:
         with server.client(timeout=600) as owner:
@@ -244,12 +248,13 @@ def light_behind_heavy(work: Path, samples: int, backlog: int, tokens: int) -> l
         server.stop()
     return [
         [
-            f"light client, {backlog} heavy tasks queued",
+            f"{backlog} heavy tasks queued, {reserved} reserved sequence(s)",
             f"{one_task:.2f}",
             f"{statistics.median(waits):.2f}",
             f"{percentile(waits, 0.99):.2f}",
             f"{2 * one_task:.2f}",
             f"{statistics.median(own):.2f}",
+            f"{percentile([start for start, _ in runs], 0.99):.2f}",
             f"{within}/{len(runs)}",
         ]
     ]
@@ -263,7 +268,11 @@ def bench_fairshare(work: Path, seconds: float, table: Table, quick: bool = Fals
         ["figure", "on", "off", "on/off"],
         rows,
     )
-    rows = light_behind_heavy(work, 4 if quick else 12, 100, 16)
+    rows = [
+        row
+        for reserved in (1, 0)  # the default, and without the reserve
+        for row in light_behind_heavy(work, 4 if quick else 24, 100, 16, reserved)
+    ]
     table(
         "(n) fair share: a light client's request while a heavy one keeps 100 queued (s)",
         [
@@ -273,6 +282,7 @@ def bench_fairshare(work: Path, seconds: float, table: Table, quick: bool = Fals
             "p99",
             "2 x alone",
             "own run under load (p50)",
+            "wait to start (p99)",
             "≤ a task + its own",
         ],
         rows,

@@ -125,9 +125,39 @@ def test_a_flood_does_not_starve_another_client_and_tiers_order_the_queue(
     assert answer["service_tier"] == "flex" and answer["status"] == "completed"
 
 
-def test_with_two_sequences_a_light_client_is_next(tmp_path: Path, blob_cache: Path) -> None:
+def test_with_two_sequences_a_light_client_starts_at_once(tmp_path: Path, blob_cache: Path) -> None:
+    """The reserved sequence (``LMSP_RESERVED_SEQUENCES``, 1 by default): a client with
+    nothing running starts while the heavy client's tasks hold both sequences."""
     data_dir = seeded_data_dir(tmp_path / "data", blob_cache)
     srv = Server(data_dir, env={"LMSP_PARALLEL": "2"}).start()
+    try:
+        _, heavy = new_client(srv, "heavy", ["responses:read", "responses:write"])
+        _, light = new_client(srv, "light", ["responses:read", "responses:write"])
+        flood = [queue(heavy, 128) for _ in range(6)]
+        while started(srv.data_dir, flood) < 2:  # heavy's hold both sequences
+            time.sleep(0.01)
+        single = queue(light, 24)
+        while status_of(srv.data_dir, single) == "queued":
+            time.sleep(0.005)
+        # it left the queue while heavy's first two still ran, and no third of heavy's
+        assert all(status_of(srv.data_dir, t) in ("loading", "running") for t in flood[:2])
+        assert started(srv.data_dir, flood) == 2
+        # another newcomer: the reserve is one sequence; it starts with the first that
+        # is free, before every task of heavy's still queued then
+        _, other = new_client(srv, "other", ["responses:read", "responses:write"])
+        second = queue(other, 24)
+        waiting = [t for t in flood if status_of(srv.data_dir, t) == "queued"]
+        order = started_order(srv.data_dir, [*flood, single, second])
+        assert order.index(single) == 2, order
+        assert all(order.index(second) < order.index(t) for t in waiting), (waiting, order)
+    finally:
+        srv.stop()
+
+
+def test_without_the_reserve_a_light_client_is_next(tmp_path: Path, blob_cache: Path) -> None:
+    data_dir = seeded_data_dir(tmp_path / "data", blob_cache)
+    env = {"LMSP_PARALLEL": "2", "LMSP_RESERVED_SEQUENCES": "0"}
+    srv = Server(data_dir, env=env).start()
     try:
         _, heavy = new_client(srv, "heavy", ["responses:read", "responses:write"])
         _, light = new_client(srv, "light", ["responses:read", "responses:write"])
@@ -140,6 +170,14 @@ def test_with_two_sequences_a_light_client_is_next(tmp_path: Path, blob_cache: P
         assert ahead <= 3, ahead
     finally:
         srv.stop()
+
+
+def status_of(data_dir: Path, task_id: str) -> str:
+    conn = open_db(data_dir)
+    try:
+        return str(conn.execute("SELECT status FROM tasks WHERE id = ?", (task_id,)).fetchone()[0])
+    finally:
+        conn.close()
 
 
 def doctor(data_dir: Path) -> tuple[int, dict[str, Any]]:

@@ -43,6 +43,9 @@ class Settings:
     retention: float = 7 * 86400.0
     default_on_restart: str = "fail"
     parallel: int = 4  # sequences decoded together: the best of 1, 2, 4, 8 (docs/performance.md)
+    # sequences more, each taken only by a client with nothing running while the others
+    # are busy: its first request starts at once (PROTOCOL.md 13, docs/operations.md)
+    reserved_sequences: int = 1
     max_body_bytes: int = 1 << 20
     max_queue: int = 1024
     idempotency_ttl: float = 86400.0
@@ -55,6 +58,9 @@ class Settings:
     # LMSP_EXACT: batched = solo and resumed = uninterrupted, bit for bit, at a cost
     # (docs/performance.md); off: llama-server's fast schedule
     exact: bool = False
+    # LMSP_ROPE_SCALING: a context past the model's trained one (LMSP_N_CTX) is stretched
+    # with YaRN (``yarn``, the default), or not (``none``: positions it never saw)
+    rope_scaling: bool = True
     keep_alive: float = 300.0
     max_loaded_models: int = 1
     enable_test_engine: bool = False
@@ -190,6 +196,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["parallel"] = int(v)
         if int(v) < 1:
             raise ValueError("LMSP_PARALLEL must be at least 1")
+    if v := env.get("LMSP_RESERVED_SEQUENCES"):
+        changes["reserved_sequences"] = int(v)
+        if not 0 <= int(v) <= 8:
+            raise ValueError("LMSP_RESERVED_SEQUENCES must be from 0 to 8")
     if v := env.get("LMSP_MAX_BODY_BYTES"):
         changes["max_body_bytes"] = int(v)
     if v := env.get("LMSP_MAX_QUEUE"):
@@ -206,6 +216,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["kv_budget"] = int(v)
         if int(v) < 1 << 20:
             raise ValueError("LMSP_KV_BUDGET must be at least 1048576 bytes")
+    if v := env.get("LMSP_ROPE_SCALING"):
+        if v not in ("yarn", "none"):
+            raise ValueError("LMSP_ROPE_SCALING must be yarn or none")
+        changes["rope_scaling"] = v == "yarn"
     if v := env.get("LMSP_EXACT"):
         changes["exact"] = _flag(v)
     if v := env.get("LMSP_KEEP_ALIVE"):

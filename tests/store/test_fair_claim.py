@@ -87,6 +87,32 @@ def test_the_client_with_fewest_running_goes_first(svc: Service) -> None:
     assert claim(svc) == a_tasks[1]
 
 
+def newcomer(svc: Service) -> str | None:
+    row = svc.db.write_sync(lambda c: task_store.claim_next(c, newcomer=True))
+    return None if row is None else str(row["id"])
+
+
+def test_the_reserved_sequence_takes_only_a_client_with_nothing_running(svc: Service) -> None:
+    heavy, light, patient = (
+        new_client(svc, "heavy"),
+        new_client(svc, "light"),
+        new_client(svc, "patient"),
+    )
+    flood = [queue(svc, heavy) for _ in range(3)]
+    assert newcomer(svc) == flood[0]  # nothing runs yet: heavy's is a newcomer's too
+    assert newcomer(svc) is None  # heavy runs one now: its others wait for a sequence
+    waiting = queue(svc, patient, "flex")
+    assert newcomer(svc) is None  # flex waits for a sequence of its own
+    single = queue(svc, light)
+    assert newcomer(svc) == single
+    finish(svc, flood[0])
+    finish(svc, single)
+    assert newcomer(svc) == flood[1]  # nobody runs again
+    # the regular claims keep their order: the default tier first, then flex
+    assert claim(svc) == flood[2]
+    assert claim(svc) == waiting
+
+
 def test_tiers_priority_then_default_then_flex(svc: Service) -> None:
     a, b = new_client(svc, "a"), new_client(svc, "b")
     flex = queue(svc, a, "flex")

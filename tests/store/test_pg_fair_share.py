@@ -96,6 +96,24 @@ def test_fewest_running_and_max_running_at_claim_time(db: PgDatabase) -> None:
     assert claim(db, node) == a_tasks[2]
 
 
+def test_the_reserved_sequence_claims_a_newcomer_only(db: PgDatabase) -> None:
+    node = db.write_sync(lambda c: nodes.join(c, "n1", "n1:1", 30.0))
+    heavy, light, patient = new_client(db, "heavy"), new_client(db, "light"), new_client(db, "p")
+
+    def newcomer() -> str | None:
+        row = db.write_sync(lambda c: task_store.claim_next(c, node, newcomer=True))
+        return None if row is None else str(row["id"])
+
+    flood = [queue(db, heavy) for _ in range(2)]
+    assert claim(db, node) == flood[0]
+    waiting = queue(db, patient, "flex")
+    assert newcomer() is None  # heavy runs one; flex waits for a sequence of its own
+    single = queue(db, light)
+    assert newcomer() == single
+    assert claim(db, node) == flood[1]
+    assert claim(db, node) == waiting
+
+
 def test_nodes_claiming_at_once_take_different_tasks(db: PgDatabase) -> None:
     one = db.write_sync(lambda c: nodes.join(c, "n1", "n1:1", 30.0))
     two = db.write_sync(lambda c: nodes.join(c, "n2", "n2:1", 30.0))

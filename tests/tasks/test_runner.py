@@ -87,6 +87,16 @@ def test_tasks_run_in_fifo_order(svc: Service) -> None:
     assert [svc.runner.run_next() for _ in ids] == ids
 
 
+def test_the_reserved_slot_claims_nothing_while_a_regular_one_is_free(svc: Service) -> None:
+    """The reserved sequence (``LMSP_RESERVED_SEQUENCES``) is for a client whose request
+    would wait behind another's running tasks: with a regular slot free it takes none."""
+    assert svc.runner.reserved == 1
+    task_id = enqueue(svc)
+    assert svc.runner.run_next(slot=svc.runner.parallel) is None
+    assert status(svc, task_id) is Status.QUEUED
+    assert svc.runner.run_next(0) == task_id
+
+
 def test_max_output_tokens_gives_incomplete(svc: Service) -> None:
     task_id = enqueue(svc, max_output_tokens=5)
     svc.runner.run_next()

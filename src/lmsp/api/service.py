@@ -470,6 +470,7 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
         db,
         host,
         parallel=settings.parallel,
+        reserved=settings.reserved_sequences,
         flush_interval=settings.flush_interval,
         metrics=metrics,
     )
@@ -513,7 +514,7 @@ def open_host(settings: Settings, db: Database, metrics: Metrics) -> ModelHost:
         settings.n_ctx,
         keep_alive=settings.keep_alive,
         max_loaded=settings.max_loaded_models,
-        sequences=settings.parallel,
+        sequences=settings.parallel + settings.reserved_sequences,
         prefix_files=kv,
         in_thread=settings.in_thread_engines,
         max_restarts=settings.engine_restarts,
@@ -523,6 +524,7 @@ def open_host(settings: Settings, db: Database, metrics: Metrics) -> ModelHost:
         exact=settings.exact,
         kv_budget=settings.kv_budget,
         embed_share=settings.embed_share,
+        rope_scaling=settings.rope_scaling,
     )
     host.metrics = metrics
     return host

@@ -168,6 +168,8 @@ class LoadOptions:
     exact: bool = False  # ``LMSP_EXACT``: batched = solo, resumed = uninterrupted, to the bit
     kv_budget: int = 0  # bytes every sequence's KV cache may take together (0: no bound)
     embed_share: float = 1 / 4  # ``LMSP_EMBED_SHARE``: embeddings' time while generating
+    # ``LMSP_ROPE_SCALING``: a context past the model's trained one is stretched with YaRN
+    rope_scaling: bool = True
 
 
 def context_size(

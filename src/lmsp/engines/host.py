@@ -128,8 +128,10 @@ class ModelHost:
         exact: bool = False,
         kv_budget: int = 0,
         embed_share: float = 1 / 4,
+        rope_scaling: bool = True,
     ) -> None:
         self.blobs_dir = blobs_dir
+        self.rope_scaling = rope_scaling
         self.engines = engines
         self.n_ctx = n_ctx
         self.keep_alive = keep_alive
@@ -542,6 +544,7 @@ class ModelHost:
             kv_budget=self.kv_budget,
             embed_tokens=self.embed_tokens,
             embed_share=self.embed_share,
+            rope_scaling=self.rope_scaling,
         )
 
     def _tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:

@@ -36,7 +36,7 @@ from lmsp.engines.base import (
 from lmsp.engines.batch import CHUNK, Logits, Request, SequencePool, Slot
 from lmsp.engines.core import Seq
 from lmsp.engines.kvfiles import PrefixFiles
-from lmsp.engines.llama_context import EXACT, FAST, LlamaContext
+from lmsp.engines.llama_context import EXACT, FAST, LlamaContext, yarn_factor
 from lmsp.engines.llama_embed import LlamaEmbedder
 from lmsp.protocol import completions, toolprompt
 
@@ -120,6 +120,22 @@ def _context_of(meta: dict[str, str], n_ctx: int, options: LoadOptions) -> int:
     return context_size(n_ctx, trained, streams, per_token, options.kv_budget)
 
 
+def yarn_base(meta: dict[str, str], n_ctx: int, options: LoadOptions) -> int:
+    """The trained context a YaRN rope scaling stretches to ``n_ctx`` (one sequence's),
+    or 0 for none. A context past the one a model was trained on gives positions it never
+    saw: without scaling its output past that point is noise (SmolLM2-135M, trained on
+    8,192 tokens, wrote 7,000 tokens of it after Claude Code's 21k-token prompt); with
+    YaRN (llama.cpp's, as ``llama-server --rope-scaling yarn``) it answers. Applied when
+    ``n_ctx`` exceeds the trained context, the model declares no scaling of its own
+    (``{arch}.rope.scaling.type``) and ``LMSP_ROPE_SCALING`` is not ``none``."""
+    arch = meta.get("general.architecture", "")
+    trained = int(meta.get(f"{arch}.context_length", "0"))
+    declared = meta.get(f"{arch}.rope.scaling.type", "none")
+    if not options.rope_scaling or trained <= 0 or n_ctx <= trained:
+        return 0
+    return trained if declared in ("", "none") else 0
+
+
 def spare_streams(options: LoadOptions) -> int:
     """The KV streams a context of ``options`` holds: one a sequence, and in exact mode a
     spare one beside a lone sequence (its fillers, see :meth:`LlamaModel.decode`)."""
@@ -152,6 +168,7 @@ class LlamaTokenizer:
             verbose=False,
         )
         meta: dict[str, str] = dict(self.llm.metadata)
+        self.meta = meta
         arch = meta.get("general.architecture", "")
         # an embedding's length (the metadata's: a vocabulary-only load knows no sizes)
         self.n_embd = int(meta.get(f"{arch}.embedding_length", "0"))
@@ -236,8 +253,20 @@ class LlamaModel(LlamaTokenizer):
         super().__init__(path, n_ctx, vocab_only=True, options=options)
         self.exact = options.exact
         layout = EXACT if options.exact else FAST
-        self.context = LlamaContext(path, self.n_ctx, options.sequences, _threads(), layout)
+        self.yarn_from = yarn_base(self.meta, self.n_ctx, options)
+        self.context = LlamaContext(
+            path, self.n_ctx, options.sequences, _threads(), layout, yarn_from=self.yarn_from
+        )
         self.tag = TAG if options.exact else FAST_TAG
+        if self.yarn_from:  # saved cells hold positions rotated for this context only
+            factor = yarn_factor(self.n_ctx, self.yarn_from)
+            self.tag += f";yarn-{self.yarn_from}x{factor}"
+            log.info(
+                "a context of %d tokens, past the model's trained %d: YaRN rope scaling x%d",
+                self.n_ctx,
+                self.yarn_from,
+                factor,
+            )
         self.n_ctx = self.context.n_ctx
         self.n_vocab = self.context.n_vocab
         self.sequences = self.context.sequences

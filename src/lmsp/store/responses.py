@@ -116,12 +116,9 @@ def create(
     return Created(response_id, task_id, status_code, replayed=False, response=obj)
 
 
-#: ``service_tier`` → the task's tier in the claim order (higher first)
-TIERS = {"priority": 2, "default": 1, "auto": 1, "flex": 0}
-
-
 def tier_of(request: dict[str, Any]) -> int:
-    return TIERS.get(str(request.get("service_tier") or "default"), 1)
+    tier = str(request.get("service_tier") or "default")
+    return task_store.TIERS.get(tier, task_store.DEFAULT_TIER)
 
 
 def delete(conn: Conn, response_id: str, client_id: str) -> str:

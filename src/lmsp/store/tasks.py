@@ -35,6 +35,10 @@ def get_response(conn: Conn, response_id: str) -> Row | None:
 
 
 #: each client's tasks holding a sequence (loading, running, cancelling)
+#: ``service_tier`` → the task's tier in the claim order (higher first)
+TIERS = {"priority": 2, "default": 1, "auto": 1, "flex": 0}
+DEFAULT_TIER = TIERS["default"]
+
 _RUNNING = (
     "SELECT client_id, count(*) AS n FROM tasks"
     " WHERE status IN ('loading', 'running', 'cancelling') GROUP BY client_id"
@@ -143,7 +147,11 @@ def move(
 
 
 def claim_next(
-    conn: Conn, node: Node | None = None, digests: list[str] | None = None
+    conn: Conn,
+    node: Node | None = None,
+    digests: list[str] | None = None,
+    *,
+    newcomer: bool = False,
 ) -> Row | None:
     """Take the next task: on a shared database (``node`` given) first a task a lost
     node left ``running`` to resume (it stays ``running``: the runner resumes it),
@@ -154,7 +162,9 @@ def claim_next(
     ``UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1)``: nodes claiming
     at once pass over each other's rows; the task records ``(node, lease epoch)``.
     ``digests``: the model blobs this node has; a task of another model is left to the
-    nodes that have it."""
+    nodes that have it. ``newcomer``: the claim of the reserved sequence, which takes
+    only a task of a client with nothing running, of the default tier or above (a
+    ``flex`` task waits for a sequence of its own)."""
     owner = (node.id, node.epoch) if node is not None else (None, 0)
     lock = skip_locked(conn)
     lock_of_t = lock.replace("FOR UPDATE", "FOR UPDATE OF t")
@@ -169,7 +179,9 @@ def claim_next(
             f" WHERE m.digest IN ({marks}))"
         )
         args = tuple(digests)
-    if node is not None:
+    if newcomer:
+        mine += f" AND coalesce(r.n, 0) = 0 AND t.tier >= {DEFAULT_TIER}"
+    if node is not None and not newcomer:
         # (or cancelled since: the runner then finishes the cancel)
         resumed: Row | None = conn.execute(
             "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("

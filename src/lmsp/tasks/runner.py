@@ -1,16 +1,20 @@
 """The runner: the one place that turns engine outcomes and exceptions into task states
 and events.
 
-``parallel`` worker threads take queued tasks in FIFO order (tasks recovered in
-``running`` with ``on_restart: resume`` first), move them ``loading → running →``
+``parallel`` worker threads take queued tasks in the fair order of the claim
+(:func:`lmsp.store.tasks.claim_next`; tasks recovered in ``running`` with ``on_restart:
+resume`` first); ``reserved`` more workers, each with a sequence of its own, take only a
+task of a client with nothing running, and only while every other sequence is busy: a
+client's first request starts at once instead of waiting for one of another client's
+tasks to end (``LMSP_RESERVED_SEQUENCES``). Workers move tasks ``loading → running →``
 terminal, and log text deltas in batches: a worker hands its first text to the
 group-commit writer at once, then a batch at most every ``flush_interval`` seconds
 (``LMSP_FLUSH_INTERVAL``) while the engine goes on generating, each run of deltas of one
-item joined into one event (:func:`lmsp.protocol.events.coalesce`: fewer rows, frames and
-wake-ups per token). Each batch carries the snapshot that covers it. The engine runs in
-a process of its own (:mod:`lmsp.engines.client`); each worker submits its task's
-sequence there and reads its pieces, checking each one against a committed cancel
-before it is shown.
+item joined into one event (:func:`lmsp.protocol.events.coalesce`: fewer rows, frames
+and wake-ups per token). Each batch carries the snapshot that covers it. The engine runs
+in a process of its own (:mod:`lmsp.engines.client`); each worker submits its task's
+sequence there and reads its pieces, checking each one against a committed cancel before
+it is shown.
 
 When the engine process dies, the worker keeps the pieces that came before, logs them,
 and its task follows its ``on_restart`` policy with the error code ``engine_crashed``
@@ -27,6 +31,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from lmsp.engines.base import EngineCrashed, EngineError, Generation
@@ -58,6 +63,7 @@ class Runner:
         host: ModelHost,
         *,
         parallel: int = 1,
+        reserved: int = 0,
         flush_interval: float = 0.1,
         metrics: Metrics | None = None,
     ) -> None:
@@ -65,8 +71,14 @@ class Runner:
         self.metrics = metrics or Metrics()
         self.host = host
         self.parallel = parallel
+        self.reserved = reserved
+        self._regular_busy = 0  # of the ``parallel`` workers, those holding a task
+        self._busy_lock = threading.Lock()
         self.flush_interval = flush_interval
         self._wake = threading.Condition()
+        # the reserved workers wait apart: a wake one of them takes without claiming
+        # (its sequence is not needed) must not be lost to a regular worker
+        self._reserve_wake = threading.Condition()
         self._stop = threading.Event()  # workers take no more tasks
         self._shutdown = threading.Event()  # tasks in flight stop where they are
         self._cancels: set[str] = set()
@@ -90,7 +102,7 @@ class Runner:
         if self.pulls is not None:
             self.pulls.owner = lambda: self.node
             self.pulls.start()
-        for slot in range(self.parallel):
+        for slot in range(self.parallel + self.reserved):
             thread = threading.Thread(
                 target=self._work, args=(slot,), name=f"lmsp-runner-{slot}", daemon=True
             )
@@ -101,6 +113,9 @@ class Runner:
         """A task was queued: wake a worker."""
         with self._wake:
             self._wake.notify()
+        if self.reserved:
+            with self._reserve_wake:
+                self._reserve_wake.notify_all()
 
     def heard(self, task_id: str, status: str | None) -> None:
         """Another node changed a task (:meth:`Database.on_task_change`): a cancel of one
@@ -149,8 +164,9 @@ class Runner:
     def pause(self, timeout: float = 30) -> None:
         """Stop the worker threads once their current task ends (``run_next`` still works)."""
         self._stop.set()
-        with self._wake:
-            self._wake.notify_all()
+        for wake in (self._wake, self._reserve_wake):
+            with wake:
+                wake.notify_all()
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()
@@ -167,22 +183,48 @@ class Runner:
 
     # -- the test helper: run the next task in this thread ---------------------------------
     def run_next(self, slot: int = 0) -> str | None:
-        """Run the next task to its end in the calling thread; its id, or ``None``."""
-        if self._resume:
-            task_id = self._resume.popleft()
-            self._run(task_id, slot, resumed=True)
-            return task_id
+        """Run the next task to its end in the calling thread; its id, or ``None``.
+        A slot past ``parallel`` is a reserved one (see the module's docstring)."""
+        reserved = slot >= self.parallel
+        if reserved and self._regular_busy < self.parallel:
+            return None  # a sequence of its own is free: no client needs the reserve
+        resume = None
+        if not reserved:
+            with contextlib.suppress(IndexError):
+                resume = self._resume.popleft()
+        if resume is not None:
+            with self._holding(reserved):
+                self._run(resume, slot, resumed=True)
+            return resume
         node = self.node
         # on a shared database, only tasks of models whose blob this node has
         digests = None if node is None else self._local_digests()
-        claimed: Row | None = self.db.write_sync(lambda c: task_store.claim_next(c, node, digests))
+        claimed: Row | None = self.db.write_sync(
+            lambda c: task_store.claim_next(c, node, digests, newcomer=reserved)
+        )
         if claimed is None:
             return None
         if node is not None:
             self._held[claimed["id"]] = node
-        # a task a lost node left running is resumed from its snapshot
-        self._run(claimed["id"], slot, resumed=claimed["status"] != Status.LOADING)
+        with self._holding(reserved):
+            # a task a lost node left running is resumed from its snapshot
+            self._run(claimed["id"], slot, resumed=claimed["status"] != Status.LOADING)
         return str(claimed["id"])
+
+    @contextlib.contextmanager
+    def _holding(self, reserved: bool) -> Iterator[None]:
+        """A regular worker counts as busy while it runs a task (the reserved ones
+        claim only while all of them do)."""
+        if reserved:
+            yield
+            return
+        with self._busy_lock:
+            self._regular_busy += 1
+        try:
+            yield
+        finally:
+            with self._busy_lock:
+                self._regular_busy -= 1
 
     def _local_digests(self) -> list[str]:
         """The digests of the model blobs in this node's data directory."""
@@ -209,8 +251,9 @@ class Runner:
                 time.sleep(0.1)
             if ran is None:
                 self.host.reap()  # idle: unload models past their keep-alive
-                with self._wake:
-                    self._wake.wait(timeout=0.5)
+                wake = self._reserve_wake if slot >= self.parallel else self._wake
+                with wake:
+                    wake.wait(timeout=0.5)
 
     def _storage_back(self) -> bool:
         """While writes fail: does a small write go through again?"""

@@ -74,6 +74,7 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
         "service_id": svc.service_id,
         "started_at": svc.started_at,
         "parallel": svc.settings.parallel,
+        "reserved_sequences": svc.settings.reserved_sequences,
         "models": svc.host.loaded(now),
         "engines": svc.host.engine_status(),
         "sequences": sequences,
