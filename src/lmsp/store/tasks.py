@@ -34,11 +34,11 @@ def get_response(conn: Conn, response_id: str) -> Row | None:
     return row
 
 
-#: each client's tasks holding a sequence (loading, running, cancelling)
 #: ``service_tier`` → the task's tier in the claim order (higher first)
 TIERS = {"priority": 2, "default": 1, "auto": 1, "flex": 0}
 DEFAULT_TIER = TIERS["default"]
 
+#: each client's tasks holding a sequence (loading, running, cancelling)
 _RUNNING = (
     "SELECT client_id, count(*) AS n FROM tasks"
     " WHERE status IN ('loading', 'running', 'cancelling') GROUP BY client_id"
