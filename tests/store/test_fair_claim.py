@@ -104,7 +104,11 @@ def test_the_reserved_sequence_takes_only_a_client_with_nothing_running(svc: Ser
     waiting = queue(svc, patient, "flex")
     assert newcomer(svc) is None  # flex waits for a sequence of its own
     single = queue(svc, light)
+    urgent = queue(svc, heavy, "priority")
+    assert newcomer(svc) is None  # heavy's priority task waits: it goes first
+    assert claim(svc) == urgent
     assert newcomer(svc) == single
+    finish(svc, urgent)
     finish(svc, flood[0])
     finish(svc, single)
     assert newcomer(svc) == flood[1]  # nobody runs again

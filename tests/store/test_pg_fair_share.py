@@ -109,6 +109,9 @@ def test_the_reserved_sequence_claims_a_newcomer_only(db: PgDatabase) -> None:
     waiting = queue(db, patient, "flex")
     assert newcomer() is None  # heavy runs one; flex waits for a sequence of its own
     single = queue(db, light)
+    urgent = queue(db, heavy, "priority")
+    assert newcomer() is None  # a priority task waits: it goes first
+    assert claim(db, node) == urgent
     assert newcomer() == single
     assert claim(db, node) == flood[1]
     assert claim(db, node) == waiting

@@ -164,7 +164,8 @@ def claim_next(
     ``digests``: the model blobs this node has; a task of another model is left to the
     nodes that have it. ``newcomer``: the claim of the reserved sequence, which takes
     only a task of a client with nothing running, of the default tier or above (a
-    ``flex`` task waits for a sequence of its own)."""
+    ``flex`` task waits for a sequence of its own) and with no task of a higher tier
+    queued (a ``priority`` task waiting for a sequence comes first)."""
     owner = (node.id, node.epoch) if node is not None else (None, 0)
     lock = skip_locked(conn)
     lock_of_t = lock.replace("FOR UPDATE", "FOR UPDATE OF t")
@@ -179,8 +180,11 @@ def claim_next(
             f" WHERE m.digest IN ({marks}))"
         )
         args = tuple(digests)
-    if newcomer:
-        mine += f" AND coalesce(r.n, 0) = 0 AND t.tier >= {DEFAULT_TIER}"
+    if newcomer:  # and no task of a higher tier waits: the tiers' order holds for it too
+        mine += (
+            f" AND coalesce(r.n, 0) = 0 AND t.tier >= {DEFAULT_TIER} AND NOT EXISTS"
+            " (SELECT 1 FROM tasks h WHERE h.status = 'queued' AND h.tier > t.tier)"
+        )
     if node is not None and not newcomer:
         # (or cancelled since: the runner then finishes the cancel)
         resumed: Row | None = conn.execute(
