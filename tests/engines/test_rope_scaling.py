@@ -4,8 +4,8 @@ SmolLM2-135M was trained on 8,192 tokens. Served with a longer context and no sc
 its positions past 8,192 are ones it never saw and it writes noise; with YaRN it reads
 and answers. The cheap checks (when scaling applies, how far, what a saved prefix is
 tagged with, the setting) run in the suite; the long-context check itself, a text
-copied back from 12k tokens in, runs in ``make long`` (two 12k-token prompts), and
-Claude Code's 21k-token prompt answered in ``tests/test_agents_real.py``.
+copied back from 12k tokens in, runs in ``make long`` (two 12k-token prompts), as does
+Claude Code's 21k-token prompt (``tests/test_agents_real.py``).
 """
 
 from __future__ import annotations
