@@ -116,6 +116,11 @@ def test_counters_move_as_tasks_run_through_the_server(tmp_path: Path, blob_cach
                 },
             ).json()
             wait_for(http, slow["id"], "in_progress")
+            task_url = f"/v1/tasks/{slow['task']['id']}"
+            deadline = time.monotonic() + 60  # text logged: a snapshot to resume from
+            while http.get(task_url).json()["last_sequence_number"] < 6:
+                assert time.monotonic() < deadline, "the task logged no text"
+                time.sleep(0.02)
         server.kill()
         server.start()
         with server.client() as http:
