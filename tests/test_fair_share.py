@@ -142,17 +142,24 @@ def test_a_flood_does_not_starve_another_client_and_tiers_order_the_queue(
 STORY = "Write a long story about a lighthouse keeper and the sea."
 
 
+def flooded(srv: Server) -> tuple[httpx.Client, list[str]]:
+    """A heavy client's six long tasks, two of them holding both sequences; and a light
+    client with nothing queued."""
+    _, heavy = new_client(srv, "heavy", ["responses:read", "responses:write"])
+    _, light = new_client(srv, "light", ["responses:read", "responses:write"])
+    flood = [queue(heavy, 128, input=STORY) for _ in range(6)]
+    while started(srv.data_dir, flood) < 2:
+        time.sleep(0.01)
+    return light, flood
+
+
 def test_with_two_sequences_a_light_client_starts_at_once(tmp_path: Path, blob_cache: Path) -> None:
     """The reserved sequence (``LMSP_RESERVED_SEQUENCES``, 1 by default): a client with
     nothing running starts while the heavy client's tasks hold both sequences."""
     data_dir = seeded_data_dir(tmp_path / "data", blob_cache)
     srv = Server(data_dir, env={"LMSP_PARALLEL": "2"}).start()
     try:
-        _, heavy = new_client(srv, "heavy", ["responses:read", "responses:write"])
-        _, light = new_client(srv, "light", ["responses:read", "responses:write"])
-        flood = [queue(heavy, 128, input=STORY) for _ in range(6)]
-        while started(srv.data_dir, flood) < 2:  # heavy's hold both sequences
-            time.sleep(0.01)
+        light, flood = flooded(srv)
         single = queue(light, 24)
         while status_of(srv.data_dir, single) == "queued":
             time.sleep(0.005)
@@ -175,11 +182,7 @@ def test_without_the_reserve_a_light_client_is_next(tmp_path: Path, blob_cache: 
     env = {"LMSP_PARALLEL": "2", "LMSP_RESERVED_SEQUENCES": "0"}
     srv = Server(data_dir, env=env).start()
     try:
-        _, heavy = new_client(srv, "heavy", ["responses:read", "responses:write"])
-        _, light = new_client(srv, "light", ["responses:read", "responses:write"])
-        flood = [queue(heavy, 128, input=STORY) for _ in range(6)]
-        while started(srv.data_dir, flood) < 2:  # heavy's hold both sequences
-            time.sleep(0.01)
+        light, flood = flooded(srv)
         single = queue(light, 24)
         waiting = [t for t in flood if status_of(srv.data_dir, t) == "queued"]
         seen = start_reads(srv.data_dir, [*flood, single])
