@@ -13,7 +13,7 @@ import pytest
 from jsonschema import validate
 
 from tests.helpers import Server, check_log_invariants, open_db, task_log
-from tests.test_resume import text_of, wait_for_events
+from tests.test_resume import kill_mid_task, text_of, wait_for_events
 
 SCHEMA = {
     "type": "object",
@@ -54,8 +54,7 @@ def test_a_killed_structured_task_resumes_byte_identical(tmp_path: Path) -> None
         kills = 0
         status, last = wait_for_events(data_dir, task_id, 2 + STEP)
         while kills < KILLS and status == "running":
-            server.kill()
-            kills += 1
+            kills += kill_mid_task(server, data_dir, task_id)
             server.start()
             status, last = wait_for_events(data_dir, task_id, last + 1 + STEP)
         assert kills >= 1, "the task finished before the first kill"
