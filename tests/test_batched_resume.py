@@ -74,8 +74,10 @@ def test_kill_9_during_batched_generation(tmp_path: Path) -> None:
             ]
         ids = [c["task"]["id"] for c in created[:3]]  # the fourth waits for a sequence
         marks = wait_running(data_dir, ids, {})
+        interrupted = 0  # kills that found the first task unfinished: each is a resume
         for _ in range(2):
             server.kill()
+            interrupted += statuses(data_dir, ids[:1])[ids[0]][0] == "running"
             server.start()
             marks = wait_running(data_dir, ids, {i: m + 5 for i, m in marks.items()})
 
@@ -121,6 +123,6 @@ def test_kill_9_during_batched_generation(tmp_path: Path) -> None:
             if e["type"] == "response.in_progress" and e.get("resumed")
         ]
         conn.close()
-        assert len(resumed) == 2
+        assert interrupted >= 1 and len(resumed) == interrupted
     finally:
         server.stop()
