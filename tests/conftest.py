@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,17 @@ from lmsp.store import clients
 from tests.pgcluster import MISSING as PG_MISSING
 from tests.pgcluster import REQUIRED as PG_REQUIRED
 from tests.pgcluster import Cluster, bin_dir
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C and Ctrl-\\ mean what they do in a terminal, for every server and command
+    the tests start: a shell without job control starts a background job (``make test
+    &``) with SIGINT and SIGQUIT ignored, and children inherit that, so a test's Ctrl-C
+    to ``lmsp ps --watch`` or Ctrl-\\ to ``lmsp serve`` would do nothing."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")
