@@ -12,7 +12,9 @@ what ran), llama-server with the same context per slot. Each goal row of the iss
 measured as it is worded there, repeated ``Plan.reps`` times where it repeats, medians:
 
 - one stream, 256 tokens, greedy: output tokens / (request to last token);
-- 8 concurrent streams of 128 tokens: all output tokens / wall time of the 8;
+- 8 concurrent streams of 128 tokens: all output tokens / wall time of the 8, and lmsp's
+  API process's CPU meanwhile (not probed: one more batch gives the health route's
+  latency under that load);
 - time to first token of a second request sharing a ~1,500-token system prompt (counted
   with the model's tokenizer) with the request before it, and the ``cached_tokens`` each
   server reports for it (lmsp: ``usage.input_tokens_details.cached_tokens``);
@@ -239,7 +241,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def concurrent(side: Side, n: int, max_tokens: int) -> Concurrent:
+def concurrent(side: Side, n: int, max_tokens: int, probe: bool = False) -> Concurrent:
+    """``n`` streams at once; with ``probe``, the side's health route polled meanwhile
+    (every 20 ms, from this process). Throughput and CPU are measured unprobed: 50
+    requests a second are work of their own, far dearer to a Python server than to a
+    C++ one, and not what the row measures."""
     results: list[Stream] = [Stream() for _ in range(n)]
 
     def one(i: int) -> None:
@@ -247,7 +253,8 @@ def concurrent(side: Side, n: int, max_tokens: int) -> Concurrent:
             results[i] = side.stream(http, messages_for(SUBJECTS[i % len(SUBJECTS)]), max_tokens)
 
     workers = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    with RssPeak(side.pid()) as rss, Prober(side.url + side.health) as probe:
+    prober = Prober(side.url + side.health) if probe else None
+    with RssPeak(side.pid()) as rss, prober or contextlib.nullcontext():
         cpu = cpu_seconds(side.pid())
         start = time.perf_counter()
         for w in workers:
@@ -258,7 +265,8 @@ def concurrent(side: Side, n: int, max_tokens: int) -> Concurrent:
         cpu = cpu_seconds(side.pid()) - cpu
     errors = [r.error for r in results if r.error]
     tokens = sum(r.tokens for r in results)
-    return Concurrent(tokens, seconds, errors, probe.probes, rss.peak, cpu)
+    probes = prober.probes if prober is not None else Probes()
+    return Concurrent(tokens, seconds, errors, probes, rss.peak, cpu)
 
 
 def faster(values: dict[str, float], names: list[str], most: bool = True) -> str | None:
@@ -315,18 +323,21 @@ def bench_generation(lm: Side, lls: list[Side], plan: Plan, figures: Figures) ->
     for _ in range(plan.reps):
         for side in sides:
             batches[side.name].append(concurrent(side, plan.streams, plan.stream_tokens))
+    # the health route's latency under the same load, in a batch of its own (probing
+    # is load too: the batches above are not probed)
+    probed = {s.name: concurrent(s, plan.streams, plan.stream_tokens, probe=True) for s in sides}
     agg = {k: median([c.rate for c in v]) for k, v in batches.items()}
     print(
         f"\n{plan.streams} concurrent streams of {plan.stream_tokens} tokens,"
         f" aggregate, median of {plan.reps}:"
     )
     for k, cs in batches.items():
-        errors = [e for c in cs for e in c.errors]
+        errors = [e for c in [*cs, probed[k]] for e in c.errors]
         print(
             f"  {k:13} {num(agg[k]):>6} tok/s"
             f"  ({median([c.tokens for c in cs]):.0f} tokens;"
-            f" health meanwhile: {cs[-1].probes.summary()})"
-            + (f"  errors: {errors[:3]}" if errors else "")
+            f" health in a probed batch of its own: {probed[k].probes.summary()},"
+            f" {num(probed[k].rate)} tok/s)" + (f"  errors: {errors[:3]}" if errors else "")
         )
     best = faster(agg, names)
     ll_agg = agg[best] if best else math.nan
