@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import Server, check_log_invariants, open_db, task_log
-from tests.test_resume import text_of
+from tests.test_resume import kill_mid_task, text_of
 
 MODEL = "smollm2-135m-instruct"
 JOBS: list[dict[str, Any]] = [
@@ -76,8 +76,7 @@ def test_kill_9_during_batched_generation(tmp_path: Path) -> None:
         marks = wait_running(data_dir, ids, {})
         interrupted = 0  # kills that found the first task unfinished: each is a resume
         for _ in range(2):
-            server.kill()
-            interrupted += statuses(data_dir, ids[:1])[ids[0]][0] == "running"
+            interrupted += kill_mid_task(server, data_dir, ids[0])
             server.start()
             marks = wait_running(data_dir, ids, {i: m + 5 for i, m in marks.items()})
 
