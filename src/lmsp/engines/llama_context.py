@@ -25,6 +25,7 @@ import numpy as np
 
 from lmsp.engines.base import EngineError
 from lmsp.engines.batch import Request
+from lmsp.engines.prefault import populated
 
 
 @dataclass(frozen=True)
@@ -103,14 +104,15 @@ class LlamaContext:
             cparams.rope_scaling_type = llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN
             cparams.yarn_orig_ctx = yarn_from
             cparams.rope_freq_scale = 1 / yarn_factor(n_ctx, yarn_from)
-        self.ctx: Any = llama_cpp.llama_init_from_model(self.model, cparams)
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        with populated(self.kv_bytes_per_token * cparams.n_ctx):
+            self.ctx: Any = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
             raise EngineError("model_load_failed", "llama.cpp could not create a context.")
         self.n_ctx = int(llama_cpp.llama_n_ctx_seq(self.ctx))  # one sequence's room
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(self.max_tokens, 0, 1)
-        self.kv_bytes_per_token = self._kv_bytes_per_token()
 
     def _kv_bytes_per_token(self) -> int:
         lib, model = self._lib, self.model

@@ -1,0 +1,74 @@
+"""The KV cache's memory is mapped before llama.cpp clears it (engines/prefault.py).
+
+Checked with ``mincore``: which pages of an allocation are resident. A large block taken
+inside :func:`populated` is resident before anything writes it (the pages were mapped
+ahead, in one call); one taken outside is fresh memory, mapped as it is first written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import pytest
+
+from lmsp.engines import prefault
+
+SIZE = 512 << 20
+PAGE = mmap.PAGESIZE
+
+
+def _libc() -> ctypes.CDLL:
+    libc = prefault._glibc()
+    if libc is None:
+        pytest.fail("lmsp's engines run on Linux with glibc; this machine has neither")
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.mincore.restype = ctypes.c_int
+    return libc
+
+
+def resident_share(libc: ctypes.CDLL, block: int, size: int) -> float:
+    """The share of ``block``'s whole pages that are resident."""
+    start = (block + PAGE - 1) // PAGE * PAGE
+    pages = (block + size - start) // PAGE
+    flags = (ctypes.c_ubyte * pages)()
+    assert libc.mincore(start, pages * PAGE, flags) == 0
+    return sum(f & 1 for f in flags) / pages
+
+
+def kernel_populates(libc: ctypes.CDLL) -> bool:
+    area = mmap.mmap(-1, PAGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    try:
+        return libc.madvise(address, PAGE, prefault.MADV_POPULATE_WRITE) == 0
+    finally:
+        del address
+        area.close()
+
+
+def test_a_block_taken_inside_is_already_mapped_and_one_outside_is_not() -> None:
+    libc = _libc()
+    with prefault.populated(SIZE):
+        inside = libc.malloc(SIZE)
+        assert inside
+        share_inside = resident_share(libc, inside, SIZE)
+        libc.free(inside)
+    outside = libc.malloc(SIZE)  # large blocks are fresh mappings again
+    assert outside
+    share_outside = resident_share(libc, outside, SIZE)
+    libc.free(outside)
+    assert share_outside < 0.01
+    if kernel_populates(libc):
+        assert share_inside > 0.99
+    else:  # before Linux 5.14: nothing mapped ahead, nothing else changed
+        assert share_inside < 0.01
+
+
+def test_small_caches_leave_the_allocator_alone() -> None:
+    libc = _libc()
+    with prefault.populated(prefault.SMALLEST - 1):
+        block = libc.malloc(SIZE)  # not mapped ahead: the cache was too small to bother
+        assert block
+        share = resident_share(libc, block, SIZE)
+        libc.free(block)
+    assert share < 0.01
