@@ -294,3 +294,26 @@ def test_a_crash_loop_marks_the_model_failed_until_verified(blobs: Path) -> None
     h.verified(a.digest, True)  # an intact blob: it may be started again
     assert text(h.get(a, 0), "hi") == "x"
     h.close()
+
+
+def test_a_warm_load_checks_the_digest_while_the_engine_loads(blobs: Path) -> None:
+    """After a restart the engine starts at once and the blob's digest is checked beside
+    its load; a blob that fails the check is never served, and its engine is stopped."""
+    engine = FakeEngine()
+    h = host(blobs, engine, max_loaded=2)
+    a = record(blobs, "a")
+    forged = replace(a, id="forged", digest="sha256:" + "1" * 64)
+    (blobs / f"sha256-{'1' * 64}").write_bytes(b"b")  # the right size, the wrong bytes
+    thread = h.warm([forged, a])
+    assert thread is not None
+    thread.join(10)
+    assert h.loaded_ids() == {"a"}  # the intact one is loaded, the forged one is not
+    states = {s["model"]: s["state"] for s in h.engine_status()}
+    assert states == {"a": "ready", "forged": "stopped"}  # launched at once, then stopped
+    forged_engines = [b for b in engine.backends if b.name == "b"]
+    wait(lambda: all(b.closed for b in forged_engines))  # if it got as far as loading
+    with pytest.raises(EngineError) as err:
+        h.get(forged, 0)
+    assert err.value.code == "model_corrupt"
+    assert text(h.get(a, 0), "hi") == "x"
+    h.close()

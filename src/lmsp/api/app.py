@@ -23,6 +23,7 @@ from lmsp import __version__, errors, logs
 from lmsp.config import Settings
 from lmsp.datadir import DataDirLock
 from lmsp.store import service as service_store
+from lmsp.tasks.startup import HeadStart
 
 from . import inputs
 from .broker import Broker
@@ -283,13 +284,16 @@ def _announce_console(svc: Service) -> None:
     )
 
 
-def create_app(settings: Settings, lock: DataDirLock | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, lock: DataDirLock | None = None, head: HeadStart | None = None
+) -> FastAPI:
     """Build the ASGI app. Startup takes the data directory's lock (``lock``, when the
-    caller took it already), opens the directory and recovers before serving."""
+    caller took it already), opens the directory and recovers before serving; ``head``:
+    the directory opened and engines launched already (:mod:`lmsp.tasks.startup`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        svc = await asyncio.to_thread(open_service, settings, lock)
+        svc = await asyncio.to_thread(open_service, settings, lock, head)
         svc.broker = Broker(asyncio.get_running_loop())
         svc.db.on_commit(svc.broker.notify)
         svc.runner.start(resume=svc.recovered.resumed)

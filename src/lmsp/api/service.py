@@ -15,14 +15,10 @@ from typing import Any, ParamSpec, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from lmsp import datadir, errors
-from lmsp.bootstrap import bootstrap
 from lmsp.config import Settings
 from lmsp.constraints.budget import GrammarBudget
-from lmsp.engines.base import Engine
 from lmsp.engines.host import ModelHost
 from lmsp.engines.kvfiles import PrefixFiles
-from lmsp.engines.llama_cpp import LlamaEngine
-from lmsp.engines.test_engine import TestEngine
 from lmsp.fairgate import Ticket
 from lmsp.metrics import Metrics
 from lmsp.protocol import items, mcp, objects
@@ -37,13 +33,13 @@ from lmsp.store import tasks as task_store
 from lmsp.store import usage as usage_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
-from lmsp.store.open import open_database
 from lmsp.store.sql import Conn, Row
 from lmsp.tasks import recovery, retention
 from lmsp.tasks.nodes import Membership
 from lmsp.tasks.plan import messages_of, tools_of
 from lmsp.tasks.pull import Downloader
 from lmsp.tasks.runner import Runner
+from lmsp.tasks.startup import HeadStart, head_start
 from lmsp.tasks.webhooks import Deliverer, DeliveryPolicy
 
 from . import compaction, embedwork, fitting, toolcheck
@@ -418,45 +414,28 @@ class Service:
         )
 
 
-def engines() -> dict[str, Engine]:
-    return {"llama_cpp": LlamaEngine(), "test": TestEngine()}
-
-
-def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) -> Service:
-    """Take the data directory's lock (unless the caller holds it already), open it,
-    bootstrap it and run startup recovery (blocking). Closing ``db`` releases the lock;
+def open_service(
+    settings: Settings, lock: datadir.DataDirLock | None = None, head: HeadStart | None = None
+) -> Service:
+    """Open the data directory (or take over ``head``, which ``lmsp serve`` started before
+    its imports: :mod:`lmsp.tasks.startup`), join the cluster if there is one, and run
+    startup recovery (blocking). Closing ``db`` releases the lock;
     :class:`lmsp.datadir.DataDirBusy` if another process holds it."""
-    if lock is None:
-        lock = datadir.acquire(settings.data_dir)
+    if head is None:
+        head = head_start(settings, lock)
+    db, host, metrics, service_id = head.db, head.host, head.metrics, head.service_id
+    membership: Membership | None = None
     try:
-        db = open_database(settings, lock)
-    except BaseException:
-        lock.release()
-        raise
-    metrics = Metrics()
-    db.metrics = metrics
-    try:
-        service_id = bootstrap(
-            db, settings.data_dir, settings.blobs_dir, settings.enable_test_engine
-        )
-        membership: Membership | None = None
         if db.shared:  # one of several nodes: join (a new lease epoch), then recover
             membership = Membership(
                 db, settings.node, f"{settings.host}:{settings.port}", settings.lease_ttl
             )
             membership.join()
-        host = open_host(settings, db, metrics)
-        # the models unfinished tasks will run load while recovery and the server start
-        host.warm(models.awaited(db.reader()))
-        try:
-            # a node recovers what it held itself (on a shared database, other nodes'
-            # tasks are theirs, and their rescuers' once their lease runs out)
-            report = recovery.recover(db, settings.node if db.shared else None)
-        except BaseException:
-            host.close()
-            raise
+        # a node recovers what it held itself (on a shared database, other nodes' tasks
+        # are theirs, and their rescuers' once their lease runs out)
+        report = recovery.recover(db, settings.node if db.shared else None)
     except BaseException:
-        db.close()
+        head.close()
         raise
     log.info(
         "recovered: %d failed, %d cancelled, %d requeued, %d resumed",
@@ -497,37 +476,6 @@ def open_service(settings: Settings, lock: datadir.DataDirLock | None = None) ->
     )
     service.webhooks = Deliverer(db, policy, settings.node if db.shared else None)
     return service
-
-
-def open_host(settings: Settings, db: Database, metrics: Metrics) -> ModelHost:
-    """The model host, its prefix cache the relief of a full disk."""
-    kv = PrefixFiles(
-        settings.kv_dir,
-        max_bytes=settings.kv_cache_bytes,
-        ttl=settings.kv_cache_ttl,
-        reserve=settings.kv_cache_reserve,
-    )
-    db.relief = kv.relieve  # a write that finds the disk full first empties the cache
-    host = ModelHost(
-        settings.blobs_dir,
-        engines(),
-        settings.n_ctx,
-        keep_alive=settings.keep_alive,
-        max_loaded=settings.max_loaded_models,
-        sequences=settings.parallel + settings.reserved_sequences,
-        prefix_files=kv,
-        in_thread=settings.in_thread_engines,
-        max_restarts=settings.engine_restarts,
-        restart_window=settings.engine_restart_window,
-        log_format=settings.log_format,
-        embed_tokens=settings.embed_max_tokens,
-        exact=settings.exact,
-        kv_budget=settings.kv_budget,
-        embed_share=settings.embed_share,
-        rope_scaling=settings.rope_scaling,
-    )
-    host.metrics = metrics
-    return host
 
 
 def engine_figures(host: ModelHost) -> list[Metric]:

@@ -117,14 +117,11 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     """Run the service in the foreground.
 
     In this order: lock the data directory (refused if another lmsp process holds it),
-    bind the address (refused if it is in use), then open the directory, run startup
-    recovery and start listening.
+    bind the address (refused if it is in use), then open the directory, launch the
+    engines its unfinished tasks need, start the HTTP application, run startup recovery
+    and start listening.
     """
-    import uvicorn
-
     from lmsp import logs
-    from lmsp.api.app import create_app
-    from lmsp.api.guard import guarded_protocol
 
     settings = _settings(data_dir, host=host, port=port)
     if settings.database_url:  # one line, not a traceback, for a URL that cannot work
@@ -132,6 +129,19 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     lock = _lock(settings, "lmsp serve")
     sock = _listen(settings.host, settings.port)
     logs.configure(settings.log_format)
+    # the directory opened and unfinished tasks' engines loading before the HTTP
+    # application's imports (most of a second), which their loading overlaps
+    from lmsp.tasks.startup import head_start
+
+    head = head_start(settings, lock)
+    try:
+        import uvicorn
+
+        from lmsp.api.app import create_app
+        from lmsp.api.guard import guarded_protocol
+    except BaseException:
+        head.close()
+        raise
     log = logging.getLogger("lmsp")
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     log.info(
@@ -160,7 +170,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     )
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings, lock),
+            create_app(settings, lock, head),
             host=settings.host,
             port=settings.port,
             http=protocol,

@@ -175,6 +175,11 @@ class EngineClient:
         """Start the engine and wait until its model is loaded. Raises
         :class:`EngineError` (``model_load_failed`` …) if it cannot load, and
         :class:`EngineCrashed` if it died meanwhile."""
+        self.launch()
+        return self.wait(timeout)
+
+    def launch(self) -> None:
+        """Start the engine without waiting for it (:meth:`wait` does)."""
         ctx = multiprocessing.get_context("spawn")
         here, there = ctx.Pipe(duplex=True)
         self._conn = here
@@ -196,6 +201,9 @@ class EngineClient:
             self.pid = process.pid
         self._reader = threading.Thread(target=self._read, name="lmsp-engine-read", daemon=True)
         self._reader.start()
+
+    def wait(self, timeout: float = LOAD_TIMEOUT) -> EngineClient:
+        """Wait until the launched engine's model is loaded (raises as :meth:`start`)."""
         if not self._ready.wait(timeout):
             self._stop_runner()
             raise EngineError("model_load_failed", f"The model did not load in {timeout:.0f} s.")

@@ -272,8 +272,7 @@ class ModelHost:
 
         def load() -> None:
             for record in chosen:
-                try:
-                    self.check(record)
+                try:  # checked as it loads (see _launch)
                     self._ensure(record, self.engines[record.engine], None)
                 except Exception as exc:
                     log.info("not loaded ahead: %s (%s)", record.id, exc)
@@ -354,14 +353,8 @@ class ModelHost:
             log_format=self.log_format,
             log_level=logging.getLogger("lmsp").getEffectiveLevel(),
         )
-        try:
-            tokenizer = _LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
-        except Exception as exc:  # its vocabulary cannot be read: neither can the model
-            log.warning("reading the vocabulary of %s failed: %s", record.id, exc)
-            raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
         client = EngineClient(
             spec,
-            tokenizer,
             in_thread=engine.name in self.in_thread,
             on_exit=lambda c, reason: self._exited(record, c, reason),
         )
@@ -369,7 +362,15 @@ class ModelHost:
             again = record.id in self._status
         self._set_status(record, state="restarting" if again else "starting", pid=None)
         try:
-            client.start()
+            client.launch()
+            try:  # while the engine loads: the blob's integrity, the API's tokenizer
+                self.check(record)
+                client.tokenizer = self._locked_tokenizer(record, engine)
+            except BaseException:
+                client.stopping()
+                client.close(timeout=0)  # a model that fails its check is not served
+                raise
+            client.wait()
         except EngineCrashed as exc:
             self._crashed(record, exc.message, restart=False)
             raise
@@ -547,6 +548,15 @@ class ModelHost:
             rope_scaling=self.rope_scaling,
         )
 
+    def _locked_tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
+        """The model's shared tokenizer (one thread at a time); ``model_load_failed``
+        when its vocabulary cannot be read (then neither can the model)."""
+        try:
+            return _LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
+        except Exception as exc:
+            log.warning("reading the vocabulary of %s failed: %s", record.id, exc)
+            raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
+
     def _tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
         """The model's vocabulary-only tokenizer (loads no weights), made once."""
         with self._tokenizer_lock:
@@ -587,11 +597,7 @@ class ModelHost:
         if engine is None:
             raise EngineError("model_load_failed", f"No engine {record.engine!r} here.")
         self.check(record)
-        try:
-            return _LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
-        except Exception as exc:  # its vocabulary cannot be read: neither can the model
-            log.warning("reading the vocabulary of %s failed: %s", record.id, exc)
-            raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
+        return self._locked_tokenizer(record, engine)
 
     def embedding_engine(self, record: ModelRecord) -> tuple[EngineClient, int]:
         """The model's engine, started if need be (blocks meanwhile), and the slot that
