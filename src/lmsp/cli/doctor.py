@@ -33,14 +33,14 @@ from .remote import console, print_json, table
 CHUNK = 1 << 20
 #: a clock skew past this many seconds is worth a warning
 SKEW_WARN = 1.0
-#: what reading either database may raise
-DB_ERRORS: tuple[type[Exception], ...] = (sqlite3.DatabaseError, OSError)
-try:
+
+
+def db_errors() -> tuple[type[Exception], ...]:
+    """What reading either database may raise (psycopg is imported when a check runs:
+    every ``lmsp`` command, ``lmsp serve`` on SQLite among them, imports this module)."""
     import psycopg
 
-    DB_ERRORS = (*DB_ERRORS, psycopg.Error)
-except ImportError:  # pragma: no cover - psycopg is a dependency
-    pass
+    return (sqlite3.DatabaseError, OSError, psycopg.Error)
 
 
 @dataclass
@@ -68,7 +68,7 @@ def check_schema(conn: Conn) -> Check:
     known = [name for name, _ in (MIGRATIONS if conn.dialect == SQLITE else pg_schema.MIGRATIONS)]
     try:
         applied = checks.applied_migrations(conn)
-    except DB_ERRORS:
+    except db_errors():
         return Check("schema version", "fail", "no _migrations table")
     unknown = sorted(set(applied) - set(known))
     if unknown:
@@ -159,7 +159,7 @@ def check_audit(conn: Conn) -> Check:
     """The audit log's hash chain: every row hashes the one before and itself."""
     try:
         checked, broken, why = audit.verify(conn)
-    except DB_ERRORS:
+    except db_errors():
         return Check("audit log", "warn", "no audit log yet (made on the next start)")
     if broken is not None:
         return Check("audit log", "fail", f"row {broken} breaks the hash chain: {why}")
@@ -223,7 +223,7 @@ def diagnose_shared(settings: config.Settings, url: str) -> list[Check]:
 
     try:
         conn = PgConnection(raw_connect(url))
-    except DB_ERRORS as exc:
+    except db_errors() as exc:
         return [Check("database connection", "fail", f"cannot connect: {exc}")]
     try:
         found = [Check("database connection", "ok", f"PostgreSQL {checks.server_version(conn)}")]
@@ -240,7 +240,7 @@ def diagnose_shared(settings: config.Settings, url: str) -> list[Check]:
         found.append(check_owner_token(conn, settings.owner_token_path))
         found.append(check_permissions(settings))
         found.append(check_audit(conn))
-    except DB_ERRORS as exc:
+    except db_errors() as exc:
         found = [Check("database", "fail", f"cannot read the database: {exc}")]
     finally:
         conn.close()
