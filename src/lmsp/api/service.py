@@ -417,26 +417,14 @@ class Service:
 def open_service(
     settings: Settings, lock: datadir.DataDirLock | None = None, head: HeadStart | None = None
 ) -> Service:
-    """Open the data directory (or take over ``head``, which ``lmsp serve`` started before
-    its imports: :mod:`lmsp.tasks.startup`), join the cluster if there is one, and run
-    startup recovery (blocking). Closing ``db`` releases the lock;
+    """Open the data directory, join the cluster if there is one and run startup
+    recovery (blocking), or take over ``head``, which ``lmsp serve`` did all that with
+    before its imports (:mod:`lmsp.tasks.startup`). Closing ``db`` releases the lock;
     :class:`lmsp.datadir.DataDirBusy` if another process holds it."""
     if head is None:
         head = head_start(settings, lock)
     db, host, metrics, service_id = head.db, head.host, head.metrics, head.service_id
-    membership: Membership | None = None
-    try:
-        if db.shared:  # one of several nodes: join (a new lease epoch), then recover
-            membership = Membership(
-                db, settings.node, f"{settings.host}:{settings.port}", settings.lease_ttl
-            )
-            membership.join()
-        # a node recovers what it held itself (on a shared database, other nodes' tasks
-        # are theirs, and their rescuers' once their lease runs out)
-        report = recovery.recover(db, settings.node if db.shared else None)
-    except BaseException:
-        head.close()
-        raise
+    report, membership = head.report, head.membership
     log.info(
         "recovered: %d failed, %d cancelled, %d requeued, %d resumed",
         len(report.failed),

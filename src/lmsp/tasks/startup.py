@@ -1,15 +1,17 @@
-"""The first part of a start: the data directory opened and the engines of unfinished
-tasks already loading.
+"""The first part of a start: the data directory opened and recovered, and the engines
+its unfinished tasks will run already loading.
 
 After a crash the next token of a resumed task waits for its model's engine: a fresh
 process that loads the model and creates its context (about a second here). That wait
 should overlap everything else a start does, the API process's own imports (most of
 another second) included. So ``lmsp serve`` calls :func:`head_start` before it imports
-the HTTP application: the database is opened and bootstrapped, the model host made,
-and the engines of the models unfinished tasks will run are launched
-(:meth:`~lmsp.engines.host.ModelHost.warm`). The application's startup then takes the
-:class:`HeadStart` over (``open_service``), joins the cluster if there is one, and
-recovers. Tests that build the application alone get the same steps, in one go.
+the HTTP application: the database is opened and bootstrapped, the node joins its
+cluster if there is one, startup recovery runs (chapter 11.3: still before the listener
+accepts), and the engines of the models the tasks recovery left unfinished will run are
+launched (:meth:`~lmsp.engines.host.ModelHost.warm`; none for the tasks it failed, as
+``on_restart: fail``, the default, does with every task a crash interrupted). The
+application's startup then takes the :class:`HeadStart` over (``open_service``). Tests
+that build the application alone get the same steps, in one go.
 """
 
 from __future__ import annotations
@@ -28,16 +30,21 @@ from lmsp.metrics import Metrics
 from lmsp.store import models
 from lmsp.store.db import Database
 from lmsp.store.open import open_database
+from lmsp.tasks import recovery
+from lmsp.tasks.nodes import Membership
 
 
 @dataclass
 class HeadStart:
-    """An opened, bootstrapped data directory and its model host, engines loading."""
+    """An opened, bootstrapped and recovered data directory and its model host, the
+    engines of unfinished tasks loading."""
 
     db: Database
     metrics: Metrics
     host: ModelHost
     service_id: str
+    report: recovery.Report
+    membership: Membership | None = None  # joined, not yet renewing its lease
 
     def close(self) -> None:
         """Undo it (the start did not go on): engines stopped, the database closed."""
@@ -53,8 +60,9 @@ def engines() -> dict[str, Engine]:
 
 def head_start(settings: Settings, lock: datadir.DataDirLock | None = None) -> HeadStart:
     """Take the data directory's lock (unless the caller holds it already), open and
-    bootstrap it, make the model host and launch the engines unfinished tasks will
-    need. :class:`lmsp.datadir.DataDirBusy` if another process holds the lock."""
+    bootstrap it, join the cluster, recover, and launch the engines the unfinished
+    tasks will need. :class:`lmsp.datadir.DataDirBusy` if another process holds the
+    lock."""
     if lock is None:
         lock = datadir.acquire(settings.data_dir)
     try:
@@ -68,13 +76,22 @@ def head_start(settings: Settings, lock: datadir.DataDirLock | None = None) -> H
         service_id = bootstrap(
             db, settings.data_dir, settings.blobs_dir, settings.enable_test_engine
         )
+        membership: Membership | None = None
+        if db.shared:  # one of several nodes: join (a new lease epoch), then recover
+            membership = Membership(
+                db, settings.node, f"{settings.host}:{settings.port}", settings.lease_ttl
+            )
+            membership.join()
+        # a node recovers what it held itself (on a shared database, other nodes' tasks
+        # are theirs, and their rescuers' once their lease runs out)
+        report = recovery.recover(db, settings.node if db.shared else None)
         host = open_host(settings, db, metrics)
     except BaseException:
         db.close()
         raise
-    # the models unfinished tasks will run load while everything else starts
+    # the models the recovered tasks will run load while everything else starts
     host.warm(models.awaited(db.reader()))
-    return HeadStart(db, metrics, host, service_id)
+    return HeadStart(db, metrics, host, service_id, report, membership)
 
 
 def open_host(settings: Settings, db: Database, metrics: Metrics) -> ModelHost:
