@@ -117,8 +117,8 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     """Run the service in the foreground.
 
     In this order: lock the data directory (refused if another lmsp process holds it),
-    bind the address (refused if it is in use), then open the directory, launch the
-    engines its unfinished tasks need, start the HTTP application, run startup recovery
+    bind the address (refused if it is in use), then open the directory, run startup
+    recovery, launch the engines the unfinished tasks need, start the HTTP application
     and start listening.
     """
     from lmsp import logs
@@ -129,8 +129,8 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     lock = _lock(settings, "lmsp serve")
     sock = _listen(settings.host, settings.port)
     logs.configure(settings.log_format)
-    # the directory opened and unfinished tasks' engines loading before the HTTP
-    # application's imports (most of a second), which their loading overlaps
+    # the directory opened and recovered, and unfinished tasks' engines loading, before
+    # the HTTP application's imports (most of a second), which their loading overlaps
     from lmsp.tasks.startup import head_start
 
     head = head_start(settings, lock)
