@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner, Result
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from lmsp.cli import main
 from tests.helpers import Server, seeded_data_dir
@@ -65,3 +66,55 @@ def test_add_list_deliveries_remove(server: Server) -> None:
         assert httpx.get(f"{server.url}/healthz").status_code == 200
     finally:
         receiver.stop()
+
+
+def test_update_and_rotate(server: Server) -> None:
+    """``update`` moves deliveries to another URL and changes the events heard;
+    ``rotate`` prints a new secret once, and deliveries are signed with it only."""
+    first, second = Receiver().start(), Receiver().start()
+    try:
+        added = lmsp(server, "add", first.url)
+        assert added.exit_code == 0, added.output
+        old_secret = added.stdout.strip()
+        (hook,) = json.loads(lmsp(server, "ls", "--json").stdout)
+        nothing = CliRunner().invoke(
+            main,
+            ["webhooks", "update", hook["id"]],
+            env={"LMSP_URL": server.url, "LMSP_DATA_DIR": str(server.data_dir)},
+        )
+        assert nothing.exit_code == 2 and "what to change" in nothing.output
+        moved = lmsp(
+            server,
+            "update",
+            hook["id"],
+            "--to",
+            second.url,
+            "--event",
+            "response.completed",
+            "--description",
+            "moved",
+        )
+        assert moved.exit_code == 0, moved.output
+        assert second.url in moved.stderr
+        (shown,) = json.loads(lmsp(server, "ls", "--json").stdout)
+        assert shown["url"] == second.url and shown["events"] == ["response.completed"]
+        assert shown["description"] == "moved"
+        rotated = lmsp(server, "rotate", hook["id"])
+        assert rotated.exit_code == 0, rotated.output
+        new_secret = rotated.stdout.strip()
+        assert new_secret.startswith("whsec_") and new_secret != old_secret
+        assert "shown once" in rotated.stderr
+        assert new_secret not in lmsp(server, "ls", "--json").stdout
+        with server.client() as http:
+            made = http.post("/v1/responses", json={"model": "lmsp-test", "input": "hi"})
+        second.wait_for(lambda got: len(got) == 1)
+        delivery = second.received()[0]
+        assert verify(delivery, new_secret)["data"]["id"] == made.json()["id"]
+        with pytest.raises(WebhookVerificationError):  # the old secret signs nothing now
+            verify(delivery, old_secret)
+        assert first.received() == []
+        unknown = lmsp(server, "rotate", "wh_missing")
+        assert unknown.exit_code != 0 and "Traceback" not in unknown.output
+    finally:
+        first.stop()
+        second.stop()

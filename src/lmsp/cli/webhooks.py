@@ -1,4 +1,5 @@
-"""``lmsp webhooks add URL | ls | rm ID | deliveries ID`` (docs/webhooks.md)."""
+"""``lmsp webhooks add URL | ls | update ID | rotate ID | rm ID | deliveries ID``
+(docs/webhooks.md)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,65 @@ def list_webhooks(url: str | None, token: str | None, as_json: bool) -> None:
             for h in rows
         ],
     )
+
+
+@webhooks.command("update", short_help="Change a webhook's URL, events or description.")
+@click.argument("webhook_id")
+@click.option("--to", "hook_url", metavar="URL", help="Where its deliveries go from now on.")
+@click.option(
+    "--event",
+    "events",
+    multiple=True,
+    type=click.Choice(EVENTS),
+    help="An event to hear (repeat it; replaces the list).",
+)
+@click.option("--description", help="A note for whoever reads the list.")
+@remote_options
+def update(
+    webhook_id: str,
+    hook_url: str | None,
+    events: tuple[str, ...],
+    description: str | None,
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Change what is given (pending deliveries go to the new URL); the rest stays."""
+    body: dict[str, Any] = {}
+    if hook_url is not None:
+        body["url"] = hook_url
+    if events:
+        body["event_types"] = list(events)
+    if description is not None:
+        body["name"] = description
+    if not body:
+        raise click.UsageError("Give --to, --event or --description: what to change.")
+    with connect(url, token) as api:
+        changed: dict[str, Any] = api.request(
+            "POST", f"/v1/webhook_endpoints/{webhook_id}", json=body
+        )
+    if as_json:
+        print_json(changed)
+        return
+    note(f"webhook {changed['id']} → {changed['url']}: {' '.join(changed['event_types'])}")
+
+
+@webhooks.command("rotate", short_help="A new signing secret, printed once; the old one stops.")
+@click.argument("webhook_id")
+@remote_options
+def rotate(webhook_id: str, url: str | None, token: str | None, as_json: bool) -> None:
+    """Give the webhook a new signing secret (whsec_…), printed once and never again; the
+    old one signs nothing from now on."""
+    with connect(url, token) as api:
+        rotated: dict[str, Any] = api.request(
+            "POST", f"/v1/webhook_endpoints/{webhook_id}/rotate_secret"
+        )
+    if as_json:
+        print_json(rotated)
+        return
+    click.echo(rotated["signing_secret"])
+    note(f"webhook {rotated['id']}: the old secret signs nothing from now on")
+    note("the secret above is shown once; verify deliveries with it (docs/webhooks.md)")
 
 
 @webhooks.command("rm")
