@@ -6,6 +6,7 @@ and the test event (signed, answered, not a delivery)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -239,6 +240,10 @@ def test_a_test_event_is_signed_and_answered_but_not_a_delivery(
             "status_code": 503,
             "success": True,
         }
+        again = api.post(f"{PATH}/{made['id']}/test", json={"event_type": "response.completed"})
+        assert again.status_code == 429, again.text  # one test a second per webhook
+        assert again.json()["error"]["code"] == "rate_limit_exceeded"
+        time.sleep(float(again.headers["Retry-After"]))
         second = api.post(f"{PATH}/{made['id']}/test", json={"event_type": "response.completed"})
         assert second.json()["status_code"] == 200
         sent = teapot.received()
@@ -254,6 +259,7 @@ def test_a_test_event_is_signed_and_answered_but_not_a_delivery(
     finally:
         teapot.stop()
     # nobody listening: no status to report
+    time.sleep(1.0)
     down = api.post(f"{PATH}/{made['id']}/test", json={"event_type": "response.completed"})
     assert down.status_code == 400, down.text
     assert down.json()["error"]["code"] == "webhook_unreachable"

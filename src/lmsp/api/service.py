@@ -99,6 +99,8 @@ class Service:
     touched: dict[str, int] = field(default_factory=dict)
     # the webhook sender (docs/webhooks.md), started and stopped with the app
     webhooks: Deliverer | None = None
+    # when each webhook's last test was sent (POST …/test: one a second per webhook)
+    webhook_tests: dict[str, float] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     # the recent 4xx/5xx answers, for ``lmsp logs --errors``
     refusals: Refusals = field(default_factory=Refusals)

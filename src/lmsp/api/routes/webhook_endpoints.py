@@ -17,6 +17,8 @@ every client's.
 from __future__ import annotations
 
 import json
+import math
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -247,6 +249,7 @@ async def test_endpoint(
     svc = service(request)
     row = await svc.read(lambda: owned(svc.db.reader(), webhook_endpoint_id, client))
     url = checked_url(svc, row["url"])  # the hosts allowed now, as for a delivery
+    _test_due(svc.webhook_tests, webhook_endpoint_id)
     try:
         status = await sender.send_test(url, row["secret"], event_type)
     except sender.NoAnswer as exc:
@@ -260,6 +263,28 @@ async def test_endpoint(
         "status_code": status,
         "success": True,
     }
+
+
+#: the least time between two tests of one webhook: a client cannot make the service
+#: send a stream of requests to a URL (each test is one request, answered or not in 5 s)
+TEST_INTERVAL = 1.0
+
+
+def _test_due(sent: dict[str, float], endpoint_id: str) -> None:
+    """Note a test of ``endpoint_id`` now, or ``429 rate_limit_exceeded`` (with
+    ``Retry-After``) if its last one was less than :data:`TEST_INTERVAL` ago."""
+    now = time.monotonic()
+    last = sent.get(endpoint_id)
+    if last is not None and now - last < TEST_INTERVAL:
+        raise errors.LmspError(
+            "rate_limit_exceeded",
+            f"A webhook is tested at most once every {TEST_INTERVAL:.0f} s; try again shortly.",
+            headers={"Retry-After": str(math.ceil(TEST_INTERVAL - (now - last)))},
+        )
+    if len(sent) > 1000:  # forget the webhooks not tested lately
+        for old in [k for k, t in sent.items() if now - t >= TEST_INTERVAL]:
+            del sent[old]
+    sent[endpoint_id] = now
 
 
 @types_router.get("")
