@@ -193,6 +193,13 @@ class Metrics:
         with self._lock:
             self._live[task_id] = Sequence(task_id, model)
 
+    def reading(self, task_id: str, tokens: int) -> None:
+        """A task's prompt of ``tokens`` went to its engine (shown while it is read;
+        counted by :meth:`prompt` once read)."""
+        seq = self._live.get(task_id)
+        if seq is not None:
+            seq.prompt_tokens = tokens
+
     def prompt(self, task_id: str, tokens: int, cached: int = 0) -> None:
         seq = self._live.get(task_id)
         if seq is None:

@@ -117,3 +117,29 @@ def test_the_real_model_shows_its_memory(settings: Settings) -> None:
     assert model["memory_bytes"] > size
     assert 0 < model["unloads_in"] <= settings.keep_alive
     assert state["sequences"] == [] and state["queue"]["queued"] == 0
+
+
+def test_a_prompt_being_read_shows_its_size(tmp_path: Path, blob_cache: Path) -> None:
+    """Before its first token a running task shows its prompt's size, not 0."""
+    data_dir = seeded_data_dir(tmp_path / "data", blob_cache)
+    server = Server(data_dir, env={"LMSP_TEST_ENGINE_DELAY": "1.0"}).start()
+    try:
+        with server.client() as owner:
+            made = owner.post(
+                "/v1/responses",
+                json={"model": "lmsp-test", "input": "a prompt of some words", "background": True},
+            ).json()
+            deadline = time.monotonic() + 60
+            before_output: dict[str, Any] = {}  # the last look before its first token
+            while time.monotonic() < deadline:
+                sequences = owner.get("/v1/service/activity").json()["sequences"]
+                if sequences and sequences[0]["output_tokens"] > 0:
+                    break
+                if sequences:
+                    before_output = sequences[0]
+                time.sleep(0.02)
+            assert before_output["response_id"] == made["id"]
+            assert before_output["prompt_tokens"] > 0  # it was 0 until the first token
+            owner.post(f"/v1/responses/{made['id']}/cancel")
+    finally:
+        server.stop()

@@ -417,6 +417,7 @@ class Runner:
             if plan.tools
             else model.prompt_tokens(plan.messages)
         )
+        self.metrics.reading(task_id, len(prompt))
         if len(prompt) >= model.n_ctx:
             raise EngineError(
                 "context_length_exceeded",
