@@ -9,6 +9,7 @@ workflows the API and the CLI share; the database holds only the records.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
@@ -19,7 +20,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from lmsp import errors
 from lmsp.datadir import ensure_private_dir
@@ -48,6 +49,34 @@ def write_chunk(out: BinaryIO, chunk: bytes) -> None:
     out.write(chunk)
 
 
+#: bytes between two hand-overs of a file's new bytes to the disk (a pull's part file,
+#: a blob being copied in; see :func:`start_writeback`)
+WRITEBACK = 8 << 20
+
+
+def _writeback_call() -> Callable[[int, int, int, int], int] | None:
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return cast(Callable[[int, int, int, int], int], call)
+
+
+_SYNC_FILE_RANGE = _writeback_call()
+
+
+def start_writeback(fd: int, start: int, end: int) -> None:
+    """Start writing bytes ``start`` to ``end`` of ``fd`` to the disk, without waiting
+    (Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``): a later ``fsync`` (a pull's
+    before each progress event, the last one of a copy) then finds little left to
+    write, where one at the end alone took ~50 ms for a 94 MiB file. A no-op elsewhere;
+    the ``fsync`` calls stay what makes bytes durable."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, start, end - start, 2)  # SYNC_FILE_RANGE_WRITE
+
+
 def store_blob(
     blobs_dir: Path,
     source: Path | bytes | BinaryIO,
@@ -67,7 +96,7 @@ def store_blob(
     """
     ensure_private_dir(blobs_dir)
     sha = hashlib.sha256()
-    size = 0
+    size = written = 0  # written: the bytes handed to the disk so far
     fd, tmp_name = tempfile.mkstemp(dir=blobs_dir, prefix=".partial-")
     try:
         with os.fdopen(fd, "w+b") as out:
@@ -90,6 +119,9 @@ def store_blob(
                         sha.update(chunk)
                         write_chunk(out, chunk)
                         size += len(chunk)
+                        if size - written >= WRITEBACK:
+                            start_writeback(out.fileno(), written, size)
+                            written = size
                         if progress is not None:
                             progress(len(chunk))
             out.flush()

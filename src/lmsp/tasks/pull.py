@@ -24,7 +24,6 @@ the task. A file already in the blob store is not fetched again.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import logging
 import os
@@ -34,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -62,33 +61,6 @@ PROGRESS_INTERVAL = 0.5
 MAX_FAILURES = 8
 #: pulls that download at once on one node
 MAX_ACTIVE = 2
-
-
-#: bytes between two hand-overs of a part file's new bytes to the disk (see below)
-WRITEBACK = 8 << 20
-
-
-def _writeback_call() -> Callable[[int, int, int, int], int] | None:
-    try:
-        call = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):  # not Linux
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    call.restype = ctypes.c_int
-    return cast(Callable[[int, int, int, int], int], call)
-
-
-_SYNC_FILE_RANGE = _writeback_call()
-
-
-def start_writeback(fd: int, start: int, end: int) -> None:
-    """Start writing bytes ``start`` to ``end`` of ``fd`` to the disk, without waiting
-    (Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``): the sync before each progress
-    event and the last one then find little left to write, where the last alone took
-    ~50 ms for a 94 MiB file. A no-op elsewhere; the ``fsync`` calls stay what makes
-    bytes durable."""
-    if _SYNC_FILE_RANGE is not None:
-        _SYNC_FILE_RANGE(fd, start, end - start, 2)  # SYNC_FILE_RANGE_WRITE
 
 
 class _Stop(Exception):
@@ -328,8 +300,8 @@ class Downloader:
                             sha.update(chunk)
                             blobs.write_chunk(out, chunk)
                             pos += len(chunk)
-                            if pos - written >= WRITEBACK:
-                                start_writeback(out.fileno(), written, pos)
+                            if pos - written >= blobs.WRITEBACK:
+                                blobs.start_writeback(out.fileno(), written, pos)
                                 written = pos
                             failures = 0
                             now = time.monotonic()
