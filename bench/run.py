@@ -523,6 +523,19 @@ def workdir(base: str | None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def compiled_as_installed() -> None:
+    """Compile lmsp's modules to bytecode, as ``pip install`` does for an installed
+    package and as Python itself does on a first import: with ``PYTHONDONTWRITEBYTECODE``
+    set (as on some CI machines) an editable checkout would otherwise compile every module
+    again at each server start, about 0.2 s of the start a user never pays."""
+    import compileall
+
+    source = Path(__file__).resolve().parent.parent / "src"
+    compileall.compile_dir(str(source), quiet=1)
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("lmsp's modules compiled to bytecode (PYTHONDONTWRITEBYTECODE is set here)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="output tokens for (a)")
@@ -560,6 +573,7 @@ def main() -> None:
             f"lmsp bench: {platform.platform()}, Python {platform.python_version()}, "
             f"{os.cpu_count()} CPUs, data in {work}"
         )
+        compiled_as_installed()
         if args.only in (None, "generation"):
             bench_generation(work, args.tokens, args.reps)
         if args.only in (None, "writes"):
