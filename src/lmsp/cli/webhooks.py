@@ -11,6 +11,15 @@ from lmsp.protocol.webhooks import EVENTS
 
 from .remote import connect, note, print_json, remote_options, table, when
 
+EVENT_OPTION = click.option(
+    "--event",
+    "events",
+    multiple=True,
+    type=click.Choice(EVENTS),
+    help="An event to hear (repeat it): `add` without it hears all four ends of a"
+    " response; with `update` the events given replace the webhook's.",
+)
+
 
 @click.group("webhooks")
 def webhooks() -> None:
@@ -19,13 +28,7 @@ def webhooks() -> None:
 
 @webhooks.command("add", short_help="Register URL; its signing secret is printed once.")
 @click.argument("hook_url", metavar="URL")
-@click.option(
-    "--event",
-    "events",
-    multiple=True,
-    type=click.Choice(EVENTS),
-    help="An event to hear (repeat it; default: all four ends of a response).",
-)
+@EVENT_OPTION
 @click.option("--description", help="A note for whoever reads the list.")
 @click.option(
     "--all-clients", is_flag=True, help="Hear every client's responses (admin tokens only)."
@@ -85,13 +88,7 @@ def list_webhooks(url: str | None, token: str | None, as_json: bool) -> None:
 @webhooks.command("update", short_help="Change a webhook's URL, events or description.")
 @click.argument("webhook_id")
 @click.option("--to", "hook_url", metavar="URL", help="Where its deliveries go from now on.")
-@click.option(
-    "--event",
-    "events",
-    multiple=True,
-    type=click.Choice(EVENTS),
-    help="An event to hear (repeat it; replaces the list).",
-)
+@EVENT_OPTION
 @click.option("--description", help="A note for whoever reads the list.")
 @remote_options
 def update(
@@ -103,7 +100,8 @@ def update(
     token: str | None,
     as_json: bool,
 ) -> None:
-    """Change what is given (pending deliveries go to the new URL); the rest stays."""
+    """Change what is given (pending deliveries go to the new URL); the rest stays. With
+    nothing given it shows the webhook as it is."""
     body: dict[str, Any] = {}
     if hook_url is not None:
         body["url"] = hook_url
@@ -111,8 +109,6 @@ def update(
         body["event_types"] = list(events)
     if description is not None:
         body["name"] = description
-    if not body:
-        raise click.UsageError("Give --to, --event or --description: what to change.")
     with connect(url, token) as api:
         changed: dict[str, Any] = api.request(
             "POST", f"/v1/webhook_endpoints/{webhook_id}", json=body
