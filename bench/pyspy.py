@@ -1,7 +1,15 @@
 """Profile both processes of lmsp — the API process and the model's engine process —
-with py-spy while 8 streams generate (the 8 x 128 benchmark's load, repeated).
+with py-spy under one of three loads:
 
-    .venv/bin/python bench/pyspy.py [--seconds 20] [--out pyspy] [--exact]
+- ``streams`` (the default): 8 streams generate (the 8 x 128 benchmark's load, repeated);
+- ``creates``: 64 clients create durable responses as fast as they are answered while
+  8 streams generate (the peak-creates benchmark's load);
+- ``resume``: a task is killed with its server ~1,000 tokens in, and the relaunched
+  server is recorded from its first instant (``py-spy record --subprocesses``) until
+  the task's next text arrives (the resume benchmark's case).
+
+    .venv/bin/python bench/pyspy.py [--load streams|creates|resume] [--seconds 20]
+        [--out pyspy] [--exact]
 
 py-spy (a dev dependency) samples each process from outside, at 100 Hz, idle threads
 left out (``llama_decode`` shows as the Python frame that calls it, ``LlamaContext.decode``);
@@ -13,26 +21,34 @@ anywhere on the stack) and by the frame the samples were taken in (self).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import compare  # noqa: E402
+from bench.clients import creates_process  # noqa: E402
 from tests.helpers import Server  # noqa: E402
 
 
-def record(pid: int, seconds: float, out: Path, native: bool) -> subprocess.Popen[bytes]:
+def record(
+    pid: int, seconds: float, out: Path, native: bool, children: bool = False
+) -> subprocess.Popen[bytes]:
     py_spy = Path(sys.executable).with_name("py-spy")
     command = [str(py_spy), "record", "--pid", str(pid), "--duration", str(int(seconds))]
     command += ["--rate", "100", "--format", "raw", "--output", str(out), "--nonblocking"]
     if native:
         command.append("--native")
+    if children:  # and the processes it starts (the engine), each stack under its process
+        command.append("--subprocesses")
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
@@ -60,8 +76,65 @@ def summary(stacks: Path, top: int = 12) -> str:
     return "\n".join(lines)
 
 
+def split_processes(stacks: Path, api: Path, engine: Path) -> None:
+    """Split ``py-spy record --subprocesses`` stacks (each starts with its process's
+    frames) into the API process's and the engine process's, dropping those frames."""
+    by_process: dict[str, list[str]] = {}
+    for line in stacks.read_text().splitlines():
+        # process N:"its command line"; (which may hold a ';'), a child's under its parent's
+        process, rest = "", line
+        while rest.startswith("process ") and '";' in rest:
+            process, _, rest = rest.partition('";')
+        if process:
+            by_process.setdefault(process, []).append("process;" + rest)
+    for process, lines in by_process.items():
+        target = engine if "multiprocessing" in process else api
+        with target.open("a") as out:
+            out.write("\n".join(lines) + "\n")
+
+
+def profile_resume(work: Path, env: dict[str, str], out: Path, seconds: float) -> tuple[Path, Path]:
+    """A task killed ~1,000 tokens in; its relaunched server recorded from its start
+    (py-spy attaches as it is launched and follows the engine it spawns) for
+    ``seconds``, past the task's next text."""
+    from llama_cpp import Llama
+
+    from lmsp.bootstrap import bundled_model_path
+
+    vocab = Llama(str(bundled_model_path()), vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+
+    plan = compare.Plan.pick()
+    server = Server(work / "data", dict(env, LMSP_DEFAULT_ON_RESTART="resume")).start()
+    stacks = Path(f"{out}-both.txt")
+    launch = server.launch
+    spies: list[subprocess.Popen[bytes]] = []
+
+    def launch_spied() -> subprocess.Popen[bytes]:  # the relaunch after the kill
+        proc = launch()
+        spies.append(record(proc.pid, seconds, stacks, native=False, children=True))
+        return proc
+
+    server.launch = launch_spied  # type: ignore[method-assign]
+    try:
+        seen, healthy, nxt = compare.resume_once(server, plan, count)
+        print(f"resume: {seen} tokens in, healthy after {healthy:.2f} s, next text {nxt:.2f} s")
+        for spy in spies:
+            spy.wait(seconds + 120)
+    finally:
+        server.stop()
+    api, engine = Path(f"{out}-api.txt"), Path(f"{out}-engine.txt")
+    for path in (api, engine):
+        path.unlink(missing_ok=True)
+    split_processes(stacks, api, engine)
+    return api, engine
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--load", choices=["streams", "creates", "resume"], default="streams")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--out", default="pyspy", help="OUT-api.txt, OUT-engine.txt")
     parser.add_argument("--exact", action="store_true", help="the server in exact mode")
@@ -71,6 +144,11 @@ def main() -> None:
     if args.exact:
         env["LMSP_EXACT"] = "1"
     out = Path(args.out).resolve()
+    if args.load == "resume":
+        with tempfile.TemporaryDirectory(prefix="lmsp-pyspy-") as work:
+            api_out, engine_out = profile_resume(Path(work), env, out, min(args.seconds, 5.0))
+        report(api_out, engine_out)
+        return
     with tempfile.TemporaryDirectory(prefix="lmsp-pyspy-") as work:
         server = Server(Path(work) / "data", env).start()
         try:
@@ -87,6 +165,25 @@ def main() -> None:
 
             loader = threading.Thread(target=load, daemon=True)
             loader.start()
+            creating = None
+            if args.load == "creates":  # 64 clients, in a process of their own
+                body = {
+                    "model": compare.MODEL,
+                    "input": "durable hello",
+                    "background": True,
+                    "max_output_tokens": 8,
+                }
+                pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                creating = pool.submit(
+                    creates_process,
+                    side.url,
+                    side.headers,
+                    body,
+                    plan.creators,
+                    time.time() + 2.0,
+                    args.seconds + 4.0,
+                )
+                time.sleep(2.5)
             api_out, engine_out = Path(f"{out}-api.txt"), Path(f"{out}-engine.txt")
             spies = [
                 record(server.proc.pid, args.seconds, api_out, native=False),
@@ -94,10 +191,19 @@ def main() -> None:
             ]
             for spy in spies:
                 spy.wait(args.seconds + 120)
+            if creating is not None:
+                latencies, errors = creating.result()
+                print(
+                    f"creates: {len(latencies) / (args.seconds + 4.0):.0f}/s, {len(errors)} errors"
+                )
             stop.set()
             loader.join(300)
         finally:
             server.stop()
+    report(api_out, engine_out)
+
+
+def report(api_out: Path, engine_out: Path) -> None:
     for name, path in (("API process", api_out), ("engine process", engine_out)):
         print(f"\n{name} ({path}):")
         print(summary(path) if path.exists() else "  (py-spy wrote nothing)")
