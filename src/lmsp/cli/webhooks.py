@@ -51,12 +51,8 @@ def add(
         body["all_clients"] = True
     with connect(url, token) as api:
         created: dict[str, Any] = api.request("POST", "/v1/webhooks", json=body)
-    if as_json:
-        print_json(created)
-        return
-    click.echo(created["secret"])
-    note(f"webhook {created['id']} → {created['url']}: {' '.join(created['events'])}")
-    note("the secret above is shown once; verify deliveries with it (docs/webhooks.md)")
+    said = f"webhook {created['id']} → {created['url']}: {' '.join(created['events'])}"
+    _show_secret(created, created["secret"], said, as_json)
 
 
 @webhooks.command("ls")
@@ -129,11 +125,17 @@ def rotate(webhook_id: str, url: str | None, token: str | None, as_json: bool) -
         rotated: dict[str, Any] = api.request(
             "POST", f"/v1/webhook_endpoints/{webhook_id}/rotate_secret"
         )
+    said = f"webhook {rotated['id']}: the old secret signs nothing from now on"
+    _show_secret(rotated, rotated["signing_secret"], said, as_json)
+
+
+def _show_secret(answer: dict[str, Any], secret: str, said: str, as_json: bool) -> None:
+    """A new secret on stdout (or the whole answer as JSON), what happened on stderr."""
     if as_json:
-        print_json(rotated)
+        print_json(answer)
         return
-    click.echo(rotated["signing_secret"])
-    note(f"webhook {rotated['id']}: the old secret signs nothing from now on")
+    click.echo(secret)
+    note(said)
     note("the secret above is shown once; verify deliveries with it (docs/webhooks.md)")
 
 
