@@ -6,6 +6,14 @@ A real HTTP server (a thread of the test) with the four routes lmsp uses:
 ``X-Linked-Size`` and ``X-Repo-Commit``. It can cut the first GETs of a file mid-way
 (the connection closes with the body unfinished), throttle what it sends, list a wrong
 SHA-256, and it records every file request with its ``Range``.
+
+Hostile modes (``short``, of the hub or of one file): ``"empty"`` answers every file
+GET with its headers and no byte (``Content-Length: 0``), ``"half"`` sends (and
+declares) half of what is asked, ``"416"`` breaks off the first GET half-way and
+refuses every ``Range`` with ``416``. A file listed larger than the file it
+serves (``HubFile.size``) is sent whole, then every ``Range`` past its end gets ``416``.
+``trickle`` (seconds) sends the first 64 KiB of a file, then one byte each ``trickle``
+seconds until the stand-in is closed.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ class HubFile:
     source: Path | None  # None: listed, never served
     size: int
     sha256: str
+    short: str | None = None  # this file's hostile mode (else the hub's)
 
 
 @dataclass
@@ -65,9 +74,12 @@ class Hub:
     cut_first: int = 0  # the first N file GETs break off half-way
     rate: float | None = None  # bytes per second, None: as fast as it goes
     cdn: bool = False  # a file's URL redirects (302) to another host, as the real hub's CDN
+    short: str | None = None  # "empty", "half" or "416": see the module's docstring
+    trickle: float | None = None  # after the first 64 KiB, one byte each ``trickle`` s
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)  # of every request
     lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: threading.Event = field(default_factory=threading.Event)
     url: str = ""
     server: ThreadingHTTPServer | None = None
 
@@ -75,7 +87,15 @@ class Hub:
         """The start of every file GET (0 without ``Range``)."""
         return [r["start"] for r in self.requests if r["method"] == "GET"]
 
+    def gets(self, path: str | None = None) -> int:
+        """File GETs so far (of ``path``, or of every file)."""
+        with self.lock:
+            return sum(
+                1 for r in self.requests if r["method"] == "GET" and path in (None, r["path"])
+            )
+
     def close(self) -> None:
+        self.closed.set()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -148,9 +168,11 @@ def serve(hub: Hub) -> Hub:
             size = file.source.stat().st_size if file.source else 0
             wanted = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
             start = int(wanted.group(1)) if wanted else 0
+            short = file.short or hub.short
             with hub.lock:
                 hub.requests.append(
                     {
+                        "path": file.path,
                         "method": self.command,
                         "start": start,
                         "at": time.time(),
@@ -159,17 +181,22 @@ def serve(hub: Hub) -> Hub:
                     }
                 )
                 gets = sum(1 for r in hub.requests if r["method"] == "GET")
-            cut = self.command == "GET" and gets <= hub.cut_first
-            if start >= size and wanted:
+            cut = self.command == "GET" and (gets <= hub.cut_first or short == "416")
+            if wanted and (start >= size or short == "416"):
                 self.send_response(416)
                 self.send_header("Content-Range", f"bytes */{size}")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
+            end = size  # past the last byte it sends
+            if short == "empty":
+                end = start
+            elif short == "half":
+                end = start + max((size - start) // 2, 1)
             self.send_response(206 if wanted else 200)
             if wanted:
-                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
-            self.send_header("Content-Length", str(size - start))
+                self.send_header("Content-Range", f"bytes {start}-{max(end, start + 1) - 1}/{size}")
+            self.send_header("Content-Length", str(end - start))
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("ETag", f'"{file.sha256}"')
             self.send_header("X-Linked-Size", str(size))
@@ -177,15 +204,18 @@ def serve(hub: Hub) -> Hub:
             self.end_headers()
             if head:
                 return
-            stop = start + (size - start) // 2 if cut else size
+            stop = start + (end - start) // 2 if cut else end
             assert file.source is not None
             began = time.monotonic()
             sent = 0
             with file.source.open("rb") as fh:
+                if hub.trickle:
+                    return self._trickle(fh, start, stop)
                 if not cut and not hub.rate:  # as fast as the kernel copies it
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                         self.wfile.flush()
-                        self.connection.sendfile(fh, start, size - start)
+                        if stop > start:
+                            self.connection.sendfile(fh, start, stop - start)
                     return
                 fh.seek(start)
                 pos = start
@@ -205,6 +235,24 @@ def serve(hub: Hub) -> Hub:
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(2)
+
+        def _trickle(self, fh: Any, start: int, stop: int) -> None:
+            """The first 64 KiB, then a byte each ``hub.trickle`` seconds (until closed)."""
+            assert hub.trickle
+            fh.seek(start)
+            pos = start
+            try:
+                first = fh.read(min(CHUNK, stop - pos))
+                self.wfile.write(first)
+                self.wfile.flush()
+                pos += len(first)
+                while pos < stop and not hub.closed.wait(hub.trickle):
+                    self.wfile.write(fh.read(1))
+                    self.wfile.flush()
+                    pos += 1
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
