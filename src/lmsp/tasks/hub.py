@@ -23,7 +23,9 @@ import contextlib
 import functools
 import http.client
 import re
+import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -159,6 +161,9 @@ class Hub:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.headers = headers
+        self.aborted = threading.Event()
+        self._lock = threading.Lock()
+        self._open: http.client.HTTPConnection | None = None
         self.http = httpx.Client(
             headers=headers,
             verify=tls_context(),
@@ -217,12 +222,24 @@ class Hub:
     def file_url(self, repo: str, revision: str, path: str) -> str:
         return f"{self.endpoint}/{quote(repo)}/resolve/{quote(revision)}/{quote(path)}"
 
+    def abort(self) -> None:
+        """Stop this client from another thread (a cancel, the shutdown): the file being
+        read ends at once (its connection is shut down, so a read waiting on a hub that
+        trickles returns), no new one is opened, and :attr:`aborted` wakes a back-off."""
+        with self._lock:
+            self.aborted.set()
+            conn = self._open
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):  # the socket's own shutdown, under TLS too
+                socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
+
     @contextlib.contextmanager
     def open_range(self, url: str, start: int) -> Iterator[tuple[int, Iterator[bytes]]]:
         """Open ``url`` from byte ``start`` (``Range``): ``(offset, chunks)``, ``offset``
         where the chunks begin (``0`` when the hub sent the whole file instead). A body
         that ends early ends the chunks: the caller asks again from where it got to.
-        A broken link raises :class:`BrokenDownload`."""
+        An attempt that cannot start or broke off raises :class:`FailedAttempt` saying
+        what the hub did."""
         headers = dict(self.headers)
         if start:
             headers["Range"] = f"bytes={start}-"
@@ -236,53 +253,78 @@ class Hub:
                     conn.request("GET", target, headers=headers)
                     answer = conn.getresponse()
                 except (OSError, http.client.HTTPException) as exc:
-                    raise BrokenDownload(exc) from None
+                    raise FailedAttempt.broken(exc) from None
                 location = answer.getheader("location")
                 if answer.status in (301, 302, 303, 307, 308) and location:
                     url = urljoin(url, location)
                     if urlsplit(url).netloc != origin:
                         headers.pop("Authorization", None)  # the token is the hub's only
                     continue
-                if answer.status == 416 and start:
-                    yield start, iter(())  # nothing past start: the file is whole already
-                    return
-                if answer.status not in (200, 206):
-                    raise errors.LmspError(
-                        "hub_error", f"The hub answered {answer.status} for a file."
+                if answer.status == 416:
+                    raise FailedAttempt(
+                        f"the hub answered 416 (Range Not Satisfiable) for the bytes from {start}"
                     )
+                if answer.status not in (200, 206):
+                    raise FailedAttempt(f"the hub answered {answer.status} for the file")
                 offset = 0
                 if answer.status == 206:
                     match = re.match(r"bytes (\d+)-", answer.getheader("content-range") or "")
                     offset = int(match.group(1)) if match else -1
                 if offset < 0:
-                    raise errors.LmspError("hub_error", "The hub sent a range it did not name.")
+                    raise FailedAttempt("the hub sent a range it did not name")
                 yield offset, _chunks(answer)
                 return
             finally:
+                with self._lock:
+                    self._open = None
                 conn.close()
-        raise errors.LmspError("hub_error", "The hub redirected a file too many times.")
+        raise FailedAttempt("the hub redirected the file too many times")
 
     def _connect(self, url: str) -> http.client.HTTPConnection:
+        """A connection to ``url``'s host, made, and the one :meth:`abort` shuts down."""
         parts = urlsplit(url)
+        conn: http.client.HTTPConnection
         if parts.scheme == "https":
-            return http.client.HTTPSConnection(
+            conn = http.client.HTTPSConnection(
                 parts.hostname or "", parts.port, timeout=self.timeout, context=tls_context()
             )
-        if parts.scheme != "http":
-            raise errors.LmspError("hub_error", f"The hub sent a {parts.scheme!r} address.")
-        return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self.timeout)
+        elif parts.scheme == "http":
+            conn = http.client.HTTPConnection(
+                parts.hostname or "", parts.port, timeout=self.timeout
+            )
+        else:
+            raise FailedAttempt(f"the hub sent a {parts.scheme!r} address")
+        try:
+            conn.connect()
+        except OSError as exc:
+            conn.close()
+            raise FailedAttempt.broken(exc) from None
+        with self._lock:
+            if self.aborted.is_set():
+                conn.close()
+                raise FailedAttempt("the pull was stopped")
+            self._open = conn
+        return conn
 
 
 #: redirects followed for a file (the hub's resolve URL to its CDN is one)
 MAX_REDIRECTS = 5
 
 
-class BrokenDownload(Exception):
-    """The link to the hub broke while a file was being read (resumed from where it got to)."""
+class FailedAttempt(Exception):
+    """One attempt at a file that ended short of it: ``what`` the hub (or the link) did,
+    in words for the task's error; ``link`` when the connection could not be made or
+    broke off (the hub may be unreachable) rather than the hub answering something a
+    pull cannot use (a ``416``, an error status, a body shorter than the file)."""
 
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
-        self.cause = cause
+    def __init__(self, what: str, link: bool = False) -> None:
+        super().__init__(what)
+        self.what = what
+        self.link = link
+
+    @classmethod
+    def broken(cls, cause: BaseException) -> FailedAttempt:
+        return cls(f"the connection broke off ({type(cause).__name__})", link=True)
 
 
 def _chunks(answer: http.client.HTTPResponse) -> Iterator[bytes]:
@@ -290,7 +332,7 @@ def _chunks(answer: http.client.HTTPResponse) -> Iterator[bytes]:
         try:
             chunk = answer.read(CHUNK)
         except (OSError, http.client.HTTPException) as exc:
-            raise BrokenDownload(exc) from None
+            raise FailedAttempt.broken(exc) from None
         if not chunk:
             return
         yield chunk

@@ -23,7 +23,6 @@ the task. A file already in the blob store is not fetched again.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -33,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -51,7 +50,7 @@ from lmsp.store.pulls import HubFile, Pull
 from lmsp.store.sql import Conn
 
 from . import durable
-from .hub import BrokenDownload, Hub, hub_unreachable
+from .hub import FailedAttempt, Hub
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +91,7 @@ class Downloader:
         self.owner: Callable[[], Node | None] = lambda: None
         self._active: set[str] = set()
         self._cancels: set[str] = set()
+        self._hubs: dict[str, Hub] = {}  # the hub client of each pull downloading
         self._lock = threading.Lock()
         self._wake = threading.Condition()
         self._shutdown = threading.Event()
@@ -117,13 +117,22 @@ class Downloader:
         for startup recovery)."""
         self._shutdown.set()
         self.notify()
+        for hub in list(self._hubs.values()):
+            hub.abort()  # a read from a hub that trickles returns now
         for thread in list(self._threads):
             thread.join(timeout)
         self._threads.clear()
 
     def cancel(self, task_id: str) -> None:
-        """A cancel committed: the pull stops at its next chunk."""
-        self._cancels.add(task_id)
+        """A cancel committed: the pull stops now (its connection to the hub is shut
+        down, so it does not wait for the next chunk). Nothing for a pull not here."""
+        with self._lock:
+            if task_id not in self._active:
+                return
+            self._cancels.add(task_id)
+        hub = self._hubs.get(task_id)
+        if hub is not None:
+            hub.abort()
 
     def take(self, task_id: str, resumed: bool) -> bool:
         """Run ``task_id`` if it is a pull (claimed already: ``loading``, or ``running``
@@ -210,6 +219,12 @@ class Downloader:
             if stop.cancelled:
                 shutil.rmtree(work, ignore_errors=True)
                 self._end(task_id, lambda c: task_store.finish_cancel(c, task_id))
+            else:
+                log.info(
+                    "pull %s: stopped for the shutdown (it resumes at the next start)",
+                    task_id,
+                    extra={"task_id": task_id, "event": "model.pull.stopped"},
+                )
         except nodes.LeaseLost:
             log.warning("pull %s: this node no longer holds it", task_id)
         except Exception as exc:
@@ -233,6 +248,7 @@ class Downloader:
             with self._lock:
                 self._active.discard(task_id)
                 self._cancels.discard(task_id)
+                self._hubs.pop(task_id, None)
             self.notify()
 
     def _pull(self, task_id: str, resumed: bool, work: Path) -> None:
@@ -256,6 +272,8 @@ class Downloader:
         work.mkdir(parents=True, exist_ok=True)
         done = 0
         with self.hub() as hub:
+            self._hubs[task_id] = hub  # then checked: a cancel either sees it or is seen
+            self._check(task_id)
             for index, file in enumerate(pull.files):
                 blob = blobs.blob_path(self.blobs_dir, file.digest)
                 ready = work / f"{index}.ok"
@@ -271,69 +289,73 @@ class Downloader:
         self, hub: Hub, pull: Pull, index: int, file: HubFile, path: Path, keep: int, before: int
     ) -> None:
         """Download one file into ``path`` from byte ``keep`` (what a progress event
-        recorded), hashing every byte; rename it ``<n>.ok`` once its SHA-256 is the hub's."""
+        recorded), hashing every byte; rename it ``<n>.ok`` once its SHA-256 is the hub's.
+
+        Each attempt that ends short of the file is a failed one, followed by a back-off
+        (0.4 s, doubling, at most 5 s): a cut connection (counted again from one when it
+        brought bytes), and any answer that ends the file early — a ``416``, an empty or
+        short body, an error status — whatever it brought. After :data:`MAX_FAILURES`
+        in a row the pull fails, naming what the hub did last."""
         task_id = pull.task_id
         url = hub.file_url(pull.repo, pull.revision, file.path)
-        sha = Hasher()
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        with contextlib.closing(sha), os.fdopen(fd, "r+b", buffering=0) as out:
-            pos = min(keep, os.fstat(out.fileno()).st_size, file.size)
-            out.truncate(pos)  # bytes past the last recorded point are fetched again
-            while out.tell() < pos:  # the hash state is rebuilt from the bytes on disk
-                sha.update(out.read(min(blobs.CHUNK, pos - out.tell())))
-            out.seek(pos)
+        with _Part(os.fdopen(fd, "r+b", buffering=0), keep, file.size) as part:
             failures = 0
-            last = time.monotonic()
-            last_pos = written = pos
-            while pos < file.size:
+            while part.pos < file.size:
                 self._check(task_id)
+                began = part.pos
                 try:
-                    with hub.open_range(url, pos) as (offset, chunks):
-                        if offset != pos:  # the whole file again: start over
-                            out.seek(0)
-                            out.truncate(0)
-                            sha.reset()
-                            pos = written = 0
-                        for chunk in chunks:
-                            if pos + len(chunk) > file.size:
-                                raise _mismatch(file, "more bytes than the hub lists")
-                            sha.update(chunk)
-                            blobs.write_chunk(out, chunk)
-                            pos += len(chunk)
-                            if pos - written >= blobs.WRITEBACK:
-                                blobs.start_writeback(out.fileno(), written, pos)
-                                written = pos
-                            failures = 0
-                            now = time.monotonic()
-                            if now - last >= PROGRESS_INTERVAL:
-                                os.fsync(out.fileno())
-                                rate = (pos - last_pos) / (now - last)
-                                if not self._progress(pull, index, pos, before, rate):
-                                    raise _Stop(cancelled=True)
-                                last, last_pos = now, pos
-                            self._check(task_id)
-                except (BrokenDownload, errors.LmspError) as exc:
-                    if isinstance(exc, errors.LmspError) and exc.code != "hub_error":
-                        raise
-                    failures += 1
-                    cause = exc.cause if isinstance(exc, BrokenDownload) else exc
-                    if failures >= MAX_FAILURES:
-                        raise hub_unreachable(cause) from None
-                    log.info(
-                        "pull %s: the download broke off at %d of %d bytes (%s); resuming",
-                        task_id,
-                        pos,
-                        file.size,
-                        type(cause).__name__,
-                        extra={"task_id": task_id, "event": "model.pull.retry"},
+                    self._attempt(hub, url, pull, index, file, part, before)
+                    if part.pos >= file.size:
+                        break
+                    failed = FailedAttempt(
+                        f"its answer ended at byte {part.pos:,}"
+                        if part.pos > began
+                        else f"it sent no byte from byte {began:,}"
                     )
-                    self._shutdown.wait(min(0.2 * 2**failures, 5.0))
-            os.fsync(out.fileno())
-        got = sha.hexdigest()
+                except FailedAttempt as exc:
+                    self._check(task_id)  # a cancel or the shutdown closed the connection
+                    failed = exc
+                failures = 1 if failed.link and part.pos > began else failures + 1
+                if failures >= MAX_FAILURES:
+                    raise _gave_up(file, failed, part.pos) from None
+                log.info(
+                    "pull %s: the download of %s stopped at %d of %d bytes (%s); resuming",
+                    task_id,
+                    file.path,
+                    part.pos,
+                    file.size,
+                    failed.what,
+                    extra={"task_id": task_id, "event": "model.pull.retry"},
+                )
+                hub.aborted.wait(min(0.2 * 2**failures, 5.0))  # a cancel wakes it
+            os.fsync(part.out.fileno())
+        got = part.sha.hexdigest()
         if got != file.sha256:
             path.unlink(missing_ok=True)
             raise _mismatch(file, f"its SHA-256 is {got}")
         os.replace(path, path.with_suffix(".ok"))
+
+    def _attempt(
+        self, hub: Hub, url: str, pull: Pull, index: int, file: HubFile, part: _Part, before: int
+    ) -> None:
+        """One request for the rest of ``file``: its bytes written to ``part`` and
+        hashed, a progress event about twice a second."""
+        with hub.open_range(url, part.pos) as (offset, chunks):
+            if offset != part.pos:  # the whole file again: start over
+                part.restart()
+            for chunk in chunks:
+                if part.pos + len(chunk) > file.size:
+                    raise _mismatch(file, "more bytes than the hub lists")
+                part.add(chunk)
+                now = time.monotonic()
+                if now - part.last >= PROGRESS_INTERVAL:
+                    os.fsync(part.out.fileno())
+                    rate = (part.pos - part.last_pos) / (now - part.last)
+                    if not self._progress(pull, index, part.pos, before, rate):
+                        raise _Stop(cancelled=True)
+                    part.last, part.last_pos = now, part.pos
+                self._check(pull.task_id)
 
     def _progress(self, pull: Pull, index: int, pos: int, before: int, rate: float) -> bool:
         """Record ``pos`` synced bytes of file ``index`` (and log the progress event);
@@ -425,6 +447,46 @@ class Downloader:
         return [done, total]
 
 
+class _Part:
+    """A file being downloaded: its part file (open), the hash of the bytes in it and
+    how far it got. Opened from the point a progress event recorded: the bytes past it
+    are cut off and the hash state is rebuilt from those before it."""
+
+    def __init__(self, out: BinaryIO, keep: int, size: int) -> None:
+        self.out = out
+        self.sha = Hasher()
+        self.pos = min(keep, os.fstat(out.fileno()).st_size, size)
+        out.truncate(self.pos)  # bytes past the last recorded point are fetched again
+        while out.tell() < self.pos:  # the hash state is rebuilt from the bytes on disk
+            self.sha.update(out.read(min(blobs.CHUNK, self.pos - out.tell())))
+        out.seek(self.pos)
+        self.written = self.pos  # where the last writeback to the disk began
+        self.last = time.monotonic()  # the last progress event
+        self.last_pos = self.pos
+
+    def __enter__(self) -> _Part:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sha.close()
+        self.out.close()
+
+    def add(self, chunk: bytes) -> None:
+        self.sha.update(chunk)
+        blobs.write_chunk(self.out, chunk)
+        self.pos += len(chunk)
+        if self.pos - self.written >= blobs.WRITEBACK:
+            blobs.start_writeback(self.out.fileno(), self.written, self.pos)
+            self.written = self.pos
+
+    def restart(self) -> None:
+        """From byte 0 again (the hub sent the whole file)."""
+        self.out.seek(0)
+        self.out.truncate(0)
+        self.sha.reset()
+        self.pos = self.written = 0
+
+
 class Hasher:
     """SHA-256 on a thread of its own, fed in order through a short queue: the next read
     from the network overlaps the hashing of the chunks before it (``hashlib`` lets go of
@@ -481,6 +543,23 @@ def _mismatch(file: HubFile, why: str) -> errors.LmspError:
     return errors.LmspError(
         "digest_mismatch",
         f"{file.path} does not match the hub's SHA-256 {file.sha256} ({why}); nothing was kept.",
+    )
+
+
+def _gave_up(file: HubFile, failed: FailedAttempt, pos: int) -> errors.LmspError:
+    """The pull's error after :data:`MAX_FAILURES` failed attempts in a row at ``file``:
+    ``hub_unavailable`` when the link broke, else ``hub_error``; the message names what
+    the hub did."""
+    if failed.link:
+        what = f"the model hub cannot be reached: {failed.what}"
+        code = "hub_unavailable"
+    else:
+        what = f"the hub lists {file.size:,} bytes for it, but {failed.what}"
+        code = "hub_error"
+    return errors.LmspError(
+        code,
+        f"{file.path} stopped at byte {pos:,} after {MAX_FAILURES} failed attempts in a row"
+        f" ({what}); nothing was kept.",
     )
 
 
