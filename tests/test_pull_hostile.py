@@ -21,7 +21,7 @@ import pytest
 
 from lmsp.tasks.pull import MAX_FAILURES
 from tests.campaigns.invariants import report
-from tests.helpers import Server, check_log_invariants, open_db
+from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir
 from tests.hub_standin import Hub, HubFile, serve
 from tests.test_pull import REF, REPO, finished, leftovers, make_hub, start, variant, wait_for
 
@@ -180,3 +180,31 @@ def test_the_hostile_stand_in_answers_as_described(variant: tuple[Path, str]) ->
         assert past.status_code == 416
     finally:
         hub.close()
+
+
+@pytest.mark.slow
+def test_a_cancel_on_another_node_ends_a_pull_from_a_trickling_hub(
+    tmp_path: Path, blob_cache: Path, trickling: Hub, pg_url: str
+) -> None:
+    """On PostgreSQL: the pull runs on the node that accepted it; a cancel sent to
+    another node reaches it (the database's notification) and ends it at once, where it
+    waited for a progress write that a trickling hub never let come."""
+    nodes = []
+    for name in ("a", "b"):
+        data_dir = seeded_data_dir(tmp_path / name, blob_cache)
+        env = {"LMSP_DATABASE_URL": pg_url, "LMSP_NODE_ID": name, "LMSP_HF_ENDPOINT": trickling.url}
+        nodes.append(Server(data_dir, env=env).start())
+    a, b = nodes
+    try:
+        task_id = pulling(a, trickling)
+        token = a.token  # the owner's (the first node created it)
+        with httpx.Client(
+            base_url=b.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        ) as http:
+            assert http.post(f"/v1/tasks/{task_id}/cancel").status_code == 200
+            task = wait_for(lambda: finished(http, task_id), "the cancel from node b", 60)
+            assert task["status"] == "cancelled", task
+        wait_for(lambda: leftovers(a.data_dir) == [], "node a's partial file to go", 30)
+    finally:
+        for srv in nodes:
+            srv.stop()

@@ -119,7 +119,8 @@ class Runner:
 
     def heard(self, task_id: str, status: str | None) -> None:
         """Another node changed a task (:meth:`Database.on_task_change`): a cancel of one
-        this node generates reaches it here; a task queued there wakes a worker here.
+        this node generates or downloads reaches it here; a task queued there wakes a
+        worker here.
 
         Not a task another node moved to ``running`` or logged to (every flush of a
         generating task's text updates its row): waking a claim on each would cost every
@@ -128,6 +129,8 @@ class Runner:
         and by any other node's idle workers, which look again every half second."""
         if status == Status.CANCELLING and task_id in self._held:
             self.request_cancel(task_id)
+        elif status == Status.CANCELLING and self.pulls is not None:
+            self.pulls.cancel(task_id)  # a pull this node downloads (its own claim)
         elif status == Status.QUEUED:
             self.notify()
 
