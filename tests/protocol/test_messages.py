@@ -395,3 +395,31 @@ def test_a_tool_result_answers_a_tool_use_of_the_message_before_once(
         messages.items_from_messages([user("?"), asked, {"role": "user", "content": answers}])
     assert message in str(caught.value)
     assert caught.value.param == f"messages.2.content.{len(results) - 1}.tool_use_id"
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_a_tool_use_id_is_unique_in_the_request(across: bool) -> None:
+    """As Anthropic (``tool_use`` ids must be unique): twice in one assistant message,
+    or in two, is refused naming the second."""
+    use = {"type": "tool_use", "id": "tu_1", "name": "weather", "input": {}}
+    answer = {"type": "tool_result", "tool_use_id": "tu_1", "content": "ok"}
+    if across:
+        given = [
+            user("?"),
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [answer]},
+            {"role": "assistant", "content": [{**use, "input": {"city": "Oslo"}}]},
+            {"role": "user", "content": [answer]},
+        ]
+        where, first = "messages.3.content.0.id", "messages.1.content.0"
+    else:
+        given = [
+            user("?"),
+            {"role": "assistant", "content": [use, use]},
+            {"role": "user", "content": [answer]},
+        ]
+        where, first = "messages.1.content.1.id", "messages.1.content.0"
+    with pytest.raises(Untranslatable) as caught:
+        messages.items_from_messages(given)
+    assert caught.value.param == where
+    assert "ids must be unique" in str(caught.value) and first in str(caught.value)

@@ -75,6 +75,7 @@ def items_from_messages(messages: list[dict[str, Any]]) -> Translated:
     ``function_call`` items, ``tool`` messages as ``function_call_output`` items."""
     items: list[Item] = []
     origin: list[int] = []
+    calls_seen: dict[str, str] = {}  # each call's id, unique in the request: where it is
     for index, message in enumerate(messages):
         where = f"messages.{index}"
         role = message["role"]
@@ -103,7 +104,13 @@ def items_from_messages(messages: list[dict[str, Any]]) -> Translated:
         if content is not None:
             items.append({"type": "message", "role": role, "content": content})
             origin.append(index)
-        for call in calls:
+        for number, call in enumerate(calls):
+            at = f"{where}.tool_calls.{number}.id"
+            first = calls_seen.setdefault(call["id"], at)
+            if first != at:
+                raise Untranslatable(
+                    at, f"{at}: tool call ids must be unique: {call['id']!r} is {first} too."
+                )
             items.append(
                 {
                     "type": "function_call",

@@ -111,7 +111,28 @@ def normalize(
     if not isinstance(given, list) or not given:
         raise _error(param, "must be a string or a non-empty list of items.")
     caps = frozenset(capabilities)
-    return [_item(item, f"{param}.{index}", caps, make_id) for index, item in enumerate(given)]
+    normalized = [
+        _item(item, f"{param}.{index}", caps, make_id) for index, item in enumerate(given)
+    ]
+    _unique_calls(normalized, param)
+    return normalized
+
+
+def _unique_calls(normalized: list[Item], param: str) -> None:
+    """Two ``function_call`` items with one ``call_id``: which call would an output
+    answer? Refused (``400`` naming the second), as Anthropic refuses a repeated
+    ``tool_use`` id."""
+    seen: dict[str, int] = {}
+    for index, item in enumerate(normalized):
+        if item["type"] != "function_call":
+            continue
+        first = seen.setdefault(item["call_id"], index)
+        if first != index:
+            raise _error(
+                f"{param}.{index}.call_id",
+                f"call ids must be unique: {item['call_id']!r} is the call_id of"
+                f" {param}.{first} too.",
+            )
 
 
 def normalize_item(

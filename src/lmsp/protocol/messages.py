@@ -190,7 +190,9 @@ class _Message:
             self.parts = []
 
 
-def _blocks(message: _Message, content: list[Any], where: str) -> None:
+def _blocks(message: _Message, content: list[Any], where: str, uses: dict[str, str]) -> None:
+    """The blocks of one message; ``uses`` maps each ``tool_use`` id met so far in the
+    request to where it was (as Anthropic: ids are unique in the whole request)."""
     role = message.role
     text_kind = "output_text" if role == "assistant" else "input_text"
     for index, block in enumerate(content):
@@ -201,7 +203,14 @@ def _blocks(message: _Message, content: list[Any], where: str) -> None:
         elif kind == "tool_use":
             if role != "assistant":
                 raise _invalid(f"{at}.type", "tool_use blocks belong in assistant messages.")
-            message.add(_tool_use(block, at))
+            call = _tool_use(block, at)
+            first = uses.setdefault(call["call_id"], at)
+            if first != at:
+                raise _invalid(
+                    f"{at}.id",
+                    f"`tool_use` ids must be unique: {call['call_id']!r} is the id of {first} too.",
+                )
+            message.add(call)
         elif kind == "tool_result":
             if role != "user":
                 raise _invalid(f"{at}.type", "tool_result blocks belong in user messages.")
@@ -219,6 +228,7 @@ def items_from_messages(messages: list[dict[str, Any]]) -> Translated:
     message it came from. A last ``assistant`` message (a prefill the answer would
     continue) is refused: lmsp always starts a new assistant turn."""
     out = Translated([], [])
+    uses: dict[str, str] = {}
     for index, given in enumerate(messages):
         where = f"messages.{index}"
         role, content = given["role"], given["content"]
@@ -240,7 +250,7 @@ def items_from_messages(messages: list[dict[str, Any]]) -> Translated:
         if role == "user":
             _check_results(content, _uses(messages[index - 1] if index else None), where)
         message = _Message(role, index, out)
-        _blocks(message, content, f"{where}.content")
+        _blocks(message, content, f"{where}.content", uses)
         message.flush()
     if messages and messages[-1]["role"] == "assistant":
         last = f"messages.{len(messages) - 1}"
