@@ -280,7 +280,8 @@ def test_compact_and_count(client: TestClient) -> None:
     assert after["input_tokens"] < whole["input_tokens"]
     # the compacted output is valid input; an edited compaction item is refused
     ok(client.post("/v1/responses", json={"model": MODEL, "input": output}))
-    edited = [{**output[0], "encrypted_content": output[0]["encrypted_content"][:-1] + "0"}]
+    content = output[0]["encrypted_content"]
+    edited = [{**output[0], "encrypted_content": content[:-1] + "01"[content[-1] == "0"]}]
     answer = client.post("/v1/responses", json={"model": MODEL, "input": edited})
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == "input.0.encrypted_content"

@@ -95,7 +95,7 @@ async def compact_items(
     if not older:
         return list(context), None
     summary, usage = await summarize(svc, client, model, older, instructions)
-    return [compaction.item(summary, len(older), new_id), *kept], usage
+    return [compaction.item(summary, len(older), new_id, svc.compaction_key), *kept], usage
 
 
 async def compact_request(
@@ -136,7 +136,10 @@ async def compact(
     own: list[Item] = []
     if given is not None:
         own = await asyncio.to_thread(
-            items.normalize, given, capabilities=models.capabilities(record)
+            items.normalize,
+            given,
+            capabilities=models.capabilities(record),
+            compaction_key=svc.compaction_key,
         )
         await svc.files.read(own, lambda i: f"input.{i}")
     history: list[Item] = []

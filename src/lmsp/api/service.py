@@ -29,6 +29,7 @@ from lmsp.store import aliases, idempotency, mcp_headers, models
 from lmsp.store import clients as client_store
 from lmsp.store import conversations as conversation_store
 from lmsp.store import responses as response_store
+from lmsp.store import service as config_store
 from lmsp.store import tasks as task_store
 from lmsp.store import usage as usage_store
 from lmsp.store.clients import Client
@@ -110,9 +111,12 @@ class Service:
     sandbox: Sandbox = field(init=False)
     grammars: GrammarBudget = field(init=False)
     files: FileReader = field(init=False)
+    # the key of compaction items' HMAC (the database's: every node checks alike)
+    compaction_key: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tokens = TokenCache(self.db)
+        self.compaction_key = self.db.write_sync(config_store.compaction_key)
         self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="lmsp-read")
         settings = self.settings
         self.sandbox = Sandbox(settings.input_workers, memory_bytes=settings.input_memory)
@@ -288,6 +292,7 @@ class Service:
             request["input"],
             capabilities=models.capabilities(record),
             param=input_param,
+            compaction_key=self.compaction_key,
         )
         names = item_names or []
         await self.files.read(

@@ -2,20 +2,25 @@
 older items of a history, and how lmsp reads one back.
 
 A ``compaction`` item carries the summary the model wrote in ``encrypted_content``, an
-opaque string to the client and a versioned, integrity-checked encoding to lmsp::
+opaque string to the client and a versioned, keyed encoding to lmsp::
 
-    lmspc1.<base64url of {"summary": …, "items": n}>.<sha256 of that, first 32 hex>
+    lmspc2.<base64url of {"summary": …, "items": n}>.<HMAC-SHA256 of that, hex>
 
-It is not encrypted (the client wrote or saw everything it summarizes); the check
-catches a damaged or edited item, which is refused (``400`` naming it) rather than
-read wrongly. Sent back as input, it is given to the model as one user message that
-says it summarizes the conversation so far (:func:`render_text`).
+It is not encrypted (the client wrote or saw everything it summarizes). The HMAC's key
+is the service's own (``compaction_key`` in the database: every node sharing it checks
+alike, and it survives restarts), so an item lmsp did not write — forged, edited,
+another service's, or an earlier lmsp's unkeyed ``lmspc1`` — is refused (``400`` naming
+it) rather than read; so is one past the bounds lmsp writes (:data:`MAX_CONTENT`
+characters, ``items`` from 1 to :data:`MAX_ITEMS`). Sent back as input, it is given to
+the model as one user message that says it summarizes the conversation so far
+(:func:`render_text`).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 from collections.abc import Callable
 from typing import Any
@@ -24,72 +29,106 @@ from lmsp.errors import LmspError
 
 Item = dict[str, Any]
 
-VERSION = "lmspc1"
+VERSION = "lmspc2"
+#: the unkeyed encoding of lmsp before (refused: anyone could write one)
+OLD_VERSIONS = ("lmspc1",)
 KEYS = {"type", "id", "encrypted_content", "created_by"}
+#: the longest ``encrypted_content`` read (a summary is at most a few hundred tokens)
+MAX_CONTENT = 64 * 1024
+#: the most items one compaction item may say it replaces
+MAX_ITEMS = 1_000_000
 #: what the model is told when it writes a summary
 SUMMARY_INSTRUCTIONS = (
     "You summarize conversations. Write a short summary of the conversation below so"
     " that it can be continued without it: keep every fact, name, number, decision and"
     " open question; leave out pleasantries. Answer with the summary only."
 )
-#: how a compaction item reads to the model
+#: what a compaction item reads to the model
 PREAMBLE = "Summary of the conversation so far:"
 
 
-def _digest(payload: str) -> str:
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+def _tag(payload: str, key: bytes) -> str:
+    return hmac.new(key, f"{VERSION}.{payload}".encode(), hashlib.sha256).hexdigest()
 
 
-def encode(summary: str, count: int) -> str:
-    """The ``encrypted_content`` of a summary of ``count`` items."""
+def encode(summary: str, count: int, key: bytes) -> str:
+    """The ``encrypted_content`` of a summary of ``count`` items, under ``key``."""
     raw = json.dumps({"summary": summary, "items": count}, separators=(",", ":"))
     payload = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-    return f"{VERSION}.{payload}.{_digest(payload)}"
+    return f"{VERSION}.{payload}.{_tag(payload, key)}"
 
 
-def decode(content: Any, param: str = "encrypted_content") -> dict[str, Any]:
-    """``{"summary", "items"}`` of an ``encrypted_content`` lmsp wrote; ``400`` naming
-    ``param`` for anything else (another service's, damaged, edited)."""
+def _refused(param: str, why: str) -> LmspError:
+    return LmspError("invalid_value", f"{param}: {why}", param=param)
+
+
+def decode(content: Any, key: bytes, param: str = "encrypted_content") -> dict[str, Any]:
+    """``{"summary", "items"}`` of an ``encrypted_content`` lmsp wrote under ``key``;
+    ``400`` naming ``param`` for anything else (another service's, an earlier lmsp's,
+    damaged, edited, forged, out of bounds)."""
     parts = content.split(".") if isinstance(content, str) else []
+    if len(parts) == 3 and parts[0] in OLD_VERSIONS:
+        raise _refused(
+            param,
+            "an earlier lmsp's compaction item, which carries no key and cannot be checked;"
+            " compact the history again.",
+        )
     if len(parts) != 3 or parts[0] != VERSION:
-        raise LmspError(
-            "invalid_value",
-            f"{param}: not a compaction this server made (another service's compaction"
-            " items cannot be read here).",
-            param=param,
+        raise _refused(
+            param,
+            "not a compaction this server made (another service's compaction items cannot"
+            " be read here).",
         )
-    _, payload, digest = parts
-    if _digest(payload) != digest:
-        raise LmspError(
-            "invalid_value", f"{param}: the compaction item is damaged or edited.", param=param
-        )
-    try:
-        data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except ValueError:
-        raise LmspError(
-            "invalid_value", f"{param}: the compaction item is damaged.", param=param
-        ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("summary"), str):
-        raise LmspError("invalid_value", f"{param}: the compaction item is damaged.", param=param)
+    if len(content) > MAX_CONTENT:
+        raise _refused(param, f"longer than a compaction item lmsp writes ({MAX_CONTENT} chars).")
+    _, payload, tag = parts
+    if not hmac.compare_digest(_tag(payload, key), tag):
+        raise _refused(param, "the compaction item was not made by this service, or was edited.")
+    data = _payload(payload)
+    if data is None:
+        raise _refused(param, "the compaction item is damaged.")
+    count = data.get("items")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ITEMS:
+        raise _refused(param, f"a compaction item replaces 1 to {MAX_ITEMS:,} items.")
     return data
 
 
-def item(summary: str, count: int, make_id: Callable[[str], str]) -> Item:
+def _payload(payload: str) -> dict[str, Any] | None:
+    """The payload's ``{"summary", …}``, ``None`` if it is not JSON with a summary."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("summary"), str):
+        return None
+    return data
+
+
+def item(summary: str, count: int, make_id: Callable[[str], str], key: bytes) -> Item:
     """A new compaction item."""
-    return {"type": "compaction", "id": make_id("cmp"), "encrypted_content": encode(summary, count)}
+    # never more in practice: the items it replaces had to fit one prompt
+    content = encode(summary, min(count, MAX_ITEMS), key)
+    return {"type": "compaction", "id": make_id("cmp"), "encrypted_content": content}
 
 
-def normalize(given: Item, where: str, make_id: Callable[[str], str]) -> Item:
-    """A ``compaction`` input item checked (``400`` naming the field at fault)."""
-    for key in given:
-        if key not in KEYS:
+def normalize(given: Item, where: str, make_id: Callable[[str], str], key: bytes | None) -> Item:
+    """A ``compaction`` input item checked under ``key`` (``400`` naming the field at
+    fault; without a key, where none was given, a compaction item is refused)."""
+    for name in given:
+        if name not in KEYS:
             raise LmspError(
                 "unsupported_parameter",
-                f"{where}.{key}: a compaction item has no field {key!r} here.",
-                param=f"{where}.{key}",
+                f"{where}.{name}: a compaction item has no field {name!r} here.",
+                param=f"{where}.{name}",
             )
     content = given.get("encrypted_content")
-    decode(content, f"{where}.encrypted_content")
+    if key is None:
+        raise LmspError(
+            "unsupported_input",
+            f"{where}: a compaction item is not read here.",
+            param=f"{where}.type",
+        )
+    decode(content, key, f"{where}.encrypted_content")
     given_id = given.get("id")
     if given_id is not None and (not isinstance(given_id, str) or not given_id):
         raise LmspError(
@@ -99,8 +138,13 @@ def normalize(given: Item, where: str, make_id: Callable[[str], str]) -> Item:
 
 
 def render_text(compaction: Item) -> str:
-    """What the model reads for a compaction item."""
-    return f"{PREAMBLE}\n{decode(compaction['encrypted_content'])['summary']}"
+    """What the model reads for a compaction item (one lmsp made or checked when it came
+    in: its key was checked then)."""
+    parts = str(compaction["encrypted_content"]).split(".")
+    data = _payload(parts[1]) if len(parts) == 3 else None
+    if data is None:  # never stored so: :func:`normalize` checked it
+        raise LmspError("invalid_value", "A stored compaction item is damaged.")
+    return f"{PREAMBLE}\n{data['summary']}"
 
 
 def split(context: list[Item]) -> tuple[list[Item], list[Item]]:

@@ -102,8 +102,10 @@ def normalize(
     capabilities: Iterable[str] = ("completion",),
     make_id: Callable[[str], str] = new_id,
     param: str = "input",
+    compaction_key: bytes | None = None,
 ) -> list[Item]:
-    """``input`` as a list of normalized items (``400`` naming the first problem)."""
+    """``input`` as a list of normalized items (``400`` naming the first problem); a
+    ``compaction`` item is checked under ``compaction_key`` (refused without one)."""
     if isinstance(given, str):
         if not given:
             raise _error(param, "must not be empty.")
@@ -112,7 +114,8 @@ def normalize(
         raise _error(param, "must be a string or a non-empty list of items.")
     caps = frozenset(capabilities)
     normalized = [
-        _item(item, f"{param}.{index}", caps, make_id) for index, item in enumerate(given)
+        _item(item, f"{param}.{index}", caps, make_id, compaction_key)
+        for index, item in enumerate(given)
     ]
     _unique_calls(normalized, param)
     return normalized
@@ -143,7 +146,7 @@ def normalize_item(
     make_id: Callable[[str], str] = new_id,
 ) -> Item:
     """One item of ``input`` normalized; ``where`` names it in errors (``input.3``)."""
-    return _item(item, where, frozenset(capabilities), make_id)
+    return _item(item, where, frozenset(capabilities), make_id, None)
 
 
 def _message(role: str, content: list[Item], item_id: str) -> Item:
@@ -156,7 +159,9 @@ def _message(role: str, content: list[Item], item_id: str) -> Item:
     }
 
 
-def _item(item: Any, where: str, caps: frozenset[str], make_id: Callable[[str], str]) -> Item:
+def _item(
+    item: Any, where: str, caps: frozenset[str], make_id: Callable[[str], str], key: bytes | None
+) -> Item:
     if not isinstance(item, dict):
         raise _error(where, "an item must be an object.")
     kind = item.get("type", "message")
@@ -189,7 +194,7 @@ def _item(item: Any, where: str, caps: frozenset[str], make_id: Callable[[str], 
             "status": "completed",
         }
     if kind == "compaction":  # a summary /v1/responses/compact wrote
-        return compaction.normalize(item, where, make_id)
+        return compaction.normalize(item, where, make_id, key)
     if isinstance(kind, str) and kind in mcpitems.INPUT_TYPES:
         return mcpitems.normalize(item, kind, where, _id(item, where, "mcpr", make_id))
     if kind == "additional_tools":

@@ -52,7 +52,9 @@ async def _items(svc: Service, given: list[Any], param: str) -> list[dict[str, A
     """Items checked and normalized as a response's input is (files read as text once)."""
     if not given:
         return []
-    normalized = await asyncio.to_thread(items.normalize, given, param=param)
+    normalized = await asyncio.to_thread(
+        items.normalize, given, param=param, compaction_key=svc.compaction_key
+    )
     await svc.files.read(normalized, lambda i: f"{param}.{i}")
     return normalized
 
