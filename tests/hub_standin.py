@@ -12,8 +12,8 @@ GET with its headers and no byte (``Content-Length: 0``), ``"half"`` sends (and
 declares) half of what is asked, ``"416"`` breaks off the first GET half-way and
 refuses every ``Range`` with ``416``. A file listed larger than the file it
 serves (``HubFile.size``) is sent whole, then every ``Range`` past its end gets ``416``.
-``trickle`` (seconds) sends the first 64 KiB of a file, then one byte each ``trickle``
-seconds until the stand-in is closed.
+``trickle`` (seconds, of the hub or of one file) sends the first 64 KiB of a file, then
+one byte each ``trickle`` seconds until the stand-in is closed.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class HubFile:
     size: int
     sha256: str
     short: str | None = None  # this file's hostile mode (else the hub's)
+    trickle: float | None = None  # this file's trickle (else the hub's)
 
 
 @dataclass
@@ -209,8 +210,9 @@ def serve(hub: Hub) -> Hub:
             began = time.monotonic()
             sent = 0
             with file.source.open("rb") as fh:
-                if hub.trickle:
-                    return self._trickle(fh, start, stop)
+                trickle = file.trickle or hub.trickle
+                if trickle:
+                    return self._trickle(fh, start, stop, trickle)
                 if not cut and not hub.rate:  # as fast as the kernel copies it
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                         self.wfile.flush()
@@ -236,9 +238,8 @@ def serve(hub: Hub) -> Hub:
                 self.close_connection = True
                 self.connection.shutdown(2)
 
-        def _trickle(self, fh: Any, start: int, stop: int) -> None:
-            """The first 64 KiB, then a byte each ``hub.trickle`` seconds (until closed)."""
-            assert hub.trickle
+        def _trickle(self, fh: Any, start: int, stop: int, every: float) -> None:
+            """The first 64 KiB, then a byte each ``every`` seconds (until closed)."""
             fh.seek(start)
             pos = start
             try:
@@ -246,7 +247,7 @@ def serve(hub: Hub) -> Hub:
                 self.wfile.write(first)
                 self.wfile.flush()
                 pos += len(first)
-                while pos < stop and not hub.closed.wait(hub.trickle):
+                while pos < stop and not hub.closed.wait(every):
                     self.wfile.write(fh.read(1))
                     self.wfile.flush()
                     pos += 1
