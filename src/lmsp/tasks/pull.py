@@ -9,10 +9,14 @@ Each file goes into ``pulls/<task id>/<n>.part`` in the data directory, hashed (
 while it arrives. About twice a second the bytes written so far are synced and a
 ``model.pull.progress`` event records them (``bytes``, ``total``, ``rate``) with the
 point a resume starts from; that write is conditional on the task still ``running``, so
-a committed cancel stops it. A cut connection is retried with ``Range`` from the bytes
-on disk. After a restart (``kill -9`` included) the pull resumes (its ``on_restart`` is
-``resume``): the part file is cut back to the last recorded point, those bytes are hashed
-again (the hash state survives the restart that way) and the download asks for the rest.
+a committed cancel stops it (at once: the cancel shuts the hub's connection down, so a
+read from a hub that trickles does not hold it; the shutdown alike). An attempt that
+ends short of the file (a cut connection, a ``416``, an empty or short body) is retried
+with ``Range`` from the bytes on disk after a back-off, at most :data:`MAX_FAILURES`
+times in a row. After a restart (``kill -9`` included) the pull resumes (its
+``on_restart`` is ``resume``): the part file is cut back to the last recorded point,
+those bytes are hashed again (the hash state survives the restart that way) and the
+download asks for the rest.
 
 A file whose SHA-256 differs from the hub's LFS oid fails the task with
 ``digest_mismatch``; a full disk fails it with ``insufficient_storage``; a cancel ends it
@@ -56,7 +60,7 @@ log = logging.getLogger(__name__)
 
 #: seconds between two progress events of one pull (each syncs the part file first)
 PROGRESS_INTERVAL = 0.5
-#: failed connections in a row (no byte between them) before a pull fails
+#: failed attempts in a row before a pull fails (a cut that brought bytes counts from 1 again)
 MAX_FAILURES = 8
 #: pulls that download at once on one node
 MAX_ACTIVE = 2
