@@ -262,23 +262,23 @@ class Hub:
                     continue
                 if answer.status == 416:
                     raise FailedAttempt(
-                        f"the hub answered 416 (Range Not Satisfiable) for the bytes from {start}"
+                        f"it answered 416 (Range Not Satisfiable) for the bytes from {start:,}"
                     )
                 if answer.status not in (200, 206):
-                    raise FailedAttempt(f"the hub answered {answer.status} for the file")
+                    raise FailedAttempt(f"it answered {answer.status} for the file")
                 offset = 0
                 if answer.status == 206:
                     match = re.match(r"bytes (\d+)-", answer.getheader("content-range") or "")
                     offset = int(match.group(1)) if match else -1
                 if offset < 0:
-                    raise FailedAttempt("the hub sent a range it did not name")
+                    raise FailedAttempt("it sent a range it did not name")
                 yield offset, _chunks(answer)
                 return
             finally:
                 with self._lock:
                     self._open = None
                 conn.close()
-        raise FailedAttempt("the hub redirected the file too many times")
+        raise FailedAttempt("it redirected the file too many times")
 
     def _connect(self, url: str) -> http.client.HTTPConnection:
         """A connection to ``url``'s host, made, and the one :meth:`abort` shuts down."""
@@ -293,7 +293,7 @@ class Hub:
                 parts.hostname or "", parts.port, timeout=self.timeout
             )
         else:
-            raise FailedAttempt(f"the hub sent a {parts.scheme!r} address")
+            raise FailedAttempt(f"it sent a {parts.scheme!r} address")
         try:
             conn.connect()
         except OSError as exc:
@@ -312,8 +312,8 @@ MAX_REDIRECTS = 5
 
 
 class FailedAttempt(Exception):
-    """One attempt at a file that ended short of it: ``what`` the hub (or the link) did,
-    in words for the task's error; ``link`` when the connection could not be made or
+    """One attempt at a file that ended short of it: ``what`` the hub (``it``) or the
+    link did, in words for the task's error; ``link`` when the connection could not be made or
     broke off (the hub may be unreachable) rather than the hub answering something a
     pull cannot use (a ``416``, an error status, a body shorter than the file)."""
 
