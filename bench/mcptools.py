@@ -46,7 +46,7 @@ PROMPT = "Wait a little, several times, then say that you are done."
 
 def overhead(url: str, reps: int) -> tuple[float, float]:
     """Median ms of a list round trip, and of a call's minus the tool's own time."""
-    server = mcp_client.Server(url, {}, 30)
+    server = mcp_client.Server(url, {}, 30, ())
     lists, calls = [], []
     for _ in range(reps):
         began = time.perf_counter()
@@ -86,7 +86,7 @@ def server_loop(api: Any, url: str) -> tuple[float, int]:
 
 
 def client_loop(api: Any, url: str, schema: dict[str, Any]) -> tuple[float, int]:
-    server = mcp_client.Server(url, {}, 30)
+    server = mcp_client.Server(url, {}, 30, ())
     tool = {"type": "function", "name": "pause", "parameters": schema}
     began = time.perf_counter()
     request: dict[str, Any] = {
@@ -138,7 +138,7 @@ def bench_mcp(
         )
         schema = next(
             t["inputSchema"]
-            for t in mcp_client.list_tools(mcp_client.Server(tools.url, {}, 30)).result()
+            for t in mcp_client.list_tools(mcp_client.Server(tools.url, {}, 30, ())).result()
             if t["name"] == "pause"
         )
         server = Server(work / "data", {"LMSP_MCP_TIMEOUT": "30s"}).start()

@@ -28,7 +28,8 @@
     against ``curl`` of the same file (goal: ≥ 0.9x, hashing included), and the CPU a
     pull takes while 8 streams generate.
 (k) webhooks (bench/webhooks.py): delivery latency from the terminal commit to the
-    receiver's 2xx with 8 streams generating; creates/s with and without a webhook.
+    receiver's 2xx with 8 streams generating, and beside one client's 32 dead receivers;
+    creates/s with and without a webhook.
 (o) shared work under a hostile client (bench/sharedwork.py): another client's 16-token
     response while one client sends 64x512-token embeddings and 16 multi-file requests,
     against its latency alone (goal: at most 2x).

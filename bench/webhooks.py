@@ -9,6 +9,11 @@ notes when it sent each ``2xx``; the latency of an event is that time minus the 
 row's ``created_at`` (written inside the transaction that ends the task, just before its
 commit). Reported: p50 and p99 over every event of the run.
 
+Beside dead receivers (issue 36): one client's 32 webhooks point at a receiver that
+accepts every connection and never answers, and it ends 8 responses (256 deliveries,
+each try held 10 s), then one more every half second; meanwhile another client ends a
+response every 0.3 s and its webhook's latency is measured (the same way). Bound: 2 s.
+
 Creates: ``clients`` concurrent HTTP clients create background responses (each ``202``
 after its commit) for ``seconds`` against a fresh ``lmsp serve`` (test engine, no
 delay: tasks end as fast as they are created, each end a delivery), with no webhook
@@ -31,6 +36,7 @@ from typing import Any
 import httpx
 from bench.clients import MODEL, busy_cpus, sse_lines
 from tests.helpers import Server, free_port
+from tests.webhook_receiver import Dead
 
 GOAL = 0.95
 STREAMS = 8
@@ -214,6 +220,56 @@ def creates(work: Path, name: str, clients: int, seconds: float, hook: bool) -> 
             receiver.stop()
 
 
+def _client(server: Server, name: str) -> httpx.Client:
+    with server.client() as owner:
+        made = owner.post(
+            "/v1/clients", json={"name": name, "scopes": ["responses:read", "responses:write"]}
+        )
+    headers = {"Authorization": f"Bearer {made.json()['token']}"}
+    return httpx.Client(base_url=server.url, headers=headers, timeout=120)
+
+
+def beside_dead(work: Path, count: int) -> list[float]:
+    """Another client's delivery latencies (``count``) while one client's 32 webhooks
+    point at a receiver that never answers."""
+    dead, receiver = Dead().start(), Receiver(work, "beside-dead")
+    server = Server(work / "beside-dead").start()
+    stop = threading.Event()
+    try:
+        with _client(server, "hostile") as hostile, _client(server, "bystander") as other:
+            for n in range(32):
+                body = {"url": f"{dead.url}?{n}", "events": ["response.completed"]}
+                hostile.post("/v1/webhooks", json=body).raise_for_status()
+            done = {"model": "lmsp-test", "input": "x"}
+
+            def keep_ending() -> None:
+                for _ in range(8):
+                    hostile.post("/v1/responses", json=done).raise_for_status()
+                while not stop.wait(0.5):
+                    hostile.post("/v1/responses", json=done).raise_for_status()
+
+            worker = threading.Thread(target=keep_ending, daemon=True)
+            worker.start()
+            while dead.accepted < 16:  # the hostile client's share is in flight
+                time.sleep(0.02)
+            body = {"url": receiver.url, "events": ["response.completed"]}
+            hook = other.post("/v1/webhooks", json=body).json()
+            for _ in range(count):
+                other.post("/v1/responses", json=done).raise_for_status()
+                time.sleep(0.3)
+            stop.set()
+            worker.join(60)
+            time.sleep(1)
+            rows = _deliveries(other, hook["id"])
+        got = receiver.times()
+        return [got[r["id"]] - r["created_at"] for r in rows if r["id"] in got]
+    finally:
+        stop.set()
+        server.stop()
+        receiver.stop()
+        dead.stop()
+
+
 Table = Callable[[str, list[str], list[list[str]]], None]
 
 
@@ -224,6 +280,7 @@ def bench_webhooks(work: Path, clients: int, seconds: float, table: Table) -> li
         # the test engine at 100 tokens/s a stream: many more events, same durable path
         "lmsp-test, 0.01 s a token": latency(work, seconds, "lmsp-test", 64, "0.01"),
     }
+    beside = beside_dead(work, 20)
     plain: list[float] = []
     hooked: list[float] = []
     heard = 0
@@ -243,6 +300,12 @@ def bench_webhooks(work: Path, clients: int, seconds: float, table: Table) -> li
         for name, (lat, completed) in runs.items()
     ]
     rows += [
+        [
+            "another client's delivery, one client's 32 receivers dead (bound 2 s)",
+            f"{len(beside)} events",
+            f"p50 {_percentile(beside, 0.5) * 1000:.1f} ms",
+            f"max {max(beside, default=float('nan')) * 1000:.1f} ms",
+        ],
         [
             f"creates/s, {clients} clients, no webhook (mean of {PAIRS})",
             f"{without:.0f}/s ({', '.join(f'{r:.0f}' for r in plain)})",

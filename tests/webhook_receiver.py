@@ -1,10 +1,14 @@
 """A real webhook receiver for the tests: an HTTP server on loopback (its own thread)
 that records every delivery it is sent and answers with the statuses a test chooses
-(``refuse``: how many deliveries get a ``503`` first; then ``200``)."""
+(``refuse``: how many deliveries get a ``503`` first; then ``200``); a dead one
+(:class:`Dead`), which takes every connection and never answers; and a port that is not
+HTTP (:class:`Babbler`)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -99,6 +103,71 @@ class Receiver:
             if time.monotonic() > deadline:
                 raise AssertionError(f"deliveries never came: {self.received()}")
             time.sleep(0.02)
+
+
+class Dead:
+    """A receiver that never answers: it accepts every connection and holds it open,
+    reading nothing and sending nothing, until :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.accepted = 0  # connections taken so far
+        self._held: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def start(self) -> Dead:
+        self._listener = socket.create_server(("127.0.0.1", self.port), backlog=1024)
+        threading.Thread(target=self._take, args=(self._listener,), daemon=True).start()
+        return self
+
+    def _take(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # stopped
+                return
+            with self._lock:
+                self._held.append(conn)
+                self.accepted += 1
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(OSError):  # wakes the accept (Linux)
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            for conn in self._held:
+                conn.close()
+            self._held.clear()
+
+
+class Babbler:
+    """A port that speaks something else than HTTP: a banner, then it hangs up."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with contextlib.suppress(OSError), conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
 
 
 def verify(delivery: Delivery, secret: str) -> dict[str, Any]:

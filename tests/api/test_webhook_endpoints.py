@@ -231,21 +231,23 @@ def test_a_test_event_is_signed_and_answered_but_not_a_delivery(
     teapot = Receiver(refuse=1).start()  # answers 503 first, then 200
     try:
         made = create(api, url=teapot.url)
+        # not accepted: 400, and the operator (an admin client) is told what it answered
         first = api.post(f"{PATH}/{made['id']}/test", json={"event_type": "response.failed"})
-        assert first.status_code == 200, first.text
-        assert first.json() == {
-            "object": "webhook_endpoint.test",
-            "webhook_endpoint_id": made["id"],
-            "event_type": "response.failed",
-            "status_code": 503,
-            "success": True,
-        }
+        assert first.status_code == 400, first.text
+        assert first.json()["error"]["code"] == "webhook_unreachable"
+        assert "it answered 503" in first.json()["error"]["message"]
         again = api.post(f"{PATH}/{made['id']}/test", json={"event_type": "response.completed"})
         assert again.status_code == 429, again.text  # one test a second per webhook
         assert again.json()["error"]["code"] == "rate_limit_exceeded"
         time.sleep(float(again.headers["Retry-After"]))
         second = api.post(f"{PATH}/{made['id']}/test", json={"event_type": "response.completed"})
-        assert second.json()["status_code"] == 200
+        assert second.json() == {
+            "object": "webhook_endpoint.test",
+            "webhook_endpoint_id": made["id"],
+            "event_type": "response.completed",
+            "status_code": 200,
+            "success": True,
+        }
         sent = teapot.received()
         assert len(sent) == 2  # the 503 was not tried again
         event = verify(sent[1], made["signing_secret"])

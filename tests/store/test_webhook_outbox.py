@@ -1,10 +1,13 @@
 """The webhook outbox in the store: the delivery row commits with the terminal state or
 not at all; one event per end, under one id for every webhook that hears it; a claim
-is exclusive and fences its outcome; retention keeps pending rows."""
+is exclusive and fences its outcome; retention keeps pending rows; due deliveries
+come in turns between the clients that own the webhooks (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +18,8 @@ from lmsp.store import responses as response_store
 from lmsp.store import service as service_store
 from lmsp.store import tasks as task_store
 from lmsp.store import webhooks
+from lmsp.store.db import Database
+from lmsp.store.pg import PgDatabase
 
 ALL = ["response.completed", "response.incomplete", "response.failed", "response.cancelled"]
 
@@ -106,11 +111,11 @@ def test_a_claim_is_exclusive_and_fences_its_outcome(svc: Service) -> None:
     _, task_id = queued(svc)
     svc.db.write_sync(lambda c: task_store.cancel(c, task_id))
     now = time.time() + 1
-    seqs = [seq for seq, _ in webhooks.due(svc.db.reader(), now, 4, 10)]
+    seqs = [d.seq for d in webhooks.due(svc.db.reader(), now, 4, 16, 10)]
     first = svc.db.write_sync(lambda c: webhooks.claim(c, seqs, "a", now, 60))
     again = svc.db.write_sync(lambda c: webhooks.claim(c, seqs, "b", now, 60))
     assert len(first) == 1 and again == []  # leased: not due for another 60 s
-    assert webhooks.due(svc.db.reader(), now + 1, 4, 10) == []
+    assert webhooks.due(svc.db.reader(), now + 1, 4, 16, 10) == []
     item = first[0]
     stale = webhooks.Outcome(item.seq, "clm_other", True, 200, None, now, None)
     assert svc.db.write_sync(lambda c: webhooks.settle(c, [stale])) == 0
@@ -128,3 +133,61 @@ def test_a_claim_is_exclusive_and_fences_its_outcome(svc: Service) -> None:
     svc.db.write_sync(lambda c: task_store.cancel(c, other_task))
     assert svc.db.write_sync(lambda c: webhooks.delete_done_batch(c, -10, 100)) == 1
     assert [r["status"] for r in rows(svc)] == ["pending"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "sqlite":
+        database: Any = Database(tmp_path / "lmsp.db")
+    else:
+        database = PgDatabase(request.getfixturevalue("pg_url"), readers=2)
+    yield database
+    database.close()
+
+
+def test_due_deliveries_come_in_turns_between_the_webhooks_owners(db: Any) -> None:
+    """One client's 32 webhooks with 8 due deliveries each (older) and another client's
+    one (newer): the other's comes in the first turn, and neither a webhook nor a client
+    has more than its share in the list; on SQLite and PostgreSQL alike."""
+
+    def owner_of(name: str) -> str:
+        made = db.write_sync(lambda c: client_store.add(c, name, ["responses:write"]))
+        return str(made[0].id)
+
+    hostile, bystander = owner_of("hostile"), owner_of("bystander")
+
+    def hook_of(client_id: str, n: int) -> str:
+        row, _ = db.write_sync(
+            lambda c: webhooks.add(c, client_id, f"http://127.0.0.1:9/{n}", ALL, None, False)
+        )
+        return str(row["id"])
+
+    def deliver(hook_id: str, client_id: str, at: float, n: int) -> None:
+        db.write_sync(
+            lambda c: c.execute(
+                "INSERT INTO webhook_deliveries (event_id, webhook_id, type, response_id,"
+                " client_id, created_at, status, next_attempt_at)"
+                " VALUES (?, ?, 'response.completed', ?, ?, ?, 'pending', ?)",
+                (f"evt_{hook_id}_{n}", hook_id, f"resp_{n}", client_id, at, at),
+            )
+        )
+
+    now = time.time()
+    bad_hooks = [hook_of(hostile, n) for n in range(32)]
+    for n in range(8):
+        for hook_id in bad_hooks:
+            deliver(hook_id, hostile, now - 100 + n, n)
+    good_hook = hook_of(bystander, 99)
+    deliver(good_hook, bystander, now - 1, 0)
+    listed = webhooks.due(db.reader(), now, 4, 16, 256)
+    assert listed[0].webhook_id == good_hook or listed[1].webhook_id == good_hook
+    assert {d.owner for d in listed[:2]} == {hostile, bystander}
+    assert len(listed) == 17  # the hostile client's 16, the bystander's 1
+    hostile_hooks = [d.webhook_id for d in listed if d.owner == hostile]
+    assert len(set(hostile_hooks)) == 16  # each webhook's oldest before any second
+    assert max(hostile_hooks.count(h) for h in hostile_hooks) == 1
+    # a webhook's share holds when its client has room
+    few = webhooks.due(db.reader(), now, 2, 100, 1000)
+    assert max(sum(d.webhook_id == h for d in few) for h in bad_hooks) == 2
+    assert len(few) == 32 * 2 + 1
+    assert webhooks.due(db.reader(), now - 1000, 4, 16, 256) == []  # nothing due yet

@@ -226,11 +226,17 @@ def problems(tools: list[dict[str, Any]], choice: Any, param: Any) -> Iterator[L
 
 
 # -- hosts --------------------------------------------------------------------------------
+def host_rules(allowed: Iterable[str]) -> tuple[outbound.HostRule, ...]:
+    """``LMSP_MCP_HOSTS`` (``allowed``: its ``host`` or ``host:port`` entries) as the
+    rule of :mod:`lmsp.protocol.outbound`."""
+    return outbound.parse_hosts(",".join(allowed), "LMSP_MCP_HOSTS")
+
+
 def host_allowed(url: str, allowed: Iterable[str]) -> bool:
     """May lmsp reach ``url``? The rule webhooks follow (:mod:`lmsp.protocol.outbound`)
-    under ``LMSP_MCP_HOSTS`` (``allowed``: its ``host`` or ``host:port`` entries)."""
-    rules = outbound.parse_hosts(",".join(allowed), "LMSP_MCP_HOSTS")
-    return outbound.allows(url, rules)
+    under ``LMSP_MCP_HOSTS`` (``allowed``: its ``host`` or ``host:port`` entries). The
+    connection itself goes only to an address the rule admits."""
+    return outbound.allows(url, host_rules(allowed))
 
 
 def check_hosts(tools: list[dict[str, Any]], allowed: Iterable[str]) -> None:

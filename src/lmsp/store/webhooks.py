@@ -245,21 +245,41 @@ class Claimed:
     created_at: float
     attempts: int  # tries so far, this one included
     webhook_id: str
+    owner: str  # the client that owns the webhook
     url: str
     secret: str
 
 
-def due(conn: Conn, now: float, per_webhook: int, limit: int) -> list[tuple[int, str]]:
-    """``(seq, webhook id)`` of due deliveries, oldest first, at most ``per_webhook`` of
-    any one webhook (a receiver with a backlog does not crowd the others out)."""
+@dataclass(frozen=True)
+class Due:
+    """A due delivery: its row, its webhook and the client that owns the webhook (the
+    one whose receiver it is)."""
+
+    seq: int
+    webhook_id: str
+    owner: str
+
+
+def due(conn: Conn, now: float, per_webhook: int, per_owner: int, limit: int) -> list[Due]:
+    """Due deliveries, fair between the clients that own the webhooks: at most
+    ``per_webhook`` of any one webhook and ``per_owner`` of any one client, taken in
+    turns — every client's first, then every client's second, … (within a client, each
+    webhook's oldest before any webhook's second; oldest first within a turn) — at most
+    ``limit``. A client whose receivers have a backlog, or never answer, does not crowd
+    another client's deliveries out of the list."""
     return [
-        (int(r[0]), str(r[1]))
+        Due(int(r[0]), str(r[1]), str(r[2]))
         for r in conn.execute(
-            "SELECT seq, webhook_id FROM (SELECT seq, webhook_id, next_attempt_at,"
-            " row_number() OVER (PARTITION BY webhook_id ORDER BY next_attempt_at, seq) AS n"
-            " FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= ?) d"
-            " WHERE n <= ? ORDER BY next_attempt_at, seq LIMIT ?",
-            (now, per_webhook, limit),
+            "SELECT seq, webhook_id, owner FROM ("
+            " SELECT seq, webhook_id, owner, next_attempt_at, row_number() OVER"
+            " (PARTITION BY owner ORDER BY n, next_attempt_at, seq) AS turn FROM ("
+            "  SELECT d.seq, d.webhook_id, w.client_id AS owner, d.next_attempt_at,"
+            "  row_number() OVER (PARTITION BY d.webhook_id ORDER BY d.next_attempt_at, d.seq)"
+            "  AS n FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id"
+            "  WHERE d.status = 'pending' AND d.next_attempt_at <= ?) h"
+            " WHERE n <= ?) o"
+            " WHERE turn <= ? ORDER BY turn, next_attempt_at, seq LIMIT ?",
+            (now, per_webhook, per_owner, limit),
         )
     ]
 
@@ -296,9 +316,10 @@ def claim(conn: Conn, seqs: Iterable[int], node: str, now: float, lease: float) 
         return []
     hooks = {r["webhook_id"] for r in rows}
     found = {
-        h["id"]: (h["url"], h["secret"])
+        h["id"]: (h["url"], h["secret"], h["client_id"])
         for h in conn.execute(
-            f"SELECT id, url, secret FROM webhooks WHERE id IN ({', '.join('?' * len(hooks))})",
+            "SELECT id, url, secret, client_id FROM webhooks"
+            f" WHERE id IN ({', '.join('?' * len(hooks))})",
             tuple(hooks),
         )
     }
@@ -312,6 +333,7 @@ def claim(conn: Conn, seqs: Iterable[int], node: str, now: float, lease: float) 
             created_at=float(r["created_at"]),
             attempts=int(r["attempts"]),
             webhook_id=r["webhook_id"],
+            owner=found[r["webhook_id"]][2],
             url=found[r["webhook_id"]][0],
             secret=found[r["webhook_id"]][1],
         )
@@ -389,10 +411,19 @@ def delivery_seq(conn: Conn, webhook_id: str, event_id: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def render_delivery(row: Row) -> dict[str, Any]:
+#: what a failed try shows a client that is not ``admin`` in place of its status code
+#: and error: which ports of this machine answer, and how, is the operator's to know
+UNDISCLOSED = "not delivered (no 2xx answer); the operator's log has the details"
+
+
+def render_delivery(row: Row, *, detailed: bool = True) -> dict[str, Any]:
     """A delivery: its event, its state and its tries (``next_attempt_at`` while
-    pending)."""
+    pending). ``detailed`` false (a client that is not ``admin``): a failed try's status
+    code and error are not shown (:data:`UNDISCLOSED`)."""
     pending = row["status"] == "pending"
+    status, error = row["last_status"], row["last_error"]
+    if not detailed and error is not None:
+        status, error = None, UNDISCLOSED
 
     def stamp(value: Any) -> float | None:
         return None if value is None else round(float(value), 3)
@@ -408,8 +439,8 @@ def render_delivery(row: Row) -> dict[str, Any]:
         "attempts": int(row["attempts"]),
         "next_attempt_at": stamp(row["next_attempt_at"]) if pending else None,
         "last_attempt_at": stamp(row["last_attempt_at"]),
-        "last_status_code": None if row["last_status"] is None else int(row["last_status"]),
-        "last_error": row["last_error"],
+        "last_status_code": None if status is None else int(status),
+        "last_error": error,
         "delivered_at": stamp(row["delivered_at"]),
     }
 

@@ -10,8 +10,10 @@ The SDK is imported by the first request (it takes ~0.7 s: not on a restart's pa
 Each request opens its own session (connect, initialize, one request, close): a task
 may be resumed on another node or after a restart, and nothing of a session survives
 that. Every request is bounded by ``timeout`` (``LMSP_MCP_TIMEOUT``) as a whole, and a
-tool's result by ``max_result`` characters. Header values go to the server and nowhere
-else: errors name the server's URL, never its headers.
+tool's result by ``max_result`` characters. Every connection goes only to an address
+``LMSP_MCP_HOSTS``' rule admits (:mod:`lmsp.tasks.outbound`), redirects included.
+Header values go to the server and nowhere else: errors name the server's URL, never
+its headers.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lmsp.protocol import mcp
+from lmsp.protocol.outbound import HostRule
+from lmsp.tasks import outbound
 
 if TYPE_CHECKING:  # the SDK takes ~0.7 s to import: only a request that needs it pays
     from mcp import Client
@@ -64,6 +68,7 @@ class Server:
     url: str
     headers: dict[str, str]
     timeout: float
+    hosts: tuple[HostRule, ...]  # LMSP_MCP_HOSTS: where a connection may go
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -125,10 +130,9 @@ def _client(server: Server) -> Client:
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
 
-    http = create_mcp_http_client(
-        headers=server.headers, timeout=httpx2.Timeout(server.timeout, read=server.timeout)
+    http = outbound.client2(
+        server.hosts, httpx2.Timeout(server.timeout, read=server.timeout), server.headers
     )
     return Client(streamable_http_client(server.url, http_client=http), raise_exceptions=True)
 

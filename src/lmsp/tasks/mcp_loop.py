@@ -214,7 +214,12 @@ class Loop:
 
     def _server(self, label: str) -> mcp_client.Server:
         url = self.servers[label]["server_url"]
-        return mcp_client.Server(url, self.headers.get(label, {}), self.settings.mcp_timeout)
+        return mcp_client.Server(
+            url,
+            self.headers.get(label, {}),
+            self.settings.mcp_timeout,
+            mcp.host_rules(self.settings.mcp_hosts),
+        )
 
     def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
         """The result of an MCP request, or :class:`Stopped` (the request is dropped)."""

@@ -1,10 +1,14 @@
 """The webhook sender: delivers the outbox's events (:mod:`lmsp.store.webhooks`).
 
 One thread of its own runs an asyncio loop with one ``httpx`` client: redirects are not
-followed, a try has 10 seconds, and tries run concurrently, at most :data:`SLOTS` at
-once and :data:`PER_WEBHOOK` to any one webhook, so a slow or dead receiver holds only
-its own share and never delays another receiver (nor a task: the outbox row is written
-by the task's own transaction, and nothing there waits for a send).
+followed, a try has 10 seconds (3 to connect), and every connection goes only to an
+address the hosts rule admits (:mod:`lmsp.tasks.outbound`). Tries run concurrently, at
+most :data:`SLOTS` at once, :data:`PER_CLIENT` to the webhooks of any one client and
+:data:`PER_WEBHOOK` to any one webhook, and due deliveries are taken in turns between
+the clients that own the webhooks (:func:`lmsp.store.webhooks.due`): a client whose
+receivers are slow or dead holds only its own share, and another client's deliveries go
+out meanwhile (nor does a task wait: the outbox row is written by the task's own
+transaction, and nothing there waits for a send).
 
 The loop wakes after every commit (the database's commit listener, which on PostgreSQL
 also hears other nodes' commits) and when the earliest pending delivery falls due. Each
@@ -42,13 +46,17 @@ from lmsp.protocol import webhooks as wire
 from lmsp.store import webhooks as store
 from lmsp.store.db import Database
 from lmsp.store.sql import Conn
+from lmsp.tasks import outbound
 
 log = logging.getLogger(__name__)
 
-#: the longest a receiver may take to answer a try
+#: the longest a receiver may take to answer a try, and to accept its connection
 TIMEOUT = 10.0
-#: tries in flight at once on this node, and to any one webhook
-SLOTS = 64
+CONNECT_TIMEOUT = 3.0
+#: tries in flight at once on this node, to the webhooks of any one client, and to any
+#: one webhook: a client's dead receivers hold at most PER_CLIENT of the SLOTS
+SLOTS = 128
+PER_CLIENT = 16
 PER_WEBHOOK = 4
 #: a claim's lease: past the longest try, so no other node takes a row being tried
 LEASE = 60.0
@@ -79,19 +87,23 @@ class NoAnswer(Exception):
     """A test event got no HTTP answer (refused, timed out, not HTTP); says why."""
 
 
-async def send_test(url: str, secret: str, event_type: str) -> int:
-    """Send one signed test event to ``url`` now and return the status it answered
-    (redirects not followed, :data:`TEST_TIMEOUT` for the whole try); raise
-    :class:`NoAnswer` if it did not answer. Not a delivery: nothing is written, and a
-    refusal is not tried again. The event names no real response (``data.id`` is
-    :data:`TEST_RESPONSE_ID`); its ``webhook-id`` is a fresh event id."""
+async def send_test(
+    url: str, secret: str, event_type: str, hosts: tuple[wire.HostRule, ...]
+) -> int:
+    """Send one signed test event to ``url`` now (connecting only where ``hosts``, the
+    ``LMSP_WEBHOOK_HOSTS`` rule, admits) and return the status it answered (redirects
+    not followed, :data:`TEST_TIMEOUT` for the whole try); raise :class:`NoAnswer` if it
+    did not answer. Not a delivery: nothing is written, and a refusal is not tried
+    again. The event names no real response (``data.id`` is :data:`TEST_RESPONSE_ID`);
+    its ``webhook-id`` is a fresh event id."""
     event_id = new_id("evt")
     body = wire.event_body(event_id, event_type, int(time.time()), TEST_RESPONSE_ID)
     agent = {"user-agent": f"lmsp/{__version__} (webhooks)"}
+    timeout = httpx.Timeout(TEST_TIMEOUT, connect=CONNECT_TIMEOUT)
     try:
         async with (
             asyncio.timeout(TEST_TIMEOUT),
-            httpx.AsyncClient(timeout=TEST_TIMEOUT, follow_redirects=False, headers=agent) as http,
+            outbound.client(hosts, timeout, agent) as http,
             http.stream(
                 "POST", url, content=body, headers=signed_headers(event_id, secret, body)
             ) as answer,
@@ -99,7 +111,7 @@ async def send_test(url: str, secret: str, event_type: str) -> int:
             return answer.status_code  # its body is not read
     except (TimeoutError, httpx.TimeoutException):
         raise NoAnswer(f"no answer within {TEST_TIMEOUT:.0f} s") from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise NoAnswer(wire.describe(f"{type(exc).__name__}: {exc}")) from None
 
 
@@ -125,6 +137,7 @@ class Deliverer:
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._inflight: Counter[str] = Counter()  # webhook id → tries in flight
+        self._owners: Counter[str] = Counter()  # client id → tries in flight to its webhooks
         self._tasks: set[asyncio.Task[None]] = set()
         self._outcomes: list[store.Outcome] = []
         self._ready = threading.Event()
@@ -174,9 +187,11 @@ class Deliverer:
         self._wake = asyncio.Event()
         self._ready.set()
         limits = httpx.Limits(max_connections=SLOTS, max_keepalive_connections=16)
-        headers = {"user-agent": f"lmsp/{__version__} (webhooks)"}
-        async with httpx.AsyncClient(
-            timeout=TIMEOUT, follow_redirects=False, limits=limits, headers=headers
+        async with outbound.client(
+            self.policy.hosts,
+            httpx.Timeout(TIMEOUT, connect=CONNECT_TIMEOUT),
+            {"user-agent": f"lmsp/{__version__} (webhooks)"},
+            limits,
         ) as http:
             while not self._stopping:
                 self._woken = False  # before the look: a commit from now on wakes it again
@@ -205,16 +220,8 @@ class Deliverer:
     async def _pass(self, http: httpx.AsyncClient) -> None:
         """One write: record the outcomes of the tries that ended since the last pass,
         and claim the due deliveries there is room for; then start sending those."""
-        wanted: list[int] = []
-        free = SLOTS - sum(self._inflight.values())
         now = time.time()
-        if free > 0:
-            candidates = store.due(self.db.reader(), now, PER_WEBHOOK, SLOTS * 2)
-            room = {hook: PER_WEBHOOK - self._inflight[hook] for _, hook in candidates}
-            for seq, hook in candidates:
-                if room[hook] > 0 and len(wanted) < free:
-                    wanted.append(seq)
-                    room[hook] -= 1
+        wanted = self._wanted(now)
         done, self._outcomes = self._outcomes, []
         if not wanted and not done:
             return
@@ -232,9 +239,30 @@ class Deliverer:
             raise
         for item in claimed:
             self._inflight[item.webhook_id] += 1
+            self._owners[item.owner] += 1
             task = asyncio.create_task(self._send(http, item))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _wanted(self, now: float) -> list[int]:
+        """The due deliveries there is room for: free slots, and room left under each
+        webhook's and each client's share (the list comes in turns between clients)."""
+        free = SLOTS - sum(self._inflight.values())
+        if free <= 0:
+            return []
+        wanted: list[int] = []
+        hooks: dict[str, int] = {}
+        owners: dict[str, int] = {}
+        for row in store.due(self.db.reader(), now, PER_WEBHOOK, PER_CLIENT, SLOTS * 2):
+            hook = hooks.setdefault(row.webhook_id, PER_WEBHOOK - self._inflight[row.webhook_id])
+            owner = owners.setdefault(row.owner, PER_CLIENT - self._owners[row.owner])
+            if hook > 0 and owner > 0:
+                wanted.append(row.seq)
+                hooks[row.webhook_id] -= 1
+                owners[row.owner] -= 1
+                if len(wanted) == free:
+                    break
+        return wanted
 
     async def _record(self) -> None:
         """The outcomes not yet written (at a stop)."""
@@ -247,7 +275,7 @@ class Deliverer:
         try:
             wire.check_url(item.url, self.policy.hosts)
         except wire.InvalidUrl as exc:  # the operator narrowed LMSP_WEBHOOK_HOSTS since
-            self._release_slot(item.webhook_id)
+            self._release_slot(item)
             self._done(item, False, None, wire.describe(exc), give_up=True)
             return
         status: int | None = None
@@ -272,16 +300,17 @@ class Deliverer:
                 error = f"HTTP {status}"
         except (TimeoutError, httpx.TimeoutException):
             error = f"no answer within {TIMEOUT:.0f} s"
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: not an HTTPError
             error = wire.describe(f"{type(exc).__name__}: {exc}")
         finally:
-            self._release_slot(item.webhook_id)
+            self._release_slot(item)
         self._done(item, error is None, status, error)
 
-    def _release_slot(self, webhook_id: str) -> None:
-        self._inflight[webhook_id] -= 1
-        if self._inflight[webhook_id] <= 0:
-            del self._inflight[webhook_id]
+    def _release_slot(self, item: store.Claimed) -> None:
+        for counter, key in ((self._inflight, item.webhook_id), (self._owners, item.owner)):
+            counter[key] -= 1
+            if counter[key] <= 0:
+                del counter[key]
 
     def _done(
         self,

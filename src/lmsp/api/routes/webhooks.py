@@ -147,5 +147,5 @@ def _deliveries_page(
         if before is None:
             raise errors.invalid(f"Unknown cursor {after!r}.", param="after")
     rows = store.deliveries(conn, webhook_id, before, limit + 1)
-    data = [store.render_delivery(row) for row in rows[:limit]]
+    data = [store.render_delivery(row, detailed=client.admin) for row in rows[:limit]]
     return objects.list_page(data, len(rows) > limit)
