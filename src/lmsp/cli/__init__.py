@@ -261,9 +261,10 @@ main.add_command(doctor)
 main.add_command(ps)
 main.add_command(console)
 
-from .models import models  # noqa: E402
+from .models import list_models, models  # noqa: E402
 
 main.add_command(models)
+main.add_command(list_models, "list")  # ollama's habit: `lmsp list` is `lmsp models ls`
 
 from .fairshare import audit, limit, usage  # noqa: E402
 

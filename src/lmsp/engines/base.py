@@ -201,6 +201,11 @@ class Engine(Protocol):
         engine loaded with the same ``options`` has (``0``: the model's own)."""
         ...
 
+    def context_length(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> int:
+        """One sequence's context an engine loaded with these ``options`` has, read off
+        the file's header without loading it (what ``GET /v1/models`` shows)."""
+        ...
+
 
 def penalized(
     logits: npt.NDArray[np.float32], sampling: Sampling, generated: Sequence[int]
