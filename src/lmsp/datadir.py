@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import sys
 from dataclasses import dataclass
@@ -120,8 +121,8 @@ def _parse(text: str) -> Holder | None:
     url = None
     for line in lines[1:]:
         key, _, value = line.partition(" ")
-        if key == ADDRESS_KEY and value.strip():
-            url = value.strip()
+        if key == ADDRESS_KEY and re.fullmatch(r"http://[^\s/]+", value.strip()):
+            url = value.strip()  # what record_address writes, nothing else
     return Holder(pid, command.strip(), url)
 
 
