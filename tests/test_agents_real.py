@@ -21,6 +21,7 @@ import pytest
 
 from tests import npm_agents
 from tests.helpers import Server, served
+from tests.test_readme import blocks
 
 pytestmark = pytest.mark.slow
 
@@ -69,22 +70,16 @@ def test_codex_exec_with_its_default_config(server: Server, npm_bin: Path, tmp_p
     alias(server, npm_agents.CODEX_DEFAULT_MODEL)
     home = tmp_path / "codex-home"
     home.mkdir()
-    (home / "config.toml").write_text(
-        'model_provider = "lmsp"\n'
-        "[model_providers.lmsp]\n"
-        'name = "lmsp"\n'
-        f'base_url = "{server.url}/v1"\n'
-        'env_key = "LMSP_TOKEN"\n'
-        'wire_api = "responses"\n'
-        # the first turn reads ~10k prompt tokens: slower than Codex's 5-minute idle
-        # limit on a busy 2-core machine
-        "stream_idle_timeout_ms = 3600000\n"
-    )
+    # the config docs/clients.md gives, at this server's address
+    (config,) = blocks((Path(__file__).parent.parent / "docs" / "clients.md").read_text(), "toml")
+    config = config.replace("http://127.0.0.1:8430", server.url)
+    assert 'env_key = "AGENT_TOKEN"' in config and "stream_idle_timeout_ms" in config
+    (home / "config.toml").write_text(config)
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
         "CODEX_HOME": str(home),
-        "LMSP_TOKEN": server.token,
+        "AGENT_TOKEN": server.token,
     }
     since = log_size(server)
     done = subprocess.run(

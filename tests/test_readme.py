@@ -56,11 +56,12 @@ DELTAS_AFTER_THE_RESUME = 10
 # -- reading the README -----------------------------------------------------------------
 
 
-def section(title: str) -> str:
-    """The text of the README section whose heading starts with ``title``."""
-    text = README.read_text()
+def section(title: str, doc: Path = README) -> str:
+    """The text of the section of ``doc`` (the README) whose heading starts with
+    ``title``."""
+    text = doc.read_text()
     start = re.search(rf"^## {re.escape(title)}.*$", text, flags=re.MULTILINE)
-    assert start, f"README has no section {title!r}"
+    assert start, f"{doc.name} has no section {title!r}"
     end = re.search(r"^## ", text[start.end() :], flags=re.MULTILINE)
     return text[start.end() : start.end() + end.start() if end else len(text)]
 
@@ -123,23 +124,35 @@ class User:
     def script(self, command: str) -> str:
         return "set -e\n" + "\n".join(self.state) + "\n" + command
 
-    def popen(self, command: str) -> subprocess.Popen[str]:
-        self.transcript.append(f"$ {command}")
+    def popen(
+        self, command: str, typed: str | None = None, shown: str | None = None
+    ) -> subprocess.Popen[str]:
+        """``command`` in the shell as the tour left it; ``typed``: what the user
+        types into it (its standard input), else nothing."""
+        self.transcript.append(f"$ {shown or command}")
         return subprocess.Popen(
             ["bash", "-c", self.script(command)],
             cwd=self.checkout,
             env=self.env,
+            stdin=subprocess.DEVNULL if typed is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
 
-    def run(self, command: str, timeout: float = 600) -> str:
+    def run(self, command: str, timeout: float = 600, typed: str | None = None) -> str:
+        """Run ``command`` as typed in the one shell: what it exports or assigns stays
+        set for the next commands, evaluated once (a ``$(lmsp clients add …)`` makes one
+        client, not one for every later command)."""
         began = time.monotonic()
-        done = self.popen(command)
+        names = assigned(command)
+        values = self.checkout.parent / "shell-values"
+        keep = "".join(f' "${{{name}-}}"' for name in names)
+        script = f"{command}\nprintf '%s\\0'{keep} > {values}" if names else command
+        done = self.popen(script, typed, shown=command)
         try:
-            out, err = done.communicate(timeout=timeout)
+            out, err = done.communicate(typed, timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(done.pid, signal.SIGKILL)
             done.communicate()
@@ -147,8 +160,13 @@ class User:
         self.transcript.append(f"{out}{err}[{time.monotonic() - began:.1f} s]")
         assert done.returncode == 0, f"{command!r} exited {done.returncode}: {err or out}"
         answered_well(command, out)
-        if re.match(r"^(export |\. |source |[A-Za-z_]+=)", command):
+        if re.match(r"^(\. |source )", command):
             self.state.append(command)
+        exported = "export " if command.startswith("export ") else ""
+        for name, value in zip(
+            names, values.read_text().split("\0") if names else [], strict=False
+        ):
+            self.state.append(f"{exported}{name}={shlex.quote(value)}")
         return out
 
     def remember(self, out: str) -> None:
@@ -159,6 +177,24 @@ class User:
                     self.job = self.job or obj
                 elif self.first_response is None:
                     self.first_response = obj["id"]
+
+
+def assigned(command: str) -> list[str]:
+    """The shell variables a command sets for the commands after it (``export A=…
+    B=…``, ``A=1``, ``TOKEN=$(…)``); none for a command given a variable of its own
+    (``A=1 cmd``)."""
+    words = shlex.split(command, comments=True)
+    exported = words[:1] == ["export"]
+    names: list[str] = []
+    for word in words[1:] if exported else words:
+        found = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=", word)
+        if found is None:
+            break
+        names.append(found.group(1))
+    if exported or len(names) == len(words):
+        return names
+    substituted = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\$\(.*\)", command.strip(), re.DOTALL)
+    return names[:1] if substituted else []  # `TOKEN=$(…)`: its words are the command's
 
 
 def json_objects(out: str) -> list[dict[str, Any]]:
@@ -225,8 +261,10 @@ class Service(Server):
         self.proc.wait(60)
 
 
-@pytest.fixture
-def newcomer(tmp_path: Path, blob_cache: Path) -> Iterator[tuple[User, Service]]:
+def first_hour(tmp_path: Path, blob_cache: Path) -> tuple[User, Path]:
+    """A newcomer's second terminal, in a checkout whose ``.venv`` is this test's
+    environment, with a fresh ``HOME`` whose default data directory holds the bundled
+    model (linked); and that data directory, for the first terminal's server."""
     home = tmp_path / "home"
     data_dir = home / ".local" / "share" / "lmsp"
     (data_dir / "blobs").mkdir(parents=True)
@@ -250,12 +288,17 @@ def newcomer(tmp_path: Path, blob_cache: Path) -> Iterator[tuple[User, Service]]
         if not k.startswith("LMSP_") and k not in ("VIRTUAL_ENV", "XDG_DATA_HOME")
     }
     env.update({"HOME": str(home), "PATH": path, "LMSP_PORT": str(port)})
+    return User(checkout, env, port), data_dir
+
+
+@pytest.fixture
+def newcomer(tmp_path: Path, blob_cache: Path) -> Iterator[tuple[User, Service]]:
+    user, data_dir = first_hour(tmp_path, blob_cache)
     # the tour's `lmsp pull` reads a stand-in for the hub on loopback (nothing downloads
     # a model in the tests): the repository it names, serving the bundled model changed
     # by one byte under that repository's file name
     hub = tour_hub(tmp_path)
-    service = Service({**env, "LMSP_HF_ENDPOINT": hub.url}, data_dir)
-    user = User(checkout, env, port)
+    service = Service({**user.env, "LMSP_HF_ENDPOINT": hub.url}, data_dir)
     yield user, service
     service.stop()
     hub.close()
@@ -379,6 +422,8 @@ def test_every_cli_line_of_the_readme_parses(
             leaf: click.Command = main
             name = "lmsp"
             while isinstance(leaf, click.Group):
+                if not args and leaf.invoke_without_command:  # `lmsp models` lists them
+                    break
                 assert args, f"{command}: names a group, not a command"
                 name, *args = args
                 found = leaf.get_command(ctx, name)

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from lmsp import config
+from lmsp import config, datadir
 from lmsp.protocol.events import INCLUDE_LIFECYCLE
 from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
 
@@ -64,12 +64,17 @@ class APIError(ClientError):
 def default_target(
     base_url: str | None = None, token: str | None = None, data_dir: Path | None = None
 ) -> tuple[str, str | None]:
-    """``base_url``/``LMSP_URL`` (default: this machine's service) and ``token``/
-    ``LMSP_TOKEN`` (default: the owner token in the data directory)."""
+    """``base_url``/``LMSP_URL`` (default: the address the service holding the data
+    directory serves on, as its lock file says, else ``LMSP_HOST``:``LMSP_PORT``) and
+    ``token``/``LMSP_TOKEN`` (default: the owner token in the data directory)."""
     settings = config.from_env()
     if data_dir is not None:
         settings = settings.with_overrides(data_dir=data_dir)
-    url = base_url or os.environ.get("LMSP_URL") or f"http://{settings.host}:{settings.port}"
+    url = base_url or os.environ.get("LMSP_URL")
+    if not url:
+        running = datadir.holder(settings.data_dir)
+        url = running.url if running is not None and running.url else None
+    url = url or f"http://{settings.host}:{settings.port}"
     secret = token or os.environ.get("LMSP_TOKEN")
     if secret is None and settings.owner_token_path.exists():
         secret = settings.owner_token_path.read_text().strip()
@@ -182,7 +187,8 @@ class _Base:
 
 class Client(_Base):
     """A synchronous client. ``base_url`` and ``token`` default to ``LMSP_URL`` /
-    ``LMSP_TOKEN``, else this machine's service and its owner token."""
+    ``LMSP_TOKEN``, else the service of the data directory (``LMSP_DATA_DIR``) and its
+    owner token."""
 
     def __init__(
         self,

@@ -46,6 +46,12 @@ class Sequence:
     cached_tokens: int = 0
     tokens: int = 0
     first_token: float | None = None
+    # its prompt being read (until the first token of a generation): how far, as its
+    # engine said, and at what speed (tokens evaluated a second)
+    reading: bool = True
+    prompt_read: int = 0
+    prompt_total: int = 0
+    prompt_rate: float | None = None
 
     def rate(self, now: float | None = None) -> float | None:
         """Tokens a second since the first token (``None`` before the second one)."""
@@ -53,6 +59,26 @@ class Sequence:
             return None
         spent = (time.monotonic() if now is None else now) - self.first_token
         return (self.tokens - 1) / spent if spent > 0 else None
+
+
+def holdups(sequences: list[Sequence]) -> dict[str, str]:
+    """Why each sequence goes slower than alone, as far as the service can tell: a
+    prompt being read by the same engine, whose steps its other sequences share (a
+    long prompt is read in steps of up to a batch; each of them also carries one token
+    of every sequence generating). Task id → the reason; none for a sequence alone."""
+    found: dict[str, str] = {}
+    for seq in sequences:
+        readers = [o for o in sequences if o is not seq and o.model == seq.model and o.reading]
+        if not readers:
+            continue
+        other = max(readers, key=lambda o: (o.prompt_total - o.prompt_read, o.prompt_tokens))
+        size = other.prompt_total or other.prompt_tokens
+        read = (
+            f"{other.prompt_read:,} of {size:,} read" if other.prompt_total else f"{size:,} tokens"
+        )
+        what = f"the prompt of task {other.task_id} is being read ({read})"
+        found[seq.task_id] = f"{'sharing' if seq.reading else 'slowed'}: {what}"
+    return found
 
 
 class _Callback(Collector):
@@ -194,11 +220,18 @@ class Metrics:
             self._live[task_id] = Sequence(task_id, model)
 
     def reading(self, task_id: str, tokens: int) -> None:
-        """A task's prompt of ``tokens`` went to its engine (shown while it is read;
+        """A task's prompt of ``tokens`` goes to its engine (shown while it is read;
         counted by :meth:`prompt` once read)."""
         seq = self._live.get(task_id)
         if seq is not None:
             seq.prompt_tokens = tokens
+            seq.reading, seq.prompt_read, seq.prompt_total, seq.prompt_rate = True, 0, 0, None
+
+    def read(self, task_id: str, read: int, total: int, rate: float | None) -> None:
+        """Its engine says how far a task's prompt is read (a long one's, now and then)."""
+        seq = self._live.get(task_id)
+        if seq is not None and seq.reading:
+            seq.prompt_read, seq.prompt_total, seq.prompt_rate = read, total, rate
 
     def prompt(self, task_id: str, tokens: int, cached: int = 0) -> None:
         seq = self._live.get(task_id)
@@ -216,6 +249,9 @@ class Metrics:
         if seq.first_token is None:
             seq.first_token = time.monotonic()
             self.ttft.labels(seq.model).observe(seq.first_token - seq.started)
+        if seq.reading:  # its prompt is read
+            seq.reading = False
+            seq.prompt_read = seq.prompt_total
         seq.tokens += count
         self.generated_tokens.labels(seq.model).inc(count)
 

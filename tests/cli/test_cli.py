@@ -235,8 +235,9 @@ def test_what_a_newcomer_tries(server: Server, tmp_path: Path) -> None:
     listed = lmsp(server, "--url", server.url, "--token", owner, "tasks", "ls", LMSP_URL=None)
     assert ok(listed)
     nowhere = f"http://127.0.0.1:{free_port()}"
-    fails(lmsp(server, "--url", nowhere, "tasks", "ls"), "start it with `lmsp serve`")
-    fails(lmsp(server, "--url", nowhere, "models", "ls"), "start it with `lmsp serve`")
+    # the data directory's server runs elsewhere: its address, not "start one"
+    fails(lmsp(server, "--url", nowhere, "tasks", "ls"), f"serves on {server.url}")
+    fails(lmsp(server, "--url", nowhere, "models", "ls"), f"serves on {server.url}")
     # one error format: <message> (<code>), and a refused token says which one
     fails(lmsp(server, "tasks", "show", "task_missing"), "'task_missing'. (not_found)")
     fails(lmsp(server, "models", "rm", "nope"), "'nope'. (not_found)")

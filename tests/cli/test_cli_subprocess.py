@@ -82,7 +82,9 @@ def test_every_command_as_a_subprocess(server: Server) -> None:
         timeout=60,
     )
     assert down.returncode == 1 and down.stdout == ""
-    hint = "is it running? start it with `lmsp serve`"
+    # the directory's server runs, elsewhere: where, not "start one" (that would fail)
+    assert server.proc is not None
+    hint = f"the service of {server.data_dir} (pid {server.proc.pid}) serves on {server.url}"
     assert down.stderr.strip() == (
         f"Error: cannot reach lmsp at http://127.0.0.1:9: {hint} (unreachable)"
     )

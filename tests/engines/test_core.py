@@ -10,6 +10,7 @@ into :class:`EngineCrashed` after the pieces that came before.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
@@ -26,7 +27,16 @@ from lmsp.engines.base import EngineCrashed, EngineError, LoadOptions, Piece, Sa
 from lmsp.engines.batch import Logits, Request
 from lmsp.engines.client import EngineClient
 from lmsp.engines.core import EngineCore, Seq
-from lmsp.engines.protocol import Cancel, Done, Error, Shutdown, Submit, Tokens
+from lmsp.engines.protocol import (
+    PROGRESS_INTERVAL,
+    Cancel,
+    Done,
+    Error,
+    Progress,
+    Shutdown,
+    Submit,
+    Tokens,
+)
 from lmsp.engines.test_engine import TEST_MODEL_BYTES, TestEngine, TestModel, reference
 from lmsp.engines.worker import EngineSpec, die
 
@@ -139,6 +149,29 @@ def test_sequences_step_together_and_end_at_their_budget(loop: Any) -> None:
     assert got[2][0].cached_tokens == 3 and got[1][0].cached_tokens == 0
     together = [step for step in backend.steps if len(step) == 2]
     assert len(together) >= 3  # the two generated in the same steps
+
+
+def test_a_long_prompt_says_how_far_it_is_read_now_and_then(loop: Any) -> None:
+    """A prompt read in many steps (the exact schedule's 32-token chunks, each step
+    0.15 s here) sends :class:`Progress` (read of total, the cached part, the time since
+    its reading began), never two within ``PROGRESS_INTERVAL``; one read in a step
+    says nothing."""
+    conn, backend, _ = loop
+    backend.n_ctx = 1024
+    backend.delay = 0.15
+    prompt = [2, 40] + [7] * 318  # 320 tokens, 40 of them cached: 9 chunks of 32
+    conn.send([Submit(1, prompt, [], GREEDY), Submit(2, [2, 0, 7], [], GREEDY)])
+    got = collect(conn, {1, 2}, timeout=60)
+    told = [m for m in got[1] if isinstance(m, Progress)]
+    assert told, got[1]  # 9 steps of at least 0.15 s: past the interval
+    assert all(m.total == 320 and m.cached == 40 for m in told), told
+    reads = [m.read for m in told]
+    assert reads == sorted(set(reads)) and reads[0] > 40 and reads[-1] < 320, reads
+    assert all(b.seconds - a.seconds >= PROGRESS_INTERVAL for a, b in itertools.pairwise(told))
+    assert told[0].seconds >= PROGRESS_INTERVAL  # a prompt read sooner says nothing
+    first_piece = next(i for i, m in enumerate(got[1]) if isinstance(m, Tokens))
+    assert all(isinstance(m, Progress) for m in got[1][:first_piece])  # all before it
+    assert not [m for m in got[2] if isinstance(m, Progress)]  # read in one step
 
 
 def test_a_failed_step_fails_its_sequences_only(loop: Any) -> None:

@@ -74,6 +74,16 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _reach(host: str, port: int) -> str:
+    """The URL a client on this machine reaches a server bound to ``host:port`` at
+    (an unspecified address is reached on loopback)."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def _descriptor_budget(wanted: int) -> int:
     """Raise the open-file limit to its hard maximum and keep the connection limit
     under it, with room for the database, the models and the logs."""
@@ -117,7 +127,8 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     """Run the service in the foreground.
 
     In this order: lock the data directory (refused if another lmsp process holds it),
-    bind the address (refused if it is in use), then open the directory, run startup
+    bind the address (refused if it is in use) and note it in the directory's lock
+    file (where the lmsp command finds it), then open the directory, run startup
     recovery, launch the engines the unfinished tasks need, start the HTTP application
     and start listening.
     """
@@ -128,6 +139,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
         database.reach(settings.database_url)
     lock = _lock(settings, "lmsp serve")
     sock = _listen(settings.host, settings.port)
+    lock.record_address(_reach(settings.host, sock.getsockname()[1]))
     logs.configure(settings.log_format)
     # the directory opened and recovered, and unfinished tasks' engines loading, before
     # the HTTP application's imports (most of a second), which their loading overlaps
@@ -249,9 +261,10 @@ main.add_command(doctor)
 main.add_command(ps)
 main.add_command(console)
 
-from .models import models  # noqa: E402
+from .models import list_models, models  # noqa: E402
 
 main.add_command(models)
+main.add_command(list_models, "list")  # ollama's habit: `lmsp list` is `lmsp models ls`
 
 from .fairshare import audit, limit, usage  # noqa: E402
 

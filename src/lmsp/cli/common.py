@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from lmsp import config
+from lmsp import config, datadir
 from lmsp.client import default_target
 
 from .errors import CliError
@@ -22,20 +22,38 @@ class Target:
     token_source: str | None = None
     # where the owner token was looked for when neither --token nor LMSP_TOKEN was given
     token_file: Path | None = None
+    # the data directory, and the process holding it when the command started
+    data_dir: Path | None = None
+    holder: datadir.Holder | None = None
 
 
 #: the help of the options many commands share: the same words everywhere
-URL_HELP = "Service address (LMSP_URL; default http://127.0.0.1:8430)."
+URL_HELP = (
+    "Service address (LMSP_URL; default: where the data directory's service listens,"
+    " else http://127.0.0.1:8430)."
+)
 TOKEN_HELP = "Bearer token (LMSP_TOKEN; default: the data directory's owner token)."
 JSON_HELP = "Print JSON, for scripts."
 DATA_DIR_HELP = "Data directory (LMSP_DATA_DIR; default ~/.local/share/lmsp)."
 
-#: the hint every "cannot reach" error gives
+#: the hint a "cannot reach" error gives when no process holds the data directory
 START_HINT = "is it running? start it with `lmsp serve`"
 
 
-def unreachable(url: str) -> CliError:
-    return CliError(f"cannot reach lmsp at {url}: {START_HINT}", "unreachable")
+def unreachable(url: str, where: Target | None = None) -> CliError:
+    """No answer at ``url``; the hint says what the data directory says of its service
+    (never to start one on a directory a process holds: that start would be refused)."""
+    held = where.holder if where is not None else None
+    if held is None or where is None:
+        hint = START_HINT
+    elif held.url is None:
+        hint = f"{where.data_dir} is held by {held} (not a server: wait for it to end)"
+    elif held.url.rstrip("/") == url.rstrip("/"):
+        hint = f"{held.command or 'lmsp'} (pid {held.pid}) holds {where.data_dir} and"
+        hint += " does not answer there yet: still starting?"
+    else:
+        hint = f"the service of {where.data_dir} (pid {held.pid}) serves on {held.url}"
+    return CliError(f"cannot reach lmsp at {url}: {hint}", "unreachable")
 
 
 def _global(name: str) -> str | None:
@@ -47,9 +65,9 @@ def _global(name: str) -> str | None:
 
 
 def target(url: str | None, token: str | None, data_dir: Path | None = None) -> Target:
-    """``--url``/``LMSP_URL`` (default: this machine's service) and ``--token``/
-    ``LMSP_TOKEN`` (default: the owner token in the data directory); either option may
-    be given before the command too."""
+    """``--url``/``LMSP_URL`` (default: where the service holding the data directory
+    serves) and ``--token``/``LMSP_TOKEN`` (default: the owner token in the data
+    directory); either option may be given before the command too."""
     url = url or _global("url")
     token = token or _global("token")
     try:
@@ -67,7 +85,14 @@ def target(url: str | None, token: str | None, data_dir: Path | None = None) -> 
         source = str(settings.owner_token_path)
     else:
         source = None
-    return Target(base.rstrip("/"), secret, source, settings.owner_token_path)
+    return Target(
+        base.rstrip("/"),
+        secret,
+        source,
+        settings.owner_token_path,
+        settings.data_dir,
+        datadir.holder(settings.data_dir),
+    )
 
 
 def api_error(status: int, code: str, message: str, where: Target | None) -> CliError:

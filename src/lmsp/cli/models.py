@@ -44,16 +44,38 @@ progress_console = Console(stderr=True)
 NO_TIMEOUT = httpx.Timeout(None, connect=5.0)
 
 
-@click.group("models")
-def models() -> None:
-    """Models of the running service: list, import, delete, verify."""
+@click.group("models", invoke_without_command=True)
+@remote_options
+@click.pass_context
+def models(ctx: click.Context, url: str | None, token: str | None, as_json: bool) -> None:
+    """Models of the running service: list, import, delete, verify.
+
+    `lmsp models` alone lists them, as `lmsp models ls` and `lmsp list` do."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_models, url=url, token=token, as_json=as_json)
+    elif url or token or as_json:  # refused, never ignored
+        raise click.UsageError(
+            f"options go after the command: lmsp models {ctx.invoked_subcommand} --json"
+        )
+
+
+def _context(model: dict[str, Any]) -> str:
+    """The context the service runs the model at, and the trained one when it differs
+    (past it, positions are stretched with YaRN: docs/models.md)."""
+    served = model.get("context_length")
+    trained = (model.get("metadata") or {}).get("context_length")
+    if not isinstance(served, int):
+        return f"{trained:,} (trained)" if isinstance(trained, int) else ""
+    if isinstance(trained, int) and trained != served:
+        return f"{served:,} (trained {trained:,})"
+    return f"{served:,}"
 
 
 @models.command("ls", short_help="List models: size, quantization, context, capabilities.")
 @remote_options
 def list_models(url: str | None, token: str | None, as_json: bool) -> None:
-    """List models: size, quantization, context length, capabilities, status, whether
-    loaded, and digest."""
+    """List models: size, quantization, the context the service runs each at (and the
+    trained one when it differs), capabilities, status, whether loaded, and digest."""
     with connect(url, token) as api:
         data = api.models()
     if as_json:
@@ -63,14 +85,13 @@ def list_models(url: str | None, token: str | None, as_json: bool) -> None:
     for m in data:
         meta = m.get("metadata") or {}
         kind = " ".join(str(meta[k]) for k in ("architecture",) if meta.get(k))
-        context = meta.get("context_length")
         rows.append(
             (
                 m["id"],
                 size(m["size_bytes"]),
                 f"{m['format']} {kind}".strip(),
                 str(meta.get("quantization") or ""),
-                f"{context:,}" if isinstance(context, int) else "",
+                _context(m),
                 ", ".join(m.get("capabilities") or []),
                 m.get("status", "ready"),
                 "yes" if m["loaded"] else "",

@@ -26,6 +26,19 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
     return out
 
 
+def _prompt(seq: dict[str, Any]) -> str:
+    """A sequence's prompt: its size, and while its engine reads it, how far and how
+    fast (``3,072/10,153 read, 812/s``)."""
+    total = seq.get("prompt_total") or seq["prompt_tokens"]
+    if seq.get("phase") != "reading":
+        return f"{seq['prompt_tokens']:,}"
+    if not seq.get("prompt_total"):
+        return f"{total:,} (reading)"
+    rate = seq.get("prompt_tokens_per_second")
+    speed = "" if rate is None else f", {rate:,.0f}/s"
+    return f"{seq['prompt_read']:,}/{total:,} read{speed}"
+
+
 def render(state: dict[str, Any]) -> Group:
     """The four tables of ``lmsp ps``."""
     names = {c["id"]: c["name"] for c in state["clients"]}
@@ -46,12 +59,24 @@ def render(state: dict[str, Any]) -> Group:
             s["model"],
             names.get(s["client_id"], s["client_id"]),
             s["status"],
-            s["prompt_tokens"],
+            _prompt(s),
             s["output_tokens"],
             "-" if s["tokens_per_second"] is None else f"{s['tokens_per_second']:.1f}",
             when(s["started_at"]),
+            s.get("reason") or "",
         ]
         for s in state["sequences"]
+    ]
+    waiting = [
+        [
+            w["task_id"],
+            w["model"],
+            names.get(w["client_id"], w["client_id"]),
+            w["status"],
+            when(w["created_at"]),
+            w["reason"],
+        ]
+        for w in state.get("waiting", [])
     ]
     queue = state["queue"]
     clients = [
@@ -90,10 +115,25 @@ def render(state: dict[str, Any]) -> Group:
         *(escape(clean(f"Failed: {e['model']}: {e['error']}")) for e in failed),
         _table(
             f"Sequences ({len(sequences)} of {state['parallel']} at once)",
-            ["TASK", "MODEL", "CLIENT", "STATUS", "PROMPT", "OUTPUT", "TOKENS/S", "STARTED"],
+            [
+                "TASK",
+                "MODEL",
+                "CLIENT",
+                "STATUS",
+                "PROMPT",
+                "OUTPUT",
+                "TOKENS/S",
+                "STARTED",
+                "WHY SLOWER",
+            ],
             sequences,
         ),
         f"Queue: {queue['queued']} task(s) waiting, oldest since {oldest}",
+        *(  # the first of them, and why each waits
+            [_table("Waiting", ["TASK", "MODEL", "CLIENT", "STATUS", "SINCE", "WHY"], waiting)]
+            if waiting
+            else []
+        ),
         _table(
             "Clients with unfinished work",
             ["CLIENT", "ID", "RUNNING", "QUEUED", "LAST SEEN"],
@@ -131,8 +171,9 @@ def render(state: dict[str, Any]) -> Group:
 def ps(watch: bool, interval: float, url: str | None, token: str | None, as_json: bool) -> None:
     """What the service is doing now: loaded models with their engine process and
     memory (and models whose engine kept crashing), the sequences
-    being generated and their speed, the queue, and the clients with unfinished work
-    (needs the owner's token)."""
+    being generated and their speed (a prompt being read: how far and how fast; what
+    slows a sequence), the queue and why its first tasks wait, and the clients with
+    unfinished work (needs the owner's token)."""
     with connect(url, token) as api:
         if not watch:
             state = api.activity()

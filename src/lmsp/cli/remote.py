@@ -36,7 +36,7 @@ def _error(exc: ClientError, where: Target | None) -> CliError:
     if isinstance(exc, APIError):
         return api_error(exc.status, exc.code, exc.message, where)
     if isinstance(exc, UnreachableError):
-        return unreachable(exc.url)
+        return unreachable(exc.url, where)
     return CliError(str(exc), "client_error")
 
 

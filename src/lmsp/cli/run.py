@@ -1,4 +1,5 @@
-"""``lmsp run "prompt"``: ask the running service and print the text as it is generated."""
+"""``lmsp run [MODEL] PROMPT``: ask the running service and print the text as it is
+generated (``ollama run MODEL PROMPT`` works the same)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ from .errors import CliError
 from .remote import connect, finish, handled, note, print_json, print_stream, remote_options
 
 
-@click.command("run")
-@click.argument("prompt")
+def _model_and_prompt(words: tuple[str, ...], model: str | None) -> tuple[str | None, str]:
+    """``PROMPT`` alone, or ``MODEL PROMPT…`` (the rest joined), or every word the
+    prompt when ``-m`` names the model."""
+    if model is not None or len(words) == 1:
+        return model, " ".join(words)
+    return words[0], " ".join(words[1:])
+
+
+@click.command("run", short_help="Run a prompt on a model and stream the answer.")
+@click.argument("words", nargs=-1, required=True, metavar="[MODEL] PROMPT")
 @click.option("--model", "-m", help="Model id (default: the service's default model).")
 @click.option("--background", is_flag=True, help="Queue it and print its ids; do not wait.")
 @click.option(
@@ -28,7 +37,7 @@ from .remote import connect, finish, handled, note, print_json, print_stream, re
 @click.option("--seed", type=click.IntRange(min=0), help="Sampling seed.")
 @remote_options
 def run(
-    prompt: str,
+    words: tuple[str, ...],
     model: str | None,
     background: bool,
     on_restart: str | None,
@@ -40,11 +49,15 @@ def run(
     token: str | None,
     as_json: bool,
 ) -> None:
-    """Run PROMPT and stream the answer.
+    """Run PROMPT on MODEL (default: the service's default model) and stream the answer.
+
+    `lmsp run "Say hi."` on the default model, `lmsp run MODEL "Say hi."` (or
+    -m MODEL) on another; the words after MODEL make one prompt, as with `ollama run`.
 
     The work is a durable background task: if the connection drops or the server
     restarts, the stream picks up from the last event seen. Ctrl-C cancels it.
     """
+    model, prompt = _model_and_prompt(words, model)
     options: dict[str, Any] = {
         "on_restart": on_restart,
         "instructions": instructions,

@@ -12,7 +12,7 @@ resumed run draws the same tokens an uninterrupted one would.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -87,6 +87,22 @@ class Piece:
     logprobs: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far the engine has read a generation's prompt: ``read`` of ``total`` tokens
+    (a resume's tokens included), ``cached`` of them from a cache rather than evaluated,
+    in ``seconds`` since its reading began."""
+
+    read: int
+    total: int
+    cached: int
+    seconds: float
+
+    def rate(self) -> float | None:
+        """Tokens evaluated a second (``None`` before any time has passed)."""
+        return (self.read - self.cached) / self.seconds if self.seconds > 0 else None
+
+
 class Generation(Iterator[Piece]):
     """The pieces of one generation, and how many of its prompt's tokens came from a
     cache instead of being evaluated (known once the first piece is asked for).
@@ -100,6 +116,11 @@ class Generation(Iterator[Piece]):
 
     def __next__(self) -> Piece:
         return next(self._pieces)
+
+    def watch(self, callback: Callable[[PromptProgress], None]) -> None:
+        """Have ``callback`` told how far a long prompt is read, as the engine says
+        (from another thread); a generation that says nothing never calls it."""
+        return None
 
     def cancel(self) -> None:
         return None
@@ -199,6 +220,11 @@ class Engine(Protocol):
     def tokenizer(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Tokenizer:
         """The prompt formatter of the API process; its ``n_ctx`` is the context an
         engine loaded with the same ``options`` has (``0``: the model's own)."""
+        ...
+
+    def context_length(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> int:
+        """One sequence's context an engine loaded with these ``options`` has, read off
+        the file's header without loading it (what ``GET /v1/models`` shows)."""
         ...
 
 

@@ -33,13 +33,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from lmsp.engines.base import EngineCrashed, EngineError, Generation, Piece, Sampling, Tokenizer
+from lmsp.engines.base import (
+    EngineCrashed,
+    EngineError,
+    Generation,
+    Piece,
+    PromptProgress,
+    Sampling,
+    Tokenizer,
+)
 from lmsp.engines.protocol import (
     Cancel,
     Done,
     Embed,
     Embeddings,
     Error,
+    Progress,
     Ready,
     Shutdown,
     Stats,
@@ -80,9 +89,23 @@ class Stream(Generation):
         self._inbox: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._ready_pieces: deque[Piece] = deque()
         self._ended = False
+        self.progress: PromptProgress | None = None  # the engine's last word on its prompt
+        self._watcher: Callable[[PromptProgress], None] | None = None
 
     def put(self, item: _Item) -> None:
         self._inbox.put(item)
+
+    def watch(self, callback: Callable[[PromptProgress], None]) -> None:
+        self._watcher = callback
+        if self.progress is not None:  # it came before the watcher
+            callback(self.progress)
+
+    def progressed(self, message: Progress) -> None:
+        """(The reader thread.) The engine said how far its prompt is read."""
+        self.progress = PromptProgress(message.read, message.total, message.cached, message.seconds)
+        watcher = self._watcher
+        if watcher is not None:
+            watcher(self.progress)
 
     def __next__(self) -> Piece:
         while not self._ready_pieces:
@@ -378,6 +401,11 @@ class EngineClient:
                     stream = self._streams.pop(message.id, None)
             if stream is not None:
                 stream.put(message)
+        elif isinstance(message, Progress):
+            with self._lock:
+                stream = self._streams.get(message.id)
+            if stream is not None:
+                stream.progressed(message)
         elif isinstance(message, StatsReply):
             with self._lock:
                 future = self._stats.pop(message.id, None)

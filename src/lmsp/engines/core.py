@@ -45,6 +45,7 @@ from lmsp.engines.batch import ExactSteps, Logits, Request, StepPolicy
 from lmsp.engines.protocol import (
     CANCELLED,
     LENGTH,
+    PROGRESS_INTERVAL,
     STOP,
     Cancel,
     Channel,
@@ -53,6 +54,7 @@ from lmsp.engines.protocol import (
     Embeddings,
     Error,
     FromEngine,
+    Progress,
     Shutdown,
     Stats,
     StatsReply,
@@ -91,6 +93,8 @@ class Seq:
     turn: int = 0  # when its next tokens became ready: the step-forming order
     reported: bool = False  # ``cached`` was sent
     state: Any = None  # the backend's own
+    began: float = 0.0  # when it was admitted: its prompt's reading began
+    told: float = 0.0  # when its last :class:`Progress` was sent
 
     def __post_init__(self) -> None:
         self.context = self.prompt + self.resume
@@ -303,6 +307,7 @@ class EngineCore:
                 continue
             seq.todo = seq.context[len(seq.held) :]
             seq.turn = self._next_turn()
+            seq.began = seq.told = time.monotonic()
             self.active[seq.id] = seq
             if not seq.todo:  # the last token's logits are needed: a backend's mistake
                 self._fail(seq, "engine_error", "The engine had nothing to evaluate.")
@@ -370,6 +375,18 @@ class EngineCore:
                 log.exception("engine: after-step work of a sequence failed")
             if request.logits and request.result is not None:
                 self._next_token(seq, request.result)
+        self._progress([seq for seq, _ in step])
+
+    def _progress(self, stepped: list[Seq]) -> None:
+        """Say how far the prompts still being read are, at most every
+        :data:`PROGRESS_INTERVAL` a sequence (a prompt read in less says nothing)."""
+        now = time.monotonic()
+        for seq in stepped:
+            reading = seq.produced == 0 and len(seq.todo) > 0 and seq.id in self.active
+            if reading and now - seq.told >= PROGRESS_INTERVAL:
+                seq.told = now
+                read, total = len(seq.held), len(seq.context)
+                self._outbox.append(Progress(seq.id, read, total, seq.cached, now - seq.began))
 
     def _next_token(self, seq: Seq, logits: Logits) -> None:
         n_ctx = self.backend.n_ctx

@@ -157,6 +157,7 @@ class ModelHost:
         self._verified: set[str] = set()  # digests fully hashed by this process
         self._verify_lock = threading.Lock()
         self._tokenizers: dict[str, Tokenizer] = {}
+        self._contexts: dict[str, int] = {}  # digest → the context it would load with
         self._tokenizer_lock = threading.Lock()
         self.metrics: Metrics | None = None  # the service's: loads, unloads, crashes
 
@@ -532,6 +533,30 @@ class ModelHost:
             tokenizer = self._tokenizers.pop(record.digest, None)
             if tokenizer is not None:
                 tokenizer.close()
+
+    def context_length(self, record: ModelRecord) -> int | None:
+        """One sequence's context ``record`` runs at here: its engine's when loaded, else
+        what an engine loaded with this service's settings would have (read off the
+        file's header, once a digest); ``None`` when that cannot be known (no such
+        engine here, an unreadable file)."""
+        with self._cond:
+            entry = self._loaded.get(record.id)
+        if entry is not None and entry.client.n_ctx > 0:
+            return entry.client.n_ctx
+        known = self._contexts.get(record.digest)
+        if known is not None:
+            return known
+        engine = self.engines.get(record.engine)
+        if engine is None:
+            return None
+        try:
+            path = model_path(self.blobs_dir, record)
+            known = engine.context_length(path, self.n_ctx, self._options(record))
+        except Exception as exc:
+            log.info("no context length for %s: %s", record.id, exc)
+            return None
+        self._contexts[record.digest] = known
+        return known
 
     # -- prompt length before queueing ---------------------------------------------------
     def _options(self, record: ModelRecord) -> LoadOptions:

@@ -14,7 +14,7 @@ import concurrent.futures
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,7 @@ def _threads() -> int:
     return max(1, int(os.environ.get("LMSP_THREADS", "0")) or (os.cpu_count() or 1))
 
 
-def _context_of(meta: dict[str, str], n_ctx: int, options: LoadOptions) -> int:
+def _context_of(meta: Mapping[str, Any], n_ctx: int, options: LoadOptions) -> int:
     """One sequence's context for a model of these GGUF metadata (see
     :func:`lmsp.engines.base.context_size`): its KV bytes a token (K and V, 16-bit, every
     layer) from the same fields llama.cpp sizes its cache by."""
@@ -515,3 +515,8 @@ class LlamaEngine:
         self, path: Path, n_ctx: int, options: LoadOptions | None = None
     ) -> LlamaTokenizer:
         return LlamaTokenizer(path, n_ctx, options=options)
+
+    def context_length(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> int:
+        from lmsp.gguf import read_header
+
+        return _context_of(read_header(path), n_ctx, options or LoadOptions())

@@ -3,7 +3,8 @@
 This module is the one seam between the two (as vLLM's ``EngineCore`` sits behind one
 IPC seam): the API process sends :class:`Submit`, :class:`Cancel`, :class:`Embed`,
 :class:`Stats` and :class:`Shutdown`; the engine answers :class:`Ready` once its model is
-loaded, then :class:`Tokens`, :class:`Done` or :class:`Error` for each sequence,
+loaded, then :class:`Tokens`, :class:`Done` or :class:`Error` for each sequence (and
+:class:`Progress` while a long prompt is read),
 :class:`Embeddings` (or :class:`Error`) for each embedding request, and
 :class:`StatsReply`. Nothing else crosses.
 
@@ -103,6 +104,24 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """How far a sequence's prompt (with a resume's tokens) is read: ``read`` of
+    ``total`` tokens, ``cached`` of them from a cache rather than evaluated, ``seconds``
+    since its reading began. Sent while a prompt takes more than one step, at most every
+    :data:`PROGRESS_INTERVAL` a sequence: never a message a token."""
+
+    id: int
+    read: int
+    total: int
+    cached: int
+    seconds: float
+
+
+#: the least time between two :class:`Progress` messages of one sequence
+PROGRESS_INTERVAL = 0.5
+
+
+@dataclass(frozen=True)
 class Done:
     """The sequence ended (``reason``: :data:`STOP`, :data:`LENGTH`, :data:`CANCELLED`)."""
 
@@ -137,7 +156,7 @@ class StatsReply:
 
 
 ToEngine = Submit | Cancel | Embed | Stats | Shutdown
-FromEngine = Ready | Tokens | Done | Error | Embeddings | StatsReply
+FromEngine = Ready | Tokens | Progress | Done | Error | Embeddings | StatsReply
 
 
 class Channel(Protocol):

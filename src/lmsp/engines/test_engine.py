@@ -236,3 +236,6 @@ class TestEngine:
 
     def tokenizer(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestModel:
         return TestModel()
+
+    def context_length(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> int:
+        return N_CTX

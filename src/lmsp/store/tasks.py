@@ -455,6 +455,32 @@ def queue_summary(conn: Conn) -> tuple[int, int | None]:
     return int(row[0]), None if row[1] is None else int(row[1])
 
 
+def waiting(conn: Conn, limit: int) -> list[Row]:
+    """The first ``limit`` tasks not generating yet, loading ones then queued ones in
+    about the order the claim takes them, each with its model, its client's
+    ``max_running`` and how many of that client's tasks run (``running``)."""
+    return list(
+        conn.execute(
+            "SELECT t.id, t.response_id, t.client_id, t.status, t.created_at, r.model,"
+            " c.max_running, coalesce(n.n, 0) AS running FROM tasks t"
+            " JOIN responses r ON r.id = t.response_id JOIN clients c ON c.id = t.client_id"
+            f" LEFT JOIN ({_RUNNING}) n ON n.client_id = t.client_id"
+            " WHERE t.status IN ('loading', 'queued')"
+            " ORDER BY t.status = 'queued', t.tier DESC, coalesce(n.n, 0), c.served, t.seq"
+            " LIMIT ?",
+            (limit,),
+        )
+    )
+
+
+def running_count(conn: Conn) -> int:
+    """Tasks holding a sequence (or loading to), on every node."""
+    row = conn.execute(
+        "SELECT count(*) FROM tasks WHERE status IN ('loading', 'running', 'cancelling')"
+    ).fetchone()
+    return int(row[0])
+
+
 def unfinished_by_client(conn: Conn) -> list[dict[str, Any]]:
     """Each client with unfinished tasks: how many, running and queued."""
     return [

@@ -490,12 +490,11 @@ class Loop:
             return "max_output_tokens"
         runner = self.runner
         runner.metrics.prompt(self.task_id, len(prompt))
+        runner.metrics.reading(self.task_id, len(prompt))
         generation = self.model.generate(
             prompt, done, self.sampling, grammar=text_grammar, max_tokens=left
         )
-        runner._live[self.task_id] = generation
-        if self.task_id in runner._cancels:
-            generation.cancel()
+        runner.started(self.task_id, generation)
         last_flush = time.monotonic()
         produced = 0
         try:

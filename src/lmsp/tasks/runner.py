@@ -362,6 +362,14 @@ class Runner:
         response = task_store.get_response(conn, task["response_id"]) if task else None
         return models.get(conn, response["model"]) if response else None
 
+    def started(self, task_id: str, generation: Generation) -> None:
+        """``task_id``'s generation went to its engine: cancellable, and its prompt's
+        progress shown (``lmsp ps``) as the engine tells it."""
+        self._live[task_id] = generation
+        generation.watch(lambda p: self.metrics.read(task_id, p.read, p.total, p.rate()))
+        if task_id in self._cancels:  # committed while it was being submitted
+            generation.cancel()
+
     def _cancelled(self, task_id: str) -> None:
         self._durably(task_id, lambda conn: task_store.finish_cancel(conn, task_id))
 
@@ -461,9 +469,7 @@ class Runner:
                 generation = model.generate(
                     prompt, tokens, sampling, grammar=plan.grammar, max_tokens=cap - len(tokens)
                 )
-                self._live[task_id] = generation
-                if task_id in self._cancels:  # committed while it was being submitted
-                    generation.cancel()
+                self.started(task_id, generation)
                 with contextlib.closing(generation):
                     for piece in generation:
                         if len(tokens) == resumed_at:  # the prompt is in: how much was cached

@@ -120,7 +120,28 @@ function syncRows(tbody, items, key, build, update) {
 }
 
 // -- tasks ---------------------------------------------------------------------------
-function renderTasks(tasks) {
+// what a task is doing now, from the service's activity: a prompt being read (how far,
+// how fast), the speed it generates at, and what slows it or keeps it waiting
+function taskNow(activity) {
+  const now = {};
+  const number = (n) => n.toLocaleString("en");
+  for (const s of activity.sequences) {
+    let doing = "";
+    if (s.phase === "reading") {
+      doing = s.prompt_total
+        ? `reading its prompt: ${number(s.prompt_read)} of ${number(s.prompt_total)}` +
+          (s.prompt_tokens_per_second ? ` (${number(Math.round(s.prompt_tokens_per_second))} tok/s)` : "")
+        : `reading its prompt (${number(s.prompt_tokens)} tokens)`;
+    } else if (s.tokens_per_second) {
+      doing = `generating, ${s.tokens_per_second.toFixed(1)} tok/s`;
+    } else doing = "generating";
+    now[s.task_id] = s.reason ? `${doing}; ${s.reason}` : doing;
+  }
+  for (const w of activity.waiting || []) now[w.task_id] = w.reason;
+  return now;
+}
+
+function renderTasks(tasks, now = {}) {
   syncRows(
     $("task-rows"),
     tasks,
@@ -134,6 +155,7 @@ function renderTasks(tasks) {
         el("td"),
         el("td", {}, el("code", { text: t.response_id })),
         el("td", { text: when(t.created_at) }),
+        el("td", { class: "now" }),
         el(
           "td",
           {},
@@ -147,6 +169,7 @@ function renderTasks(tasks) {
       cells[1].textContent = t.status;
       cells[1].className = `status ${t.status}`;
       cells[2].textContent = clientNames[t.client_id] || t.client_id || "";
+      cells[5].textContent = UNFINISHED.has(t.status) ? now[t.id] || "" : "";
       row.querySelector("button.cancel").hidden = !UNFINISHED.has(t.status);
     },
   );
@@ -504,7 +527,7 @@ async function refresh() {
   renderUsage(usage.data);
   clientNames = Object.fromEntries(clients.data.map((c) => [c.id, c.name]));
   renderPairing(pairing.data);
-  renderTasks(tasks.data);
+  renderTasks(tasks.data, taskNow(activity));
   renderClients(clients.data, me);
   renderModels(models.data);
   renderNodes(activity.nodes, activity.node);

@@ -1,8 +1,9 @@
 """``GET /v1/service/activity`` (``admin``): what the service is doing now, for
 ``lmsp ps`` and the console: loaded models with their memory, their engine processes
 (pid, restarts, a crash loop's failure), the sequences being generated with their
-speed, the queue, and the clients with unfinished work. Counts, ids and names only: no
-prompt or output text."""
+speed (and a prompt being read, how far and how fast), the tasks waiting and why, the
+queue, and the clients with unfinished work. Counts, ids and names only: no prompt or
+output text."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
+from lmsp.config import Settings
+from lmsp.metrics import Sequence, holdups
 from lmsp.store import nodes, pulls
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
+from lmsp.store.sql import Row
 
 from ..auth import require
 from .deps import service
@@ -22,14 +26,19 @@ router = APIRouter(prefix="/v1/service", tags=["service"])
 
 Admin = Annotated[Client, Depends(require("admin"))]
 
+#: the waiting tasks listed (the queue's count covers them all)
+WAITING_SHOWN = 20
+
 
 @router.get("/activity")
 async def activity(request: Request, client: Admin) -> dict[str, Any]:
     svc = service(request)
     conn = svc.db.reader()
     now = time.monotonic()
+    live = svc.metrics.sequences()
+    slowed = holdups(live)
     sequences = []
-    for seq in svc.metrics.sequences():
+    for seq in live:
         task = task_store.get(conn, seq.task_id)
         if task is None:
             continue
@@ -41,13 +50,34 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
                 "client_id": task["client_id"],
                 "model": seq.model,
                 "status": task["status"],
+                "phase": "reading" if seq.reading else "generating",
                 "prompt_tokens": seq.prompt_tokens,
                 "cached_tokens": seq.cached_tokens,
+                # the prompt (with a resume's tokens) as its engine reads it: how far, how fast
+                "prompt_read": seq.prompt_read,
+                "prompt_total": seq.prompt_total,
+                "prompt_tokens_per_second": (
+                    None if seq.prompt_rate is None else round(seq.prompt_rate, 1)
+                ),
                 "output_tokens": seq.tokens,
                 "tokens_per_second": None if rate is None else round(rate, 2),
                 "started_at": int(seq.started_at),
+                "reason": slowed.get(seq.task_id),
             }
         )
+    busy = svc.runner.busy
+    waiting = [
+        {
+            "task_id": row["id"],
+            "response_id": row["response_id"],
+            "client_id": row["client_id"],
+            "model": row["model"],
+            "status": row["status"],
+            "created_at": row["created_at"],
+            "reason": _why_waiting(row, busy, svc.settings, live),
+        }
+        for row in task_store.waiting(conn, WAITING_SHOWN)
+    ]
     queued = task_store.queue_summary(conn)
     clients = task_store.unfinished_by_client(conn)
     held = nodes.held_tasks(conn) if svc.db.shared else {}
@@ -78,6 +108,7 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
         "models": svc.host.loaded(now),
         "engines": svc.host.engine_status(),
         "sequences": sequences,
+        "waiting": waiting,
         "queue": {"queued": int(queued[0]), "oldest_created_at": queued[1]},
         "clients": clients,
         "node": svc.membership.node_id if svc.membership is not None else None,
@@ -93,3 +124,29 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
             for row in pulls.active(conn)
         ],
     }
+
+
+def _why_waiting(task: Row, busy: int, settings: Settings, live: list[Sequence]) -> str:
+    """Why a task is not generating yet, as the claim (store/tasks.py) and the runner's
+    sequences decide: its model loading, its client at its ``max_running``, every
+    sequence it may take busy (and a prompt being read holding one, if one is)."""
+    if task["status"] == "loading":
+        return f"loading: the model {task['model']} is being loaded"
+    limit = task["max_running"]
+    if limit is not None and task["running"] >= limit:
+        return f"queued: its client runs its max_running ({limit}) at once"
+    parallel, reserved = settings.parallel, settings.reserved_sequences
+    newcomer = task["running"] == 0  # a reserved sequence may take it
+    if busy < parallel or (newcomer and busy < parallel + reserved):
+        return "queued: a sequence is free, starting"
+    why = f"queued: all {parallel + (reserved if newcomer else 0)} sequences busy"
+    if reserved and not newcomer:
+        why += " (the reserved one is for a client with nothing running)"
+    readers = [s for s in live if s.reading and s.prompt_total]
+    if readers:
+        first = max(readers, key=lambda s: s.prompt_total - s.prompt_read)
+        why += (
+            f"; the prompt of task {first.task_id} is being read"
+            f" ({first.prompt_read:,} of {first.prompt_total:,})"
+        )
+    return why

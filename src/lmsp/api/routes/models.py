@@ -83,6 +83,9 @@ def render(request: Request, record: ModelRecord) -> dict[str, Any]:
         "size_bytes": record.size_bytes,
         "format": record.format,
         "loaded": service(request).host.is_loaded(record.id),
+        # one sequence's context here (LMSP_N_CTX, LMSP_KV_BUDGET); the trained one is
+        # the metadata's context_length
+        "context_length": service(request).host.context_length(record),
         "status": record.status,
         "capabilities": list(models.capabilities(record)),
         "verified_at": record.verified_at,
@@ -93,16 +96,21 @@ def render(request: Request, record: ModelRecord) -> dict[str, Any]:
 
 @router.get("")
 async def list_models(request: Request, client: ModelReader) -> dict[str, Any]:
-    records = models.all_models(service(request).db.reader())
-    return {"object": "list", "data": [render(request, r) for r in records]}
+    svc = service(request)
+
+    def listing() -> list[dict[str, Any]]:  # a file's header may be read: off the loop
+        return [render(request, r) for r in models.all_models(svc.db.reader())]
+
+    return {"object": "list", "data": await svc.read(listing)}
 
 
 @router.get("/{model_id:path}")
 async def get_model(model_id: str, request: Request, client: ModelReader) -> dict[str, Any]:
-    record = models.get(service(request).db.reader(), model_id)
+    svc = service(request)
+    record = models.get(svc.db.reader(), model_id)
     if record is None:
         raise errors.not_found("model", model_id)
-    return render(request, record)
+    return await svc.read(render, request, record)
 
 
 @router.post("", status_code=201)
