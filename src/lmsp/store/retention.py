@@ -16,7 +16,7 @@ from lmsp.store.sql import Conn, clock_sql
 
 BATCH = 200
 #: the most items one batch of swept conversations deletes (a larger one goes alone)
-ITEMS_BATCH = 5000
+ITEMS_BATCH = 2000
 
 
 def delete_finished_batch(conn: Conn, age: float, batch: int = BATCH) -> int:
