@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from lmsp.config import Settings
 from lmsp.protocol import compaction
+from lmsp.store import conversations
 from lmsp.store.conversations import Quota
 from lmsp.tasks.retention import sweep
 from tests.pgcluster import store_reader
@@ -566,3 +567,27 @@ def test_retention_sweeps_unused_conversations_once_their_turns_are_gone(
     ).fetchone()[0]
     conn.close()
     assert left == 0
+
+
+def test_a_page_of_items_is_bounded_in_bytes(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET …/items`` ends a page early once it holds ``PAGE_BYTES`` (never with no
+    item), and ``after`` pages on through every item."""
+    monkeypatch.setattr(conversations, "PAGE_BYTES", 3000)
+    cid = ok(client.post("/v1/conversations", json={"items": small(10, 1000)}))["id"]
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        params: dict[str, Any] = {"order": "asc", "limit": 100}
+        if after is not None:
+            params["after"] = after
+        page = ok(client.get(f"/v1/conversations/{cid}/items", params=params))
+        assert 1 <= len(page["data"]) <= 3
+        seen += texts(page["data"])
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == [f"m{i}:" + "x" * 1000 for i in range(10)]
+    monkeypatch.setattr(conversations, "PAGE_BYTES", 10)  # one item larger than a page
+    assert len(listed(client, cid, limit=100)) == 1
