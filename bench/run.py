@@ -36,6 +36,8 @@
 (m) MCP tools (bench/mcptools.py): the overhead of an MCP call on loopback against the tool's
     own time; a 5-call loop run on the server against the same loop driven by the client
     over function tools (goal: <= 1.0x).
+(p) a long conversation (bench/conversations.py): /healthz p99 while another client's
+    turns run on a conversation filled to its quota (goal: 100 ms), each turn's time.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -561,6 +563,7 @@ def main() -> None:
             "webhooks",
             "sharedwork",
             "mcp",
+            "conversations",
         ],
         default=None,
     )
@@ -623,6 +626,13 @@ def main() -> None:
             from bench.mcptools import bench_mcp
 
             bench_mcp(work, 1 if compare.quick() else 3, table)
+        if args.only in (None, "conversations"):
+            from bench.conversations import bench_conversations
+
+            if compare.quick():
+                bench_conversations(2, 400, 3000, table, n_ctx=2048)
+            else:
+                bench_conversations(table=table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -138,6 +138,12 @@ class Settings:
     mcp_hosts: tuple[str, ...] = ()
     mcp_timeout: float = 60.0
     mcp_max_result: int = 64 * 1024
+    # conversations (docs/conversations.md): the most items one may hold, the most bytes
+    # its stored items may take, and all of one client's conversations together (0: no
+    # limit); past one, an append or a turn is refused (409 conversation_quota_exceeded)
+    conversation_max_items: int = 10_000
+    conversation_max_bytes: int = 32 << 20
+    client_conversation_bytes: int = 1 << 30
 
     @property
     def node(self) -> str:
@@ -361,6 +367,7 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         parse_hosts(v)  # a malformed entry stops the start, saying which
         changes["webhook_hosts"] = v
     _shared_work(env, changes)
+    _conversations(env, changes)
     if v := env.get("LMSP_MAX_CLOCK_SKEW"):
         changes["max_clock_skew"] = skew = parse_duration(v)
         if skew <= 0:
@@ -414,3 +421,16 @@ def _shared_work(env: dict[str, str], changes: dict[str, object]) -> None:
         changes["request_cpu_time"] = seconds = parse_duration(v)
         if seconds <= 0:
             raise ValueError("LMSP_REQUEST_CPU_TIME must be more than 0s")
+
+
+def _conversations(env: dict[str, str], changes: dict[str, object]) -> None:
+    """The quotas of conversations (0: no limit)."""
+    for name, key in (
+        ("LMSP_CONVERSATION_MAX_ITEMS", "conversation_max_items"),
+        ("LMSP_CONVERSATION_MAX_BYTES", "conversation_max_bytes"),
+        ("LMSP_CLIENT_CONVERSATION_BYTES", "client_conversation_bytes"),
+    ):
+        if v := env.get(name):
+            changes[key] = int(v)
+            if int(v) < 0:
+                raise ValueError(f"{name} must be 0 (no limit) or more")

@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 
 from lmsp.config import Settings
 from lmsp.protocol import compaction
+from lmsp.store import conversations
+from lmsp.store.conversations import Quota
 from lmsp.tasks.retention import sweep
 from tests.pgcluster import store_reader
 
@@ -196,12 +198,19 @@ def test_turns_append_input_and_output_in_order(client: TestClient, settings: Se
         == 4
     )
     conn.close()
-    # retention deletes the finished responses, never the conversation or its items
+    # retention: a conversation used within the period stays, its items too
     svc = client.app.state.lmsp  # type: ignore[attr-defined]
-    swept = sweep(svc.db, -3600)  # an age of -1 h: everything finished so far
-    assert swept.responses >= 4
-    assert client.get(f"/v1/responses/{first['id']}").status_code == 404
+    assert sweep(svc.db, 3600).conversations == 0
     assert [i["id"] for i in listed(client, cid, order="asc", limit=100)] == [i["id"] for i in got]
+    # past it, its finished responses go, and then the conversation with its items
+    swept = sweep(svc.db, -3600)  # an age of -1 h: everything finished so far
+    assert swept.responses >= 4 and swept.conversations >= 1
+    assert client.get(f"/v1/responses/{first['id']}").status_code == 404
+    assert client.get(f"/v1/conversations/{cid}").status_code == 404
+    conn = store_reader(settings)
+    gone = "SELECT count(*) FROM conversation_items WHERE conversation_id = ?"
+    assert conn.execute(gone, (cid,)).fetchone()[0] == 0
+    conn.close()
 
 
 def test_failed_and_cancelled_turns_add_nothing(client: TestClient) -> None:
@@ -409,3 +418,177 @@ def test_a_replayed_create_does_not_compact_again(
     assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["id"] == first["id"]
     assert summaries == [1]  # the replay answered the first response, summarizing nothing
+
+
+# -- one client's large conversation (issue 36, item 7) -----------------------------------------
+def small(count: int, size: int = 20, tag: str = "m") -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"{tag}{i}:" + "x" * size} for i in range(count)]
+
+
+def counts_agree(settings: Settings) -> None:
+    """Every conversation's counted size is what it holds."""
+    conn = store_reader(settings)
+    length = "octet_length(i.item)" if settings.database_url else "length(CAST(i.item AS BLOB))"
+    rows = conn.execute(
+        "SELECT c.id, c.item_count, c.item_bytes,"
+        " (SELECT count(*) FROM conversation_items i WHERE i.conversation_id = c.id),"
+        f" (SELECT coalesce(sum({length}), 0) FROM conversation_items i"
+        "  WHERE i.conversation_id = c.id) FROM conversations c"
+    ).fetchall()
+    conn.close()
+    for row in rows:
+        assert (row[1], row[2]) == (row[3], row[4]), row[0]
+
+
+def quota_code(answer: Any, param: str) -> str:
+    assert answer.status_code == 409, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == ("conversation_quota_exceeded", param)
+    return str(error["message"])
+
+
+def test_quotas_refuse_whole_and_count_exactly(client: TestClient, settings: Settings) -> None:
+    svc = client.app.state.lmsp  # type: ignore[attr-defined]
+    svc.quota = Quota(items=6, bytes=4000, client_bytes=6000)
+    cid = ok(client.post("/v1/conversations", json={"items": small(4)}))["id"]
+    message = quota_code(
+        client.post(f"/v1/conversations/{cid}/items", json={"items": small(3)}), "items"
+    )
+    assert "LMSP_CONVERSATION_MAX_ITEMS" in message
+    ok(client.post(f"/v1/conversations/{cid}/items", json={"items": small(2)}))
+    assert len(listed(client, cid, limit=100)) == 6
+    turn = {"model": MODEL, "input": "more", "conversation": cid, "max_output_tokens": 2}
+    conn = store_reader(settings)
+    stored = "SELECT count(*) FROM responses"
+    before = conn.execute(stored).fetchone()[0]
+    quota_code(client.post("/v1/responses", json=turn), "conversation")
+    assert conn.execute(stored).fetchone()[0] == before
+    conn.close()
+    # room for one input item: the turn runs, and its output is appended whole past 6
+    oldest = listed(client, cid, order="asc", limit=1)[0]["id"]
+    ok(client.delete(f"/v1/conversations/{cid}/items/{oldest}"))
+    assert ok(client.post("/v1/responses", json=turn))["status"] in ("completed", "incomplete")
+    assert len(listed(client, cid, limit=100)) == 7
+    quota_code(client.post("/v1/responses", json=turn), "conversation")
+    # bytes: of one conversation, then of all of the client's
+    cid2 = ok(client.post("/v1/conversations", json={"items": small(1, 3000)}))["id"]
+    added = client.post(f"/v1/conversations/{cid2}/items", json={"items": small(1, 1000)})
+    assert "LMSP_CONVERSATION_MAX_BYTES" in quota_code(added, "items")
+    third = client.post("/v1/conversations", json={"items": small(1, 2500)})
+    assert "LMSP_CLIENT_CONVERSATION_BYTES" in quota_code(third, "items")
+    # another client's conversations are counted apart
+    ok(
+        client.post(
+            "/v1/conversations", json={"items": small(1, 2500)}, headers=other_client(client)
+        )
+    )
+    counts_agree(settings)
+
+
+def test_a_long_conversation_turn_reads_its_newest_items(client: TestClient) -> None:
+    cid = ok(client.post("/v1/conversations", json={}))["id"]
+    for batch in range(15):  # 300 items of ~110 bytes: the test engine's context is 4,096
+        ok(
+            client.post(
+                f"/v1/conversations/{cid}/items", json={"items": small(20, 100, f"b{batch}.")}
+            )
+        )
+    body = {"model": MODEL, "conversation": cid, "truncation": "auto", "max_output_tokens": 2}
+    done = ok(client.post("/v1/responses", json={**body, "input": "now"}))
+    assert done["status"] in ("completed", "incomplete")
+    dropped = done["truncated_input"]
+    assert (
+        dropped["items"] > 250
+        and dropped["first"]["id"] == listed(client, cid, order="asc", limit=1)[0]["id"]
+    )
+    # the run (in the background too) reads the items it kept, and the prompt is the same
+    bg = ok(client.post("/v1/responses", json={**body, "input": "now", "background": True}), 202)
+    deadline = time.monotonic() + 60
+    while (got := ok(client.get(f"/v1/responses/{bg['id']}")))["status"] in (
+        "queued",
+        "in_progress",
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert got["usage"]["input_tokens"] > 0
+    # input items, paged from either end
+    newest = ok(client.get(f"/v1/responses/{done['id']}/input_items", params={"limit": 2}))
+    assert texts(newest["data"]) == ["now", "b14.19:" + "x" * 100] and newest["has_more"]
+    oldest = ok(
+        client.get(f"/v1/responses/{done['id']}/input_items", params={"limit": 2, "order": "asc"})
+    )
+    assert texts(oldest["data"]) == ["b0.0:" + "x" * 100, "b0.1:" + "x" * 100]
+    last = ok(
+        client.get(
+            f"/v1/responses/{done['id']}/input_items",
+            params={"order": "asc", "after": newest["data"][1]["id"], "limit": 5},
+        )
+    )
+    assert texts(last["data"]) == ["now"] and not last["has_more"]
+    missing = client.get(f"/v1/responses/{done['id']}/input_items", params={"after": "msg_x"})
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "after"
+    # without truncation: refused once the context is known to be full; a count stops
+    # at four contexts
+    for path in ("/v1/responses", "/v1/responses/input_tokens"):
+        answer = client.post(path, json={**body, "truncation": "disabled", "input": "x"})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "context_length_exceeded"
+        assert "at least" in answer.json()["error"]["message"]
+
+
+def test_retention_sweeps_unused_conversations_once_their_turns_are_gone(
+    client: TestClient, settings: Settings
+) -> None:
+    svc = client.app.state.lmsp  # type: ignore[attr-defined]
+    week = 7 * 86400.0
+    talked = ok(client.post("/v1/conversations", json={"items": small(2)}))["id"]
+    turn = ok(
+        client.post("/v1/responses", json={"model": MODEL, "input": "hi", "conversation": talked})
+    )
+    idle = ok(client.post("/v1/conversations", json={"items": small(2)}))["id"]
+    fresh = ok(client.post("/v1/conversations", json={}))["id"]
+
+    def age(sql: str, *args: Any) -> None:
+        svc.db.write_sync(lambda c: c.execute(sql, (int(time.time()) - 10 * 86400, *args)))
+
+    age("UPDATE conversations SET updated_at = ? WHERE id IN (?, ?)", talked, idle)
+    swept = sweep(svc.db, week)
+    assert swept.conversations == 1  # the idle one; the other's turn is still stored
+    assert client.get(f"/v1/conversations/{idle}").status_code == 404
+    assert client.get(f"/v1/conversations/{talked}").status_code == 200
+    assert client.get(f"/v1/conversations/{fresh}").status_code == 200
+    age("UPDATE tasks SET finished_at = ? WHERE response_id = ?", turn["id"])
+    swept = sweep(svc.db, week)
+    assert (swept.responses, swept.conversations) == (1, 1)
+    assert client.get(f"/v1/conversations/{talked}").status_code == 404
+    assert client.get(f"/v1/conversations/{fresh}").status_code == 200
+    conn = store_reader(settings)
+    left = conn.execute(
+        "SELECT count(*) FROM conversation_items WHERE conversation_id IN (?, ?)", (talked, idle)
+    ).fetchone()[0]
+    conn.close()
+    assert left == 0
+
+
+def test_a_page_of_items_is_bounded_in_bytes(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET …/items`` ends a page early once it holds ``PAGE_BYTES`` (never with no
+    item), and ``after`` pages on through every item."""
+    monkeypatch.setattr(conversations, "PAGE_BYTES", 3000)
+    cid = ok(client.post("/v1/conversations", json={"items": small(10, 1000)}))["id"]
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        params: dict[str, Any] = {"order": "asc", "limit": 100}
+        if after is not None:
+            params["after"] = after
+        page = ok(client.get(f"/v1/conversations/{cid}/items", params=params))
+        assert 1 <= len(page["data"]) <= 3
+        seen += texts(page["data"])
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == [f"m{i}:" + "x" * 1000 for i in range(10)]
+    monkeypatch.setattr(conversations, "PAGE_BYTES", 10)  # one item larger than a page
+    assert len(listed(client, cid, limit=100)) == 1

@@ -4,7 +4,7 @@ CREATE TABLE _migrations ( name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL) S
 CREATE TABLE audit_log ( id INTEGER PRIMARY KEY, at INTEGER NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL, change TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL ) STRICT;
 CREATE TABLE clients ( id TEXT PRIMARY KEY, name TEXT NOT NULL, token_prefix TEXT NOT NULL, token_hash TEXT NOT NULL UNIQUE, scopes TEXT NOT NULL, created_at INTEGER NOT NULL, last_used_at INTEGER, revoked_at INTEGER , max_queued INTEGER, max_running INTEGER, tokens_per_minute INTEGER, tokens_per_day INTEGER, served INTEGER NOT NULL DEFAULT 0) STRICT;
 CREATE TABLE conversation_items ( seq INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE, id TEXT NOT NULL, item TEXT NOT NULL, response_id TEXT, created_at INTEGER NOT NULL ) STRICT;
-CREATE TABLE conversations ( id TEXT PRIMARY KEY, client_id TEXT NOT NULL REFERENCES clients(id), created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, metadata TEXT NOT NULL ) STRICT;
+CREATE TABLE conversations ( id TEXT PRIMARY KEY, client_id TEXT NOT NULL REFERENCES clients(id), created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, metadata TEXT NOT NULL , item_count INTEGER NOT NULL DEFAULT 0, item_bytes INTEGER NOT NULL DEFAULT 0) STRICT;
 CREATE TABLE idempotency_keys ( client_id TEXT NOT NULL REFERENCES clients(id), key TEXT NOT NULL, request_digest TEXT NOT NULL, status_code INTEGER NOT NULL, resource_id TEXT, created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (client_id, key) ) STRICT;
 CREATE TABLE mcp_headers ( response_id TEXT PRIMARY KEY REFERENCES responses(id) ON DELETE CASCADE, headers TEXT NOT NULL ) STRICT;
 CREATE TABLE model_aliases ( alias TEXT PRIMARY KEY, model TEXT NOT NULL, created_at INTEGER NOT NULL ) STRICT;
@@ -24,10 +24,12 @@ CREATE TABLE webhooks ( id TEXT PRIMARY KEY, client_id TEXT NOT NULL REFERENCES 
 CREATE UNIQUE INDEX conversation_items_id ON conversation_items(conversation_id, id);
 CREATE INDEX conversation_items_order ON conversation_items(conversation_id, seq);
 CREATE INDEX conversations_client ON conversations(client_id);
+CREATE INDEX conversations_updated ON conversations(updated_at);
 CREATE INDEX idempotency_expiry ON idempotency_keys(expires_at);
 CREATE INDEX model_pulls_ref ON model_pulls(ref, model_id);
 CREATE INDEX pairing_expiry ON pairing_requests(expires_at);
 CREATE INDEX pairing_source ON pairing_requests(source, status);
+CREATE INDEX responses_conversation ON responses(conversation_id) WHERE conversation_id IS NOT NULL;
 CREATE INDEX responses_previous ON responses(previous_id) WHERE previous_id IS NOT NULL;
 CREATE INDEX tasks_client ON tasks(client_id, seq);
 CREATE INDEX tasks_client_status ON tasks(client_id, status);

@@ -265,6 +265,8 @@ async def _gc_loop(svc: Service) -> None:
                     swept.idempotency_keys,
                     swept.pairing_requests,
                 )
+            if swept.conversations:
+                log.info("retention: %d unused conversations", swept.conversations)
             if swept.kv_bytes:
                 log.info("retention: %d bytes of saved prefixes", swept.kv_bytes)
         except Exception:

@@ -35,6 +35,7 @@ STATUS: dict[str, int] = {
     "pairing_expired": 409,
     "response_in_progress": 409,
     "history_deleted": 409,  # a conversation whose history lost a response
+    "conversation_quota_exceeded": 409,  # items past a conversation's quotas
     "idempotency_request_in_progress": 409,
     "cancelled": 409,  # a chat completion whose response was cancelled
     # 413 / 415 / 422

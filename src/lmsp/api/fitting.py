@@ -13,23 +13,26 @@ prompt's own). Once the newest items alone fill the context, the older ones can 
 be dropped (``truncation: "auto"``; it drops the oldest first) or make the prompt too
 long (``"disabled"``): the reading stops. The fewest items that make it fit are found
 among those read, as before; the older ones are then only counted, a response at a
-time, for the record of what was dropped (:func:`lmsp.tasks.plan.truncate`). A history
-that fits is read whole, and everything comes out as it did when it was always read
-whole (the same items, order, counts and record).
+time, for the record of what was dropped (:func:`lmsp.tasks.plan.truncate`), or by one
+count in the database when the history is a conversation's items (:attr:`Turn.older`).
+A history that fits is read whole, and everything comes out as it did when it was
+always read whole (the same items, order, counts and record).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from lmsp.protocol import items
-from lmsp.store.responses import Turn
+from lmsp.store.conversations import Turn
 from lmsp.tasks.plan import truncate
 
 Item = dict[str, Any]
 #: the prompt's ``(tokens, context)`` with these context items (``None``: not known)
 Measure = Callable[[list[Item]], tuple[int, int] | None]
+#: an exact count reads a history on until the prompt holds this many contexts
+EXACT_BOUND = 4
 
 
 class Size(NamedTuple):
@@ -49,25 +52,28 @@ def fit(
     as far as the model can be given it. With ``truncation: "auto"`` a prompt too long
     for the context loses its oldest context items, the fewest that make it fit (the
     last item always stays; recorded in ``request``). ``exact``: an over-long prompt
-    without ``"auto"`` is read whole all the same, for its exact count (what
-    ``/v1/responses/input_tokens`` answers)."""
+    without ``"auto"`` is read on, for its exact count (what
+    ``/v1/responses/input_tokens`` answers), up to :data:`EXACT_BOUND` times the
+    context (past that, ``whole`` is false: a history the size of many contexts is
+    never read and tokenized whole for a count)."""
     auto = request.get("truncation") == "auto"
+    bound = EXACT_BOUND if exact and not auto else 1
     own = items.input_of(request)
     turns = iter(history)
-    newest: list[list[Item]] = []  # the responses read, newest first
+    newest: list[Turn] = []  # the responses (or pages) read, newest first
     read = 0  # their stored bytes
     measured = -1  # ``read`` when the prompt was last measured
     got: tuple[int, int] | None = None
     full = False
     for turn in turns:
-        newest.append(turn.items)
+        newest.append(turn)
         read += turn.size
-        if (exact and not auto) or read < 2 * measured:
+        if read < 2 * measured:
             continue
         got, measured = measure([*_held(newest), *own]), read
         if got is None:  # not known before it runs: the runner reads it again
             break
-        if got[0] >= got[1]:
+        if got[0] >= bound * got[1]:
             full = True
             break
     held = _held(newest)
@@ -93,13 +99,26 @@ def fit(
             low = middle + 1
     if best is None:  # even its last item alone does not fit
         return Size(got[0], got[1], not full)
-    unread, oldest = 0, None
-    for turn in turns:  # what was left unread: only counted, a response at a time
-        unread += len(turn.items)
-        oldest = turn.items[0] if turn.items else oldest
+    unread, oldest = _unread(newest[-1] if newest else None, turns)
     truncate(request, best[0], unread=unread, oldest=oldest)
     return Size(best[1][0], best[1][1])
 
 
-def _held(newest: list[list[Item]]) -> list[Item]:
-    return [item for seen in reversed(newest) for item in seen]
+def _held(newest: list[Turn]) -> list[Item]:
+    return [item for turn in reversed(newest) for item in turn.items]
+
+
+def _unread(last: Turn | None, turns: Iterator[Turn]) -> tuple[int, Item | None]:
+    """How many items come before ``last``, the oldest one read, and the oldest of them:
+    counted where they are stored when they can be (:attr:`Turn.older`), else read a
+    response at a time, never held."""
+    if last is not None and last.older is not None:
+        return last.older()
+    unread, oldest = 0, None
+    for turn in turns:
+        unread += len(turn.items)
+        oldest = turn.items[0] if turn.items else oldest
+        if turn.older is not None:  # a conversation's items: the rest by one count
+            more, first = turn.older()
+            return unread + more, first or oldest
+    return unread, oldest

@@ -113,6 +113,8 @@ class Service:
     files: FileReader = field(init=False)
     # the key of compaction items' HMAC (the database's: every node checks alike)
     compaction_key: bytes = field(init=False, repr=False)
+    # how much a conversation, and a client's conversations, may hold
+    quota: conversation_store.Quota = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokens = TokenCache(self.db)
@@ -124,6 +126,11 @@ class Service:
             self.sandbox, cpu_seconds=settings.schema_cpu_time, max_bytes=settings.max_schema_bytes
         )
         self.files = FileReader(self.sandbox, cpu_seconds=settings.file_cpu_time)
+        self.quota = conversation_store.Quota(
+            settings.conversation_max_items,
+            settings.conversation_max_bytes,
+            settings.client_conversation_bytes,
+        )
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` in a reader thread (its ``db.reader()`` is that
@@ -183,10 +190,11 @@ class Service:
         with ``truncation: "auto"`` its oldest context items dropped, the fewest that
         make it fit, as the Responses API defines it (:func:`lmsp.api.fitting.fit`). In
         a reader thread."""
-        history: Iterable[response_store.Turn] = ()
+        history: Iterable[conversation_store.Turn] = ()
         previous = request.get("previous_response_id")
-        if items.HISTORY in request:  # a conversation's items so far (:meth:`prepare`)
-            history = [response_store.Turn(request[items.HISTORY], 0)]
+        turn = conversation_store.turn_of(request)
+        if turn is not None:  # a conversation's items so far, a page at a time
+            history = conversation_store.newest_first(self.db.reader(), *turn)
         elif previous is not None:
             history = response_store.newest_first(self.db.reader(), previous)
         tools = tools_of(request)
@@ -252,7 +260,9 @@ class Service:
                 key=key,
             )
             if conversation is not None and not created.replayed:  # its turn goes there
-                conversation_store.bind(conn, created.response_id, conversation, client)
+                conversation_store.bind(
+                    conn, created.response_id, conversation, client, self.quota, request["input"]
+                )
             if secret and not created.replayed:
                 mcp_headers.keep(conn, created.response_id, secret)
             return created
@@ -269,10 +279,10 @@ class Service:
         param: toolcheck.Param = toolcheck.responses_param,
     ) -> models.ModelRecord:
         """What :meth:`create` checks and resolves before it counts the prompt: the model,
-        the sampling numbers, schemas and grammars, every input item (files read), the
-        items of ``conversation``, all in ``request``, and that ``previous_response_id``
-        may be continued (its history is read by :meth:`fit`, only as far as the
-        context holds it). ``/v1/responses/input_tokens`` counts what this leaves."""
+        the sampling numbers, schemas and grammars, every input item (files read), that
+        ``conversation`` may take the turn (its quotas) and ``previous_response_id`` may
+        be continued, all in ``request`` (either history is read by :meth:`fit`, only as
+        far as the context holds it). ``/v1/responses/input_tokens`` counts what this leaves."""
         # the budget of its files and schemas, all together, counted from now
         ticket = Ticket.arriving(client.id, self.settings.request_cpu_time, WALL_FACTOR)
         if request.get("service_tier") == "priority" and not client.allows("priority"):
@@ -306,9 +316,11 @@ class Service:
                 lambda: response_store.continuable(self.db.reader(), previous, client.id)
             )
         conversation = (request.get("conversation") or {}).get("id")
-        if conversation is not None:  # its items so far (the stored request names the last)
-            request[items.HISTORY], request[conversation_store.UPTO] = await self.read(
-                lambda: conversation_store.start(self.db.reader(), conversation, client)
+        if conversation is not None:  # the stored request names its last item (read by fit)
+            request[conversation_store.UPTO] = await self.read(
+                lambda: conversation_store.start(
+                    self.db.reader(), conversation, client, self.quota, request["input"]
+                )
             )
         return record
 

@@ -239,6 +239,8 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
     click.echo(
         f"deleted {swept.responses} finished responses and {swept.idempotency_keys} expired keys"
     )
+    if swept.conversations:
+        click.echo(f"deleted {swept.conversations} conversation(s) unused for the retention period")
     if orphans:
         click.echo(f"removed {len(orphans)} model blob(s) no record named")
     if swept.kv_bytes:

@@ -404,6 +404,24 @@ MIGRATIONS: list[tuple[str, str]] = [
         UPDATE webhooks SET updated_at = created_at;
         """,
     ),
+    (
+        # a conversation's size, counted as items come and go (its quotas, the sum of a
+        # client's), from what each one holds now; retention sweeps the unused ones
+        # (``updated_at``) once no response of theirs is stored
+        "m018_conversation_sizes",
+        """
+        ALTER TABLE conversations ADD COLUMN item_count INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE conversations ADD COLUMN item_bytes INTEGER NOT NULL DEFAULT 0;
+        UPDATE conversations SET
+            item_count = (SELECT COUNT(*) FROM conversation_items i
+                          WHERE i.conversation_id = conversations.id),
+            item_bytes = (SELECT COALESCE(SUM(length(CAST(i.item AS BLOB))), 0)
+                          FROM conversation_items i WHERE i.conversation_id = conversations.id);
+        CREATE INDEX conversations_updated ON conversations(updated_at);
+        CREATE INDEX responses_conversation ON responses(conversation_id)
+            WHERE conversation_id IS NOT NULL;
+        """,
+    ),
 ]
 
 

@@ -342,6 +342,21 @@ MIGRATIONS: list[tuple[str, str]] = [
         UPDATE webhooks SET updated_at = created_at;
         """,
     ),
+    (
+        "p018_conversation_sizes",
+        """
+        ALTER TABLE conversations ADD COLUMN item_count BIGINT NOT NULL DEFAULT 0;
+        ALTER TABLE conversations ADD COLUMN item_bytes BIGINT NOT NULL DEFAULT 0;
+        UPDATE conversations SET
+            item_count = (SELECT COUNT(*) FROM conversation_items i
+                          WHERE i.conversation_id = conversations.id),
+            item_bytes = (SELECT COALESCE(SUM(octet_length(i.item)), 0)
+                          FROM conversation_items i WHERE i.conversation_id = conversations.id);
+        CREATE INDEX conversations_updated ON conversations(updated_at);
+        CREATE INDEX responses_conversation ON responses(conversation_id)
+            WHERE conversation_id IS NOT NULL;
+        """,
+    ),
 ]
 
 

@@ -24,6 +24,7 @@ from lmsp.protocol import items, objects
 from lmsp.protocol.states import FINISHED_SQL, Status
 from lmsp.store import conversations, events, idempotency, limits
 from lmsp.store import tasks as task_store
+from lmsp.store.conversations import Turn
 from lmsp.store.sql import Conn, Row
 
 
@@ -223,20 +224,13 @@ def context_of(conn: Conn, response_id: str) -> list[dict[str, Any]]:
     return out
 
 
-@dataclass(frozen=True)
-class Turn:
-    """One response of a history, as a later turn sees it: its input and then its output
-    (the oldest one's own history first, when it carries one), and its stored bytes."""
-
-    items: list[dict[str, Any]]
-    size: int
-
-
 def newest_first(conn: Conn, response_id: str) -> Iterator[Turn]:
     """What :func:`context_of` gives, a response at a time, the newest first, each read
     only when it is asked for: a caller that needs only the newest items of a long
     conversation stops early, and never holds the rest (``history_deleted`` if a
-    response of it is gone, before the first)."""
+    response of it is gone, before the first). A chain that starts from a turn of a
+    conversation (``conversation``) goes on with that conversation's items, a page at a
+    time (:func:`lmsp.store.conversations.newest_first`)."""
     chain = _chain(conn, response_id, ids_only=True)
     for link in reversed(chain):
         row = conn.execute(
@@ -244,10 +238,18 @@ def newest_first(conn: Conn, response_id: str) -> Iterator[Turn]:
         ).fetchone()
         if row is None:  # deleted while it was read
             raise history_deleted(link["id"])
-        seen, started = _seen(conn, json.loads(row["request"]), row["output"])
-        yield Turn(seen, len(row["request"]) + len(row["output"] or ""))
-        if started:  # its own history is all that came before it
-            return
+        request = json.loads(row["request"])
+        size = len(row["request"]) + len(row["output"] or "")
+        started = conversations.turn_of(request)
+        if items.HISTORY in request or started is None:
+            seen, whole = _seen(conn, request, row["output"])
+            yield Turn(seen, size)
+            if whole:  # its own history is all that came before it
+                return
+            continue
+        yield Turn([*items.input_of(request), *_output(row["output"])], size)
+        yield from conversations.newest_first(conn, *started)
+        return
 
 
 def _seen(conn: Conn, request: dict[str, Any], output: str | None) -> tuple[list[Any], bool]:
@@ -261,8 +263,13 @@ def _seen(conn: Conn, request: dict[str, Any], output: str | None) -> tuple[list
     else:
         seen, started = [], False
     seen.extend(items.input_of(request))
-    seen.extend(json.loads(output) if output else [])
+    seen.extend(_output(output))
     return seen, started
+
+
+def _output(output: str | None) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = json.loads(output) if output else []
+    return found
 
 
 def request_of(conn: Conn, response: Row) -> dict[str, Any]:
@@ -287,9 +294,12 @@ def given_request(conn: Conn, response: Row) -> dict[str, Any]:
     request: dict[str, Any] = json.loads(response["request"])
     kept = (request.get(items.TRUNCATED) or {}).get("kept")
     previous = response["previous_id"]
-    if kept is None or previous is None or items.HISTORY in request:
+    if kept is None or items.HISTORY in request:
         return request_of(conn, response)
     wanted = int(kept) - len(items.input_of(request))
+    if previous is None:  # a turn of a conversation (else it has no history to cut)
+        request[items.HISTORY] = conversations.newest(conn, request, wanted)
+        return request
     newest: list[list[dict[str, Any]]] = []
     held = 0
     if wanted <= 0:  # none of it: still, the whole history must be there
@@ -302,3 +312,14 @@ def given_request(conn: Conn, response: Row) -> dict[str, Any]:
                 break
     request[items.HISTORY] = [item for seen in reversed(newest) for item in seen]
     return request
+
+
+def input_items(
+    conn: Conn, response: Row, order: str, after: str | None, limit: int
+) -> dict[str, Any]:
+    """``GET /v1/responses/{id}/input_items``: a page of the items its model was given;
+    a turn of a conversation's page is read alone, never the whole conversation."""
+    request: dict[str, Any] = json.loads(response["request"])
+    if items.HISTORY not in request and conversations.turn_of(request) is not None:
+        return conversations.input_page(conn, request, order, after, limit)
+    return objects.input_items_page(request_of(conn, response), order, after, limit)

@@ -1,6 +1,7 @@
 """Retention (chapter 11.2): delete finished tasks, their events and stored responses
-older than the retention period, expired idempotency keys and expired pairing
-requests, in small batches. Every delete condition names the
+older than the retention period, conversations unused for it once none of their
+responses is stored, expired idempotency keys and expired pairing requests, in small
+batches. Every delete condition names the
 finished states, so no unfinished task can ever match; a response a later turn of its
 conversation continues stays as long as that turn does. The same pass bounds the durable
 prefix cache (:mod:`lmsp.engines.kvfiles`): entries of models no record names, entries
@@ -15,7 +16,12 @@ from dataclasses import dataclass
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.store import models, pairing, webhooks
 from lmsp.store.db import Database
-from lmsp.store.retention import BATCH, delete_expired_keys_batch, delete_finished_batch
+from lmsp.store.retention import (
+    BATCH,
+    delete_expired_keys_batch,
+    delete_finished_batch,
+    delete_unused_conversations_batch,
+)
 from lmsp.store.sql import Conn
 
 __all__ = ["BATCH", "Swept", "delete_expired_keys_batch", "delete_finished_batch", "sweep"]
@@ -28,6 +34,7 @@ class Swept:
     pairing_requests: int = 0
     kv_bytes: int = 0  # freed in the prefix cache
     webhook_deliveries: int = 0  # delivered or failed ones past the retention period
+    conversations: int = 0  # unused for the retention period, with their items
 
 
 def delete_expired_pairings_batch(conn: Conn, batch: int = BATCH) -> int:
@@ -46,6 +53,8 @@ def sweep(
     swept = Swept()
     while n := db.write_sync(lambda c: delete_finished_batch(c, retention)):
         swept.responses += n
+    while n := db.write_sync(lambda c: delete_unused_conversations_batch(c, retention)):
+        swept.conversations += n
     while n := db.write_sync(delete_expired_keys_batch):
         swept.idempotency_keys += n
     while n := db.write_sync(delete_expired_pairings_batch):

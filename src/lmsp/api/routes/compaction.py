@@ -12,7 +12,7 @@ from pydantic import Field, StringConstraints
 from lmsp import errors
 from lmsp.store.clients import Client
 
-from .. import compaction, turns
+from .. import compaction, fitting, turns
 from ..auth import require
 from ..schemas import (
     MAX_INPUT_ITEMS,
@@ -98,5 +98,13 @@ async def count_input_tokens(
             "model_load_failed",
             f"The tokenizer of {body.model!r} cannot be read now; retry, or see lmsp doctor.",
             param="model",
+        )
+    if not size.whole:  # a history of many contexts is not read whole for a count
+        raise errors.LmspError(
+            "context_length_exceeded",
+            f"The prompt has at least {size.tokens} tokens, over {fitting.EXACT_BOUND} times"
+            f" the context of {record.id!r} ({size.context}); lmsp counts no further."
+            " Compact the history (POST /v1/responses/compact) or start a shorter one.",
+            param="input",
         )
     return {"object": "response.input_tokens", "input_tokens": size[0]}

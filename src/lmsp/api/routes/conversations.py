@@ -1,6 +1,7 @@
 """``/v1/conversations``: the OpenAI Conversations API (create, retrieve, update
 metadata, delete; items list, add, retrieve, delete), on the durable store. A
-conversation belongs to the client that made it: another client's id is ``404``."""
+conversation belongs to the client that made it: another client's id is ``404``; items
+past its quotas are refused (``409 conversation_quota_exceeded``, nothing written)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,9 @@ async def create_conversation(
 ) -> dict[str, Any]:
     svc = service(request)
     added = await _items(svc, body.items or [], "items")
-    row = await svc.db.write(lambda c: store.create(c, client.id, body.metadata or {}, added))
+    row = await svc.db.write(
+        lambda c: store.create(c, client.id, body.metadata or {}, added, svc.quota)
+    )
     return store.render(row)
 
 
@@ -134,7 +137,7 @@ async def add_items(
 
     def job(conn: Conn) -> list[dict[str, Any]]:
         store.owned(conn, conversation_id, client)  # (not deleted meanwhile)
-        return store.append(conn, conversation_id, added)
+        return store.append(conn, conversation_id, added, quota=svc.quota)
 
     stored = [store.shown(item) for item in await svc.db.write(job)]
     return {

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
 from lmsp.protocol import events as ev
-from lmsp.protocol import mcp, objects
+from lmsp.protocol import mcp
 from lmsp.store import idempotency
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
@@ -165,9 +165,11 @@ async def list_input_items(
     for value in _include(include):
         if value != "message.input_image.image_url":  # no images are ever stored
             raise unsupported("include", f"include {value!r} does not apply to input items.")
-    # its history expanded (``409 history_deleted`` if a response of it was deleted)
-    stored = await svc.read(lambda: response_store.request_of(svc.db.reader(), response))
-    return objects.input_items_page(stored, order, after, limit)
+    # its history expanded (``409 history_deleted`` if a response of it was deleted); a
+    # conversation's items are read a page at a time
+    return await svc.read(
+        lambda: response_store.input_items(svc.db.reader(), response, order, after, limit)
+    )
 
 
 @router.post("/{response_id}/cancel")
