@@ -311,7 +311,12 @@ def test_conversation_quotas_refuse_the_append_whole(tmp_path: Path) -> None:
 def test_unused_conversations_are_swept_with_their_turns(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     # a step of the test engine takes 3 s: the running turn lasts over a minute
-    env = {"LMSP_RETENTION": "2s", "LMSP_GC_INTERVAL": "1s", "LMSP_TEST_ENGINE_DELAY": "3"}
+    env = {
+        "LMSP_RETENTION": "2s",
+        "LMSP_CONVERSATION_RETENTION": "2s",
+        "LMSP_GC_INTERVAL": "1s",
+        "LMSP_TEST_ENGINE_DELAY": "3",
+    }
     server = Server(data_dir, env=env).start()
     try:
         with server.client() as http:

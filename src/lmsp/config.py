@@ -41,6 +41,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8430
     retention: float = 7 * 86400.0
+    # conversations unused this long are deleted; 0: never (PROTOCOL.md 10, the default)
+    conversation_retention: float = 0.0
     default_on_restart: str = "fail"
     parallel: int = 4  # sequences decoded together: the best of 1, 2, 4, 8 (docs/performance.md)
     # sequences more, each taken only by a client with nothing running while the others
@@ -194,6 +196,8 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["port"] = int(v)
     if v := env.get("LMSP_RETENTION"):
         changes["retention"] = parse_duration(v)
+    if v := env.get("LMSP_CONVERSATION_RETENTION"):
+        changes["conversation_retention"] = parse_duration(v)
     if v := env.get("LMSP_DEFAULT_ON_RESTART"):
         if v not in ON_RESTART_POLICIES:
             raise ValueError(f"LMSP_DEFAULT_ON_RESTART must be one of {ON_RESTART_POLICIES}")

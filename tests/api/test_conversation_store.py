@@ -200,10 +200,13 @@ def test_turns_append_input_and_output_in_order(client: TestClient, settings: Se
     conn.close()
     # retention: a conversation used within the period stays, its items too
     svc = client.app.state.lmsp  # type: ignore[attr-defined]
-    assert sweep(svc.db, 3600).conversations == 0
+    assert sweep(svc.db, 3600, conversations=3600).conversations == 0
     assert [i["id"] for i in listed(client, cid, order="asc", limit=100)] == [i["id"] for i in got]
     # past it, its finished responses go, and then the conversation with its items
-    swept = sweep(svc.db, -3600)  # an age of -1 h: everything finished so far
+    # by default (PROTOCOL.md 10) retention never deletes a conversation
+    assert sweep(svc.db, 3600).conversations == 0
+    # an age of -1 h: everything finished so far
+    swept = sweep(svc.db, -3600, conversations=-3600)
     assert swept.responses >= 4 and swept.conversations >= 1
     assert client.get(f"/v1/responses/{first['id']}").status_code == 404
     assert client.get(f"/v1/conversations/{cid}").status_code == 404
@@ -552,13 +555,14 @@ def test_retention_sweeps_unused_conversations_once_their_turns_are_gone(
         svc.db.write_sync(lambda c: c.execute(sql, (int(time.time()) - 10 * 86400, *args)))
 
     age("UPDATE conversations SET updated_at = ? WHERE id IN (?, ?)", talked, idle)
-    swept = sweep(svc.db, week)
+    assert sweep(svc.db, week).conversations == 0  # by default: never (PROTOCOL.md 10)
+    swept = sweep(svc.db, week, conversations=week)
     assert swept.conversations == 1  # the idle one; the other's turn is still stored
     assert client.get(f"/v1/conversations/{idle}").status_code == 404
     assert client.get(f"/v1/conversations/{talked}").status_code == 200
     assert client.get(f"/v1/conversations/{fresh}").status_code == 200
     age("UPDATE tasks SET finished_at = ? WHERE response_id = ?", turn["id"])
-    swept = sweep(svc.db, week)
+    swept = sweep(svc.db, week, conversations=week)
     assert (swept.responses, swept.conversations) == (1, 1)
     assert client.get(f"/v1/conversations/{talked}").status_code == 404
     assert client.get(f"/v1/conversations/{fresh}").status_code == 200

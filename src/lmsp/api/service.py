@@ -429,7 +429,11 @@ class Service:
 
     async def collect_garbage(self) -> retention.Swept:
         return await asyncio.to_thread(
-            retention.sweep, self.db, self.settings.retention, kv=self.kv
+            retention.sweep,
+            self.db,
+            self.settings.retention,
+            kv=self.kv,
+            conversations=self.settings.conversation_retention or None,
         )
 
 

@@ -232,7 +232,9 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
             ttl=settings.kv_cache_ttl,
             reserve=settings.kv_cache_reserve,
         )
-        swept = sweep(db, settings.retention, kv=kv)
+        swept = sweep(
+            db, settings.retention, kv=kv, conversations=settings.conversation_retention or None
+        )
         orphans = remove_orphans(db, settings.blobs_dir)
     finally:
         db.close()

@@ -1,7 +1,8 @@
 """Retention (chapter 11.2): delete finished tasks, their events and stored responses
-older than the retention period, conversations unused for it once none of their
-responses is stored, expired idempotency keys and expired pairing requests, in small
-batches. Every delete condition names the
+older than the retention period, expired idempotency keys and expired pairing requests,
+and, only when an operator asks for it (``LMSP_CONVERSATION_RETENTION``; by default
+retention never deletes a conversation, PROTOCOL.md 10), conversations unused that long
+once none of their responses is stored, in small batches. Every delete condition names the
 finished states, so no unfinished task can ever match; a response a later turn of its
 conversation continues stays as long as that turn does. The same pass bounds the durable
 prefix cache (:mod:`lmsp.engines.kvfiles`): entries of models no record names, entries
@@ -44,17 +45,24 @@ def delete_expired_pairings_batch(conn: Conn, batch: int = BATCH) -> int:
 
 
 def sweep(
-    db: Database, retention: float, now: float | None = None, kv: PrefixFiles | None = None
+    db: Database,
+    retention: float,
+    now: float | None = None,
+    kv: PrefixFiles | None = None,
+    conversations: float | None = None,
 ) -> Swept:
     """One cleanup pass; each batch is its own short transaction. Ages are judged by
     the database's clock; ``now`` (this machine's by default) only ages the prefix cache's
-    files, which are this machine's own."""
+    files, which are this machine's own. ``conversations``: how long an unused
+    conversation is kept (``None``: for ever)."""
     stamp = time.time() if now is None else now
     swept = Swept()
     while n := db.write_sync(lambda c: delete_finished_batch(c, retention)):
         swept.responses += n
-    while n := db.write_sync(lambda c: delete_unused_conversations_batch(c, retention)):
-        swept.conversations += n
+    if conversations is not None:
+        age = conversations
+        while n := db.write_sync(lambda c: delete_unused_conversations_batch(c, age)):
+            swept.conversations += n
     while n := db.write_sync(delete_expired_keys_batch):
         swept.idempotency_keys += n
     while n := db.write_sync(delete_expired_pairings_batch):
