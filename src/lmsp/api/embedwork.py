@@ -6,11 +6,12 @@ for a great deal of it: :func:`budgeted` refuses a request whose inputs have mor
 ``LMSP_EMBED_REQUEST_TOKENS`` tokens in all (``400 embedding_budget_exceeded``, naming
 the limit) before any work. What a request costs is known in one place,
 :class:`EmbedWork` (the client, the model, its inputs and tokens): what the metrics
-count and what the client is charged. An embeddings request is held to its client's
-token limits (``tokens_per_minute``, ``tokens_per_day``: :func:`admit`, ``429`` before
-any work) and, once its engine was given the inputs, counted in the usage ledger as one
-request whose input tokens are every input's tokens (:func:`charge`), whether its
-client waited for the vectors or left.
+count and what the client is charged. :func:`admit` holds a request to its client's
+token limits (``tokens_per_minute``, ``tokens_per_day``: ``429`` before any work) and
+charges it in the same transaction, right before its engine is given the inputs: one
+request in the usage ledger whose input tokens are every input's tokens, whether its
+client then waits for the vectors or leaves. Checked and charged at once, concurrent
+requests of one client cannot all pass a limit that only one of them would reach.
 
 :func:`computed` waits for the engine's answer while watching the HTTP connection
 (:func:`lmsp.api.leaving.unless_gone`): a client that goes away (a timeout, a crash,
@@ -68,13 +69,10 @@ def budgeted(client_id: str, model: str, tokens: list[list[int]], limit: int) ->
 
 
 def admit(conn: Conn, work: EmbedWork) -> None:
-    """``429 rate_limit_exceeded`` if the client has used up its tokens of this minute or
-    of this day (PROTOCOL.md 13); nothing is computed then."""
+    """In the writer's transaction: ``429 rate_limit_exceeded`` (writing nothing) if the
+    client has used up its tokens of this minute or of this day (PROTOCOL.md 13), else
+    count the request in its usage ledger: one request, its tokens as input."""
     limits.check_tokens(conn, work.client_id)
-
-
-def charge(conn: Conn, work: EmbedWork) -> None:
-    """Count the request in its client's usage ledger: one request, its tokens as input."""
     usage.record(conn, work.client_id, work.model, clock_now(conn), prompt=work.tokens)
 
 

@@ -13,8 +13,8 @@ the model and the input (the same input always gives the same vectors), so a cli
 that lost an answer asks again and gets it; there is nothing to resume, cancel or
 replay. For the same reason it takes no ``Idempotency-Key`` (refused like on any other
 route that has no use for one). Its client's token limits hold it (``429`` before any
-work) and its tokens are charged to its client's usage (:func:`lmsp.api.embedwork.charge`)
-once the engine was given them, even if the client left before the answer. It is
+work) and its tokens are charged to its client's usage when the engine is given them
+(:func:`lmsp.api.embedwork.admit`), even if the client leaves before the answer. It is
 counted in ``/metrics`` too (``lmsp_embedding_inputs``, ``lmsp_embedding_tokens``, and
 the HTTP figures).
 """
@@ -96,16 +96,12 @@ async def create_embeddings(body: EmbeddingCreate, request: Request, client: Wri
             _tokenized, tokenizer, inputs, names, settings.embed_max_tokens
         )
         work = embedwork.budgeted(client.id, record.id, tokens, settings.embed_request_tokens)
-        await svc.read(lambda: embedwork.admit(svc.db.reader(), work))
         engine, slot = await asyncio.to_thread(host.embedding_engine, record)
         try:
+            # limited and charged at once, now that the engine takes the work
+            await svc.db.write(lambda c: embedwork.admit(c, work))
             call = engine.embed_later(tokens)
-            try:
-                vectors = await embedwork.computed(call, request)
-            except leaving.ClientGone:  # the engine had the work: charged all the same
-                await svc.db.write(lambda c: embedwork.charge(c, work))
-                raise
-            await svc.db.write(lambda c: embedwork.charge(c, work))
+            vectors = await embedwork.computed(call, request)
         finally:
             host.release(slot)
     except leaving.ClientGone:
