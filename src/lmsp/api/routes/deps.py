@@ -59,7 +59,7 @@ async def answered(request: Request, task_id: str, forget: tuple[str, str] | Non
     try:
         await leaving.unless_gone(svc.wait_finished(task_id), request)
     except leaving.ClientGone:
-        await svc.cancel(task_id)
+        svc.cancel_nowait(task_id)  # as a stream's departure does
         if forget is not None:
             svc.forget_later(task_id, *forget)
         raise
