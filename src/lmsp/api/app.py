@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,7 +25,7 @@ from lmsp.datadir import DataDirLock
 from lmsp.store import service as service_store
 from lmsp.tasks.startup import HeadStart
 
-from . import inputs
+from . import inputs, leaving
 from .broker import Broker
 from .crosssite import CrossSiteGate
 from .errors import anthropic_response, error_response, is_messages
@@ -247,6 +247,11 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(err, exc.status_code), exc.status_code)
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The client left before its answer (:mod:`lmsp.api.leaving`): nobody reads this."""
+    return Response(status_code=leaving.CLIENT_CLOSED)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     failure = errors.LmspError("internal_error", "Internal server error.")
@@ -327,6 +332,7 @@ def create_app(
     app.add_exception_handler(errors.LmspError, _lmsp_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(leaving.ClientGone, _client_gone)
     app.add_exception_handler(Exception, _unexpected)
     app.include_router(meta.router)
     app.include_router(activity.router)

@@ -62,13 +62,19 @@ async def summarize(
             " Compact a shorter history (e.g. in two steps).",
             param="input",
         ) from None
+    written = False
     try:
         await svc.wait_finished(created.task_id)
+        written = True
         obj = await svc.read(svc.response_object, created.task_id)
     finally:  # the summary was the client's only while it was written
-        await asyncio.shield(
-            svc.db.write(lambda c: response_store.delete(c, created.response_id, client.id))
-        )
+        if written:
+            await asyncio.shield(
+                svc.db.write(lambda c: response_store.delete(c, created.response_id, client.id))
+            )
+        else:  # nobody waits for it any more (its client left): it stops, then goes
+            svc.cancel_nowait(created.task_id)
+            svc.forget_later(created.task_id, created.response_id, client.id)
     if obj["status"] not in ("completed", "incomplete"):
         error = obj.get("error") or {}
         raise errors.LmspError(

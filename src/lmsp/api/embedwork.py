@@ -1,18 +1,24 @@
-"""One embeddings request's work: its budget, its cost, and its end when its client leaves.
+"""One embeddings request's work: its budget, its cost, its charge, and its end when its
+client leaves.
 
 The engine's time is shared (:mod:`lmsp.engines.share`), but one request could still ask
 for a great deal of it: :func:`budgeted` refuses a request whose inputs have more than
 ``LMSP_EMBED_REQUEST_TOKENS`` tokens in all (``400 embedding_budget_exceeded``, naming
 the limit) before any work. What a request costs is known in one place,
-:class:`EmbedWork` (the client, the model, its inputs and tokens): what a per-client
-limit charges and what the metrics count.
+:class:`EmbedWork` (the client, the model, its inputs and tokens): what the metrics
+count and what the client is charged. :func:`admit` holds a request to its client's
+token limits (``tokens_per_minute``, ``tokens_per_day``: ``429`` before any work) and
+charges it in the same transaction, right before its engine is given the inputs: one
+request in the usage ledger whose input tokens are every input's tokens, whether its
+client then waits for the vectors or leaves. Checked and charged at once, concurrent
+requests of one client cannot all pass a limit that only one of them would reach.
 
-:func:`computed` waits for the engine's answer while watching the HTTP connection: a
-client that goes away (a timeout, a crash, ``Ctrl-C``) cancels the request in the
-engine, which drops it between two batches and says so (``Done(id, "cancelled")``):
-``lmsp_embedding_abandoned`` counts the requests whose client went away,
-``lmsp_embedding_cancelled`` (:func:`engine_figures`) those the engine confirmed it
-dropped, so abandoned work no longer delays anyone.
+:func:`computed` waits for the engine's answer while watching the HTTP connection
+(:func:`lmsp.api.leaving.unless_gone`): a client that goes away (a timeout, a crash,
+``Ctrl-C``) cancels the request in the engine, which drops it between two batches and
+says so (``Done(id, "cancelled")``): ``lmsp_embedding_abandoned`` counts the requests
+whose client went away, ``lmsp_embedding_cancelled`` (:func:`engine_figures`) those the
+engine confirmed it dropped, so abandoned work no longer delays anyone.
 """
 
 from __future__ import annotations
@@ -30,21 +36,17 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from lmsp import errors
 from lmsp.engines.client import EmbedCall
 from lmsp.engines.host import ModelHost
+from lmsp.store import limits, usage
+from lmsp.store.sql import Conn, clock_now
+
+from .leaving import unless_gone
 
 log = logging.getLogger(__name__)
-
-#: how often a waiting request looks whether its client is still connected (seconds)
-WATCH = 0.2
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected while its embeddings were computed."""
 
 
 @dataclass(frozen=True)
 class EmbedWork:
-    """What one embeddings request costs: the place a per-client limit (fair share)
-    charges it."""
+    """What one embeddings request costs: what its client is charged (fair share)."""
 
     client_id: str
     model: str
@@ -66,17 +68,20 @@ def budgeted(client_id: str, model: str, tokens: list[list[int]], limit: int) ->
     return work
 
 
+def admit(conn: Conn, work: EmbedWork) -> None:
+    """In the writer's transaction: ``429 rate_limit_exceeded`` (writing nothing) if the
+    client has used up its tokens of this minute or of this day (PROTOCOL.md 13), else
+    count the request in its usage ledger: one request, its tokens as input."""
+    limits.check_tokens(conn, work.client_id)
+    usage.record(conn, work.client_id, work.model, clock_now(conn), prompt=work.tokens)
+
+
 async def computed(call: EmbedCall, request: Request) -> npt.NDArray[np.float32]:
-    """The vectors of ``call``; :class:`ClientGone` (after cancelling it in the engine)
-    when the HTTP client disconnects first."""
+    """The vectors of ``call``; :class:`lmsp.api.leaving.ClientGone` (after cancelling it
+    in the engine) when the HTTP client disconnects first."""
     waiting = asyncio.wrap_future(call.future)
     try:
-        while True:
-            done, _ = await asyncio.wait({waiting}, timeout=WATCH)
-            if done:
-                return waiting.result()
-            if await request.is_disconnected():
-                raise ClientGone()
+        return await unless_gone(waiting, request)
     except BaseException:  # gone, or this task was cancelled (the server stopping)
         call.cancel()
         if not waiting.done():

@@ -525,8 +525,8 @@ def usage_figures(db: Database) -> list[Metric]:
     """Each client's requests and tokens, from the usage ledger (durable: a restart
     does not reset these counters)."""
     names = {
-        "requests": "Finished requests of a client.",
-        "input_tokens": "Prompt tokens of a client's finished requests.",
+        "requests": "Finished requests of a client (its embeddings requests included).",
+        "input_tokens": "Prompt tokens of a client's finished requests (and embedded tokens).",
         "cached_tokens": "Prompt tokens read from a cached prefix.",
         "output_tokens": "Generated tokens of a client's finished requests.",
     }

@@ -87,6 +87,17 @@ def _number(value: Any, default: float) -> float:
     return default if value is None else float(value)
 
 
+def usage_counts(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
+    """A task's usage as it is stored: the prompt tokens given to the engine (of them,
+    ``cached_tokens`` read from a cached prefix) and the tokens it generated."""
+    return {
+        "cached_tokens": cached_tokens,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
 def render_usage(stored: dict[str, Any] | None) -> dict[str, Any] | None:
     if stored is None:
         return None

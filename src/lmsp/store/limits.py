@@ -8,7 +8,8 @@ nothing, neither the task nor the idempotency key. ``max_running`` is not checke
 but at claim time (:func:`lmsp.store.tasks.claim_next` passes over a client at its
 limit). Token windows are the current UTC minute and the current UTC day, counted from
 the usage ledger (:mod:`lmsp.store.usage`), which lives in the database: a restart does
-not reset them. The owner client is never limited (its limits cannot be set).
+not reset them. An embeddings request (no task) is held to the token limits only
+(:func:`check_tokens`). The owner client is never limited (its limits cannot be set).
 """
 
 from __future__ import annotations
@@ -76,6 +77,16 @@ def check(conn: Conn, client_id: str) -> None:
                 f" {held}; retry when one has finished.",
                 QUEUED_RETRY,
             )
+    _check_tokens(limits, conn, client_id, stamp)
+
+
+def check_tokens(conn: Conn, client_id: str) -> None:
+    """Raise ``rate_limit_exceeded`` if the client has used up its tokens of this minute
+    or of this day (an embeddings request: no task to count)."""
+    _check_tokens(of(conn, client_id), conn, client_id, _now())
+
+
+def _check_tokens(limits: dict[str, int | None], conn: Conn, client_id: str, stamp: int) -> None:
     per_minute = limits.get("tokens_per_minute")
     if per_minute is not None:
         used = usage.tokens_in_minute(conn, client_id, stamp)

@@ -28,6 +28,7 @@ import json
 import struct
 from typing import Any
 
+from lmsp.protocol.objects import usage_counts
 from lmsp.store.sql import Conn
 
 #: how many bytes one token id takes in a chunk
@@ -124,6 +125,19 @@ def read(conn: Conn, task_id: str) -> dict[str, Any] | None:
         raise SnapshotError(f"task {task_id}: {len(tokens)} tokens stored, {count} recorded")
     snap["tokens"] = tokens
     return snap
+
+
+def spent(conn: Conn, task_id: str) -> dict[str, int] | None:
+    """The usage a task's snapshot records: the tokens generated so far and the prompt
+    tokens given to the engine (``input_tokens``, when the runner noted them); ``None``
+    without a snapshot. What a task stopped by a restart is charged (its runner could
+    not say)."""
+    row = conn.execute("SELECT snapshot FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    if row is None or not row[0]:
+        return None
+    snap = json.loads(row[0])
+    generated = snap["token_count"] if "token_count" in snap else len(snap.get("tokens", []))
+    return usage_counts(int(snap.get("input_tokens", 0)), int(generated))
 
 
 def clear(conn: Conn, task_id: str) -> None:

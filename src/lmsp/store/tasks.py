@@ -15,7 +15,8 @@ from lmsp.protocol import events as ev
 from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
-from lmsp.store import conversations, events, fairness, snapshots, usage, webhooks
+from lmsp.store import conversations, events, fairness, snapshots, webhooks
+from lmsp.store import usage as ledger
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row, clock_now, skip_locked
 
@@ -101,15 +102,21 @@ def move(
     event_type: str | None = None,
     extra: dict[str, Any] | None = None,
     emit: bool = True,
+    usage: dict[str, int] | None = None,
 ) -> Row | None:
     """Move a task to ``target`` if it is in one of ``from_states``.
 
     Returns the updated row, or ``None`` when another transition won first (nothing is
-    written then). ``before`` events are logged ahead of the lifecycle event.
+    written then). ``before`` events are logged ahead of the lifecycle event. A terminal
+    move records ``usage`` with the response (what the task consumed, however it
+    ended: completed, cancelled or failed), else what its snapshot says it generated,
+    and the ledger counts it (:func:`lmsp.store.usage.record_finished`).
     """
     allowed = sources(target) if from_states is None else from_states
     if not allowed:
         raise ValueError(f"no transition leads to {target}")
+    if target in TERMINAL and usage is None:  # read before the move clears the snapshot
+        usage = snapshots.spent(conn, task_id)
     stamp = clock_now(conn)  # the database's clock: retention ages finished_at by it
     fields: dict[str, Any] = {"status": target.value, "updated_at": stamp}
     if target in TERMINAL:  # nothing resumes a finished task: its snapshot goes
@@ -131,8 +138,13 @@ def move(
         if batch:  # the closing output events belong to the sealed output
             events.append(conn, task_id, batch)
             batch = []
+        if usage is not None:
+            conn.execute(
+                "UPDATE responses SET usage = ? WHERE id = ? AND usage IS NULL",
+                (_dumps(usage), row["response_id"]),
+            )
         _seal_output(conn, row)
-        usage.record_finished(conn, row)  # the ledger counts it in this transaction
+        ledger.record_finished(conn, row)  # the ledger counts it in this transaction
         webhooks.enqueue(conn, row, event_type or ev.LIFECYCLE[target])  # the outbox
         conversations.on_finished(conn, row, target)  # the turn joins its conversation
     if emit:
@@ -298,8 +310,8 @@ def complete(
     if task is None or task["status"] != Status.RUNNING:
         return None
     conn.execute(
-        "UPDATE responses SET output = ?, usage = ?, incomplete_reason = ? WHERE id = ?",
-        (_dumps(output), _dumps(usage), incomplete_reason, task["response_id"]),
+        "UPDATE responses SET output = ?, incomplete_reason = ? WHERE id = ?",
+        (_dumps(output), incomplete_reason, task["response_id"]),
     )
     return move(
         conn,
@@ -307,6 +319,7 @@ def complete(
         Status.COMPLETED,
         before=closing,
         event_type=ev.terminal_for(Status.COMPLETED, incomplete=bool(incomplete_reason)),
+        usage=usage,
     )
 
 
@@ -319,10 +332,11 @@ def settle(
     incomplete_reason: str | None = None,
 ) -> Status | None:
     """The runner's last word: complete the task, or, if a cancel committed first,
-    finish that cancel. Returns the terminal state reached (``None``: nothing to do)."""
+    finish that cancel (charged ``usage`` all the same: the tokens were generated).
+    Returns the terminal state reached (``None``: nothing to do)."""
     if complete(conn, task_id, closing, output, usage, incomplete_reason) is not None:
         return Status.COMPLETED
-    if finish_cancel(conn, task_id) is not None:
+    if finish_cancel(conn, task_id, usage) is not None:
         return Status.CANCELLED
     return None
 
@@ -333,9 +347,11 @@ def fail(
     code: str,
     message: str,
     from_states: frozenset[Status] | None = None,
+    usage: dict[str, int] | None = None,
 ) -> Row | None:
     """Move a task to ``failed`` with its error (a message that shows a library's
-    internals is logged and replaced: clients read it)."""
+    internals is logged and replaced: clients read it) and ``usage``, what it consumed
+    before it failed (see :func:`move`)."""
     shown = client_message(message)
     if shown != message:
         log.warning("task %s failed: %s", task_id, message, extra={"task_id": task_id})
@@ -346,6 +362,7 @@ def fail(
         Status.FAILED,
         from_states=from_states,
         sets={"error_code": code, "error_message": message},
+        usage=usage,
     )
 
 
@@ -361,9 +378,16 @@ def cancel(conn: Conn, task_id: str) -> Row | None:
     return moved
 
 
-def finish_cancel(conn: Conn, task_id: str) -> Row | None:
-    """``cancelling → cancelled``: the runner has stopped generating."""
-    return move(conn, task_id, Status.CANCELLED, from_states=frozenset({Status.CANCELLING}))
+def finish_cancel(conn: Conn, task_id: str, usage: dict[str, int] | None = None) -> Row | None:
+    """``cancelling → cancelled``: the runner has stopped generating; ``usage``: what
+    the task consumed until then (see :func:`move`)."""
+    return move(
+        conn,
+        task_id,
+        Status.CANCELLED,
+        from_states=frozenset({Status.CANCELLING}),
+        usage=usage,
+    )
 
 
 def requeue(conn: Conn, task_id: str, reset: bool) -> Row | None:

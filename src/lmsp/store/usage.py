@@ -4,9 +4,12 @@ client, per model, per UTC day, and tokens per client per minute (what
 
 :func:`record_finished` is called by :func:`lmsp.store.tasks.move` when a task reaches a
 terminal state, in the transaction that finishes it: a request is counted exactly once,
-with the usage its response carries (a failed or cancelled one counts as a request with
-the tokens it reported, none when it reported none). The ledger is kept apart from
-responses: deleting a response, or retention sweeping it, leaves its usage counted.
+with the usage its response carries. A failed or cancelled one (a client that left, a
+cancel, a revoke, an engine error, a restart) carries what it consumed before it
+stopped: the prompt tokens given to the engine and the tokens generated. An embeddings
+request is no task: :func:`record` counts it once its engine was given the inputs
+(:mod:`lmsp.api.embedwork`). The ledger is kept apart from responses: deleting a
+response, or retention sweeping it, leaves its usage counted.
 """
 
 from __future__ import annotations
@@ -34,10 +37,29 @@ def record_finished(conn: Conn, task: Row) -> None:
     if response is None:
         return
     reported: dict[str, Any] = json.loads(response["usage"]) if response["usage"] else {}
-    prompt = int(reported.get("input_tokens") or 0)
-    cached = int(reported.get("cached_tokens") or 0)
-    generated = int(reported.get("output_tokens") or 0)
-    stamp = int(task["finished_at"] or task["updated_at"])
+    record(
+        conn,
+        task["client_id"],
+        response["model"],
+        int(task["finished_at"] or task["updated_at"]),
+        prompt=int(reported.get("input_tokens") or 0),
+        cached=int(reported.get("cached_tokens") or 0),
+        generated=int(reported.get("output_tokens") or 0),
+    )
+
+
+def record(
+    conn: Conn,
+    client_id: str,
+    model: str,
+    stamp: int,
+    *,
+    prompt: int,
+    cached: int = 0,
+    generated: int = 0,
+) -> None:
+    """Count one request of ``client_id`` on ``model`` at ``stamp`` (a Unix time): its
+    prompt tokens (``cached`` of them from a cached prefix) and generated tokens."""
     conn.execute(
         "INSERT INTO usage_daily (client_id, model, day, requests, input_tokens, cached_tokens,"
         " output_tokens) VALUES (?, ?, ?, 1, ?, ?, ?) ON CONFLICT (client_id, model, day)"
@@ -45,7 +67,7 @@ def record_finished(conn: Conn, task: Row) -> None:
         " input_tokens = usage_daily.input_tokens + excluded.input_tokens,"
         " cached_tokens = usage_daily.cached_tokens + excluded.cached_tokens,"
         " output_tokens = usage_daily.output_tokens + excluded.output_tokens",
-        (task["client_id"], response["model"], day_of(stamp), prompt, cached, generated),
+        (client_id, model, day_of(stamp), prompt, cached, generated),
     )
     if prompt + generated:
         minute = stamp // 60
@@ -53,12 +75,12 @@ def record_finished(conn: Conn, task: Row) -> None:
             "INSERT INTO usage_minutes (client_id, minute, tokens) VALUES (?, ?, ?)"
             " ON CONFLICT (client_id, minute)"
             " DO UPDATE SET tokens = usage_minutes.tokens + excluded.tokens",
-            (task["client_id"], minute, prompt + generated),
+            (client_id, minute, prompt + generated),
         )
         # only the current minute is ever read: older ones go
         conn.execute(
             "DELETE FROM usage_minutes WHERE client_id = ? AND minute < ?",
-            (task["client_id"], minute - 1),
+            (client_id, minute - 1),
         )
 
 

@@ -92,17 +92,19 @@ def settle_interrupted(
     task_id: str,
     code: str = "insufficient_storage",
     message: str = STORAGE_MESSAGE,
+    usage: dict[str, int] | None = None,
 ) -> str:
     """A task whose run broke off (a write of it failed, its engine process died):
     apply its ``on_restart`` policy as startup recovery does, in the caller's
-    transaction; a task the policy fails gets ``code`` and ``message``. Returns what
+    transaction; a task the policy fails (or cancels) gets ``code`` and ``message`` and is
+    charged ``usage``, what it consumed before it broke off. Returns what
     became of it: ``failed``, ``cancelled``, ``requeued``, ``resume`` (still ``running``:
     run it again from its snapshot), ``queued`` or ``finished`` (nothing left to do)."""
     task = task_store.get(conn, task_id)
     if task is None or Status(task["status"]).terminal:
         return "finished"
     report = Report()
-    recover_task(conn, task_id, report, code, message)
+    recover_task(conn, task_id, report, code, message, usage)
     for outcome, ids in (
         ("failed", report.failed),
         ("cancelled", report.cancelled),

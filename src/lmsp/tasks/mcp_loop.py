@@ -49,6 +49,7 @@ from lmsp.protocol import items as input_items
 from lmsp.protocol import mcp
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.mcpcalls import McpAssembler
+from lmsp.protocol.objects import usage_counts
 from lmsp.store import events, journal, mcp_headers
 from lmsp.store import tasks as task_store
 from lmsp.store.sql import Conn, Row
@@ -160,6 +161,11 @@ class Loop:
                 raise Stopped
         else:
             self.inflight = future
+
+    def usage(self) -> dict[str, int]:
+        """What the task has consumed so far: every turn's prompt given to the engine,
+        every token generated (charged however it ends: :meth:`Runner.spent`)."""
+        return usage_counts(self.turn.input_tokens, len(self.tokens), self.cached)
 
     def _stopping(self) -> bool:
         return self.task_id in self.runner._cancels or self.runner._shutdown.is_set()
@@ -519,6 +525,7 @@ class Loop:
 
     # -- the whole task ----------------------------------------------------------------------
     def run(self, conn: Conn, resumed: bool) -> None:
+        self.runner._spent[self.task_id] = self.usage
         try:
             self.start(conn, resumed)
             for label in self.servers:
@@ -569,12 +576,7 @@ class Loop:
         snap = {"tokens": list(self.tokens), "seed": self.sampling.seed}
         closing = self.asm.finish("incomplete" if incomplete else "completed")
         output = self.asm.items
-        usage = {
-            "cached_tokens": self.cached,
-            "input_tokens": self.turn.input_tokens,
-            "output_tokens": len(self.tokens),
-            "total_tokens": self.turn.input_tokens + len(self.tokens),
-        }
+        usage = self.usage()
         task_id = self.task_id
         response_id = self.response["id"]
 

@@ -43,9 +43,11 @@ def recover_task(
     report: Report,
     code: str = "server_restarted",
     message: str = RESTART_MESSAGE,
+    usage: dict[str, int] | None = None,
 ) -> None:
     """Apply the table to one task, inside the caller's transaction (``code`` and
-    ``message`` are the error of a task the table fails)."""
+    ``message`` are the error of a task the table fails; ``usage``, what it consumed,
+    when its runner knows: else its snapshot says, see :func:`lmsp.store.tasks.move`)."""
     task = task_store.get(conn, task_id)
     if task is None:
         return
@@ -57,11 +59,11 @@ def recover_task(
     only_from = frozenset({found})
     outcome: str | None = None
     if target is Status.FAILED:
-        if task_store.fail(conn, task_id, code, message, only_from):
+        if task_store.fail(conn, task_id, code, message, only_from, usage):
             report.failed.append(task_id)
             outcome = "failed"
     elif target is Status.CANCELLED:
-        if task_store.finish_cancel(conn, task_id):
+        if task_store.finish_cancel(conn, task_id, usage):
             report.cancelled.append(task_id)
             outcome = "cancelled"
     elif target is Status.RUNNING:

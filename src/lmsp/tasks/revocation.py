@@ -47,8 +47,8 @@ def guarded(task_id: str, job: Callable[[Conn], T]) -> Callable[[Conn], T]:
     return run
 
 
-def cancel(conn: Conn, task_id: str) -> None:
+def cancel(conn: Conn, task_id: str, usage: dict[str, int] | None = None) -> None:
     """The runner's end of a task whose client was revoked: cancelled, through the
-    guarded moves (a task finished meanwhile stays as it is)."""
+    guarded moves (a task finished meanwhile stays as it is), charged ``usage``."""
     task_store.cancel(conn, task_id)
-    task_store.finish_cancel(conn, task_id)
+    task_store.finish_cancel(conn, task_id, usage)

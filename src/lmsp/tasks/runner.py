@@ -20,6 +20,11 @@ When the engine process dies, the worker keeps the pieces that came before, logs
 and its task follows its ``on_restart`` policy with the error code ``engine_crashed``
 (:func:`lmsp.tasks.durable.settle_interrupted`, the recovery table); the model host
 starts the engine again.
+
+However a task ends (completed, cancelled, failed, its client revoked), it is charged
+what it consumed: the prompt tokens given to the engine and the tokens generated, as
+its generation loop reports them (:meth:`Runner.spent`), in the transaction of its
+terminal move.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lmsp.engines.base import EngineCrashed, EngineError, Generation
@@ -40,6 +45,7 @@ from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
 from lmsp.protocol import events as ev
 from lmsp.protocol.assembler import TextDelta
+from lmsp.protocol.objects import usage_counts
 from lmsp.protocol.states import Status
 from lmsp.store import events, models, nodes
 from lmsp.store import responses as response_store
@@ -83,6 +89,8 @@ class Runner:
         self._shutdown = threading.Event()  # tasks in flight stop where they are
         self._cancels: set[str] = set()
         self._live: dict[str, Generation] = {}  # task id → its generation in the engine
+        # task id → what it has consumed so far (its generation loop's count)
+        self._spent: dict[str, Callable[[], dict[str, int]]] = {}
         self._resume: deque[str] = deque()
         self._threads: list[threading.Thread] = []
         self.busy = 0
@@ -163,6 +171,12 @@ class Runner:
         generation = self._live.get(task_id)
         if generation is not None:
             generation.cancel()
+
+    def spent(self, task_id: str) -> dict[str, int] | None:
+        """The usage of a task in flight so far (``None`` before its prompt went to the
+        engine): what it is charged, however it ends."""
+        count = self._spent.get(task_id)
+        return None if count is None else count()
 
     def pause(self, timeout: float = 30) -> None:
         """Stop the worker threads once their current task ends (``run_next`` still works)."""
@@ -277,13 +291,17 @@ class Runner:
         """A write of the task failed for lack of space, or its engine died: its
         ``on_restart`` policy decides, as after a restart (failed, requeued, or resumed
         from its snapshot)."""
+        usage = self.spent(task_id)
         if crash is None:
             why = "the disk is full"
-            outcome = self._durably(task_id, lambda c: durable.settle_interrupted(c, task_id))
+            outcome = self._durably(
+                task_id, lambda c: durable.settle_interrupted(c, task_id, usage=usage)
+            )
         else:
             why = "its engine stopped"
             outcome = self._durably(
-                task_id, lambda c: durable.settle_interrupted(c, task_id, crash.code, crash.message)
+                task_id,
+                lambda c: durable.settle_interrupted(c, task_id, crash.code, crash.message, usage),
             )
         log.warning(
             "task %s broke off, %s: %s",
@@ -313,6 +331,7 @@ class Runner:
         finally:
             self.metrics.end(task_id)
             self._live.pop(task_id, None)
+            self._spent.pop(task_id, None)
             self.host.release(slot)
             self._cancels.discard(task_id)
             self._held.pop(task_id, None)
@@ -326,7 +345,8 @@ class Runner:
         except nodes.LeaseLost:
             raise
         except revocation.ClientRevoked:  # its client was revoked: cancelled
-            self._durably(task_id, lambda c: revocation.cancel(c, task_id))
+            usage = self.spent(task_id)
+            self._durably(task_id, lambda c: revocation.cancel(c, task_id, usage))
         except EngineCrashed as exc:
             if not self._shutdown.is_set():  # at shutdown, startup recovery decides
                 self._interrupted(task_id, exc)
@@ -344,12 +364,14 @@ class Runner:
 
     def _fail(self, task_id: str, code: str, message: str) -> None:
         corrupt = self._model_of(task_id) if code == "model_corrupt" else None
+        usage = self.spent(task_id)
 
         def job(conn: Conn) -> None:
             if corrupt is not None:  # the blob failed its check: no task may use it
                 models.mark_corrupt_digest(conn, corrupt.digest)
-            task_store.fail(conn, task_id, code, message)
-            task_store.finish_cancel(conn, task_id)  # a cancel that came first still wins
+            task_store.fail(conn, task_id, code, message, usage=usage)
+            # a cancel that came first still wins
+            task_store.finish_cancel(conn, task_id, usage)
 
         self._durably(task_id, job)
         if corrupt is not None:
@@ -371,7 +393,9 @@ class Runner:
             generation.cancel()
 
     def _cancelled(self, task_id: str) -> None:
-        self._durably(task_id, lambda conn: task_store.finish_cancel(conn, task_id))
+        """The runner stopped a task a cancel reached: ``cancelled``, charged its usage."""
+        usage = self.spent(task_id)
+        self._durably(task_id, lambda conn: task_store.finish_cancel(conn, task_id, usage))
 
     def _execute(self, task_id: str, slot: int, resumed: bool) -> None:
         conn = self.db.reader()
@@ -445,7 +469,12 @@ class Runner:
         incomplete: str | None = None
 
         def flush() -> concurrent.futures.Future[Any]:
-            snap = {"tokens": list(tokens), "seed": sampling.seed, "held": assembler.held}
+            snap = {
+                "tokens": list(tokens),
+                "seed": sampling.seed,
+                "held": assembler.held,
+                "input_tokens": len(prompt),  # what a restart charges (snapshots.spent)
+            }
             batch = ev.coalesce(pending)  # one delta event per item since the last flush
             pending.clear()
             return self.db.submit(
@@ -468,6 +497,10 @@ class Runner:
             try:
                 generation = model.generate(
                     prompt, tokens, sampling, grammar=plan.grammar, max_tokens=cap - len(tokens)
+                )
+                # the prompt is the engine's: charged from now on, however the task ends
+                self._spent[task_id] = lambda: usage_counts(
+                    len(prompt), len(tokens), generation.cached_tokens
                 )
                 self.started(task_id, generation)
                 with contextlib.closing(generation):
@@ -517,12 +550,7 @@ class Runner:
             return
         last = ev.coalesce(pending)  # committed with the completion: all of the text, or none
         snap = {"tokens": list(tokens), "seed": sampling.seed}
-        usage = {
-            "cached_tokens": cached,
-            "input_tokens": len(prompt),
-            "output_tokens": len(tokens),
-            "total_tokens": len(prompt) + len(tokens),
-        }
+        usage = usage_counts(len(prompt), len(tokens), cached)
         closing = assembler.finish("incomplete" if incomplete else "completed")
         output = assembler.items
         relax.check_calls(output, plan.tools)  # keywords the grammar could not enforce

@@ -26,7 +26,7 @@ from ..errors import body as error_body
 from ..revocation import until_revoked
 from ..schemas import ChatCompletionCreate, check_chat
 from ..sse import event_response, sse, task_events
-from .deps import idempotency_key, service, stored_task_request
+from .deps import answered, idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"])
 
@@ -114,7 +114,7 @@ async def create_chat_completion(
     forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:
         return _stream(request, created.task_id, body, forget, headers, client)
-    await svc.wait_finished(created.task_id)
+    await answered(request, created.task_id, forget)
     obj = await svc.read(svc.response_object, created.task_id)
     if forget is not None:
         await svc.db.write(lambda c: response_store.delete(c, *forget))

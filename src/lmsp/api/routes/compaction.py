@@ -12,7 +12,7 @@ from pydantic import Field, StringConstraints
 from lmsp import errors
 from lmsp.store.clients import Client
 
-from .. import compaction, fitting, turns
+from .. import compaction, fitting, leaving, turns
 from ..auth import require
 from ..schemas import (
     MAX_INPUT_ITEMS,
@@ -67,9 +67,10 @@ async def compact_response(body: CompactBody, request: Request, client: Writer) 
     if body.service_tier not in (None, "auto", "default"):
         raise unsupported("service_tier", "Only the default service tier exists here.")
     svc = service(request)
-    return await compaction.compact(
+    compacted = compaction.compact(
         svc, client, body.model, body.input, body.instructions, body.previous_response_id
     )
+    return await leaving.unless_gone(compacted, request)  # a client that leaves stops it
 
 
 @router.post("/input_tokens")

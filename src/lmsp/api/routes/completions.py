@@ -25,7 +25,7 @@ from ..errors import body as error_body
 from ..revocation import until_revoked
 from ..schemas import COMPLETION_MAX_TOKENS, CompletionCreate, check_completion
 from ..sse import event_response, sse, task_events
-from .deps import idempotency_key, service, stored_task_request
+from .deps import answered, idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1", tags=["completions"])
 
@@ -68,7 +68,7 @@ async def create_completion(body: CompletionCreate, request: Request, client: Wr
     headers = dict(REPLAYED) if created.replayed else {}
     if body.stream:
         return _stream(request, created.task_id, body, headers, client)
-    await svc.wait_finished(created.task_id)
+    await answered(request, created.task_id)
     obj = await svc.read(svc.response_object, created.task_id)
     if obj["status"] in ("failed", "cancelled"):
         problem = chat.error_of(obj)

@@ -12,6 +12,7 @@ from lmsp import errors
 from lmsp.store import idempotency
 from lmsp.store.clients import Client
 
+from .. import leaving
 from ..service import Service
 
 # the POST routes that honour ``Idempotency-Key`` (PROTOCOL.md section 7); any other POST
@@ -47,6 +48,21 @@ async def idempotency_supported(request: Request) -> None:
 def service(request: Request) -> Service:
     svc: Service = request.app.state.lmsp
     return svc
+
+
+async def answered(request: Request, task_id: str, forget: tuple[str, str] | None = None) -> None:
+    """Wait for the end of a task its client waits for (not ``background``, not
+    streamed). A client that leaves first cancels it (:mod:`lmsp.api.leaving`), and a
+    ``store: false`` response (``forget``: its id and its client's) goes once it has
+    stopped; :class:`lmsp.api.leaving.ClientGone` is raised then."""
+    svc = service(request)
+    try:
+        await leaving.unless_gone(svc.wait_finished(task_id), request)
+    except leaving.ClientGone:
+        svc.cancel_nowait(task_id)  # as a stream's departure does
+        if forget is not None:
+            svc.forget_later(task_id, *forget)
+        raise
 
 
 async def idempotency_key(request: Request, client: Client) -> idempotency.Key | None:

@@ -6,14 +6,17 @@ each input's length in the model's tokens (``LMSP_EMBED_MAX_TOKENS``) and all of
 together (``LMSP_EMBED_REQUEST_TOKENS``, :mod:`lmsp.api.embedwork`); only then does the
 model's engine compute them, in an embedding context of its own, taking turns with the
 generating sequences (:mod:`lmsp.engines.share`). A client that disconnects meanwhile
-cancels the work in the engine.
+cancels the work in the engine (:mod:`lmsp.api.leaving`).
 
-An embeddings request is no task: nothing is written. It is a pure function of the
-model and the input (the same input always gives the same vectors), so a client that
-lost an answer asks again and gets it; there is nothing to resume, cancel or replay.
-For the same reason it takes no ``Idempotency-Key`` (refused like on any other route
-that has no use for one). It is counted in ``/metrics`` (``lmsp_embedding_inputs``,
-``lmsp_embedding_tokens``, and the HTTP figures).
+An embeddings request is no task: only its usage is written. It is a pure function of
+the model and the input (the same input always gives the same vectors), so a client
+that lost an answer asks again and gets it; there is nothing to resume, cancel or
+replay. For the same reason it takes no ``Idempotency-Key`` (refused like on any other
+route that has no use for one). Its client's token limits hold it (``429`` before any
+work) and its tokens are charged to its client's usage when the engine is given them
+(:func:`lmsp.api.embedwork.admit`), even if the client leaves before the answer. It is
+counted in ``/metrics`` too (``lmsp_embedding_inputs``, ``lmsp_embedding_tokens``, and
+the HTTP figures).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from lmsp.engines.base import EngineError, Tokenizer
 from lmsp.protocol import embeddings
 from lmsp.store.clients import Client
 
-from .. import embedwork
+from .. import embedwork, leaving
 from ..auth import require
 from ..schemas import EmbeddingCreate
 from .deps import service
@@ -95,13 +98,15 @@ async def create_embeddings(body: EmbeddingCreate, request: Request, client: Wri
         work = embedwork.budgeted(client.id, record.id, tokens, settings.embed_request_tokens)
         engine, slot = await asyncio.to_thread(host.embedding_engine, record)
         try:
+            # limited and charged at once, now that the engine takes the work
+            await svc.db.write(lambda c: embedwork.admit(c, work))
             call = engine.embed_later(tokens)
             vectors = await embedwork.computed(call, request)
         finally:
             host.release(slot)
-    except embedwork.ClientGone:
+    except leaving.ClientGone:
         svc.metrics.embedding_abandoned(record.id)
-        return Response(status_code=499)  # nobody reads it: the client is gone
+        return Response(status_code=leaving.CLIENT_CLOSED)  # nobody reads it
     except EngineError as exc:
         param = "model" if _model_fault(exc) else None
         raise errors.LmspError(exc.code, exc.message, param=param) from exc

@@ -35,7 +35,7 @@ from ..message_schemas import CountTokens, MessageCreate, check_message
 from ..revocation import until_revoked
 from ..service import Service
 from ..sse import MessagesPing, event_response, sse, task_events
-from .deps import idempotency_key, service, stored_task_request
+from .deps import answered, idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
 
@@ -116,7 +116,7 @@ async def create_message(body: MessageCreate, request: Request, client: Writer) 
     headers = dict(REPLAYED) if created.replayed else {}
     if body.stream:
         return _stream(request, created.task_id, client, headers=headers, cancel=True)
-    await svc.wait_finished(created.task_id)
+    await answered(request, created.task_id)
     return JSONResponse(await svc.read(_message, svc, created.task_id), headers=headers)
 
 

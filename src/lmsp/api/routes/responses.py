@@ -20,7 +20,7 @@ from ..auth import require
 from ..revocation import until_revoked
 from ..schemas import INCLUDABLE, CreateResponse, check_response, unsupported
 from ..sse import event_response, framed, task_events
-from .deps import idempotency_key, service
+from .deps import answered, idempotency_key, service
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 
@@ -109,7 +109,7 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
         # the object as committed: a worker may claim the task before a re-read
         obj = created.response or await svc.read(svc.response_object, created.task_id)
         return JSONResponse(obj, 202, headers=headers)
-    await svc.wait_finished(created.task_id)
+    await answered(request, created.task_id, forget)
     obj = await svc.read(svc.response_object, created.task_id)
     if forget is not None:
         await svc.db.write(lambda c: response_store.delete(c, *forget))
