@@ -10,8 +10,13 @@ The SDK is imported by the first request (it takes ~0.7 s: not on a restart's pa
 Each request opens its own session (connect, initialize, one request, close): a task
 may be resumed on another node or after a restart, and nothing of a session survives
 that. Every request is bounded by ``timeout`` (``LMSP_MCP_TIMEOUT``) as a whole, and a
-tool's result by ``max_result`` characters. Header values go to the server and nowhere
-else: errors name the server's URL, never its headers.
+tool's result by ``max_result`` characters. What is read is bounded as it is read: the
+bytes of every response body of one request's session together (``max_bytes``,
+``LMSP_MCP_MAX_BYTES``) are counted by the HTTP transport, before anything parses them;
+past the cap (or a ``Content-Length`` that announces it) the connection is dropped and
+the request fails saying so; a compressed body is refused (its size is not what is
+read), and none is asked for. Header values go to the server and nowhere else: errors
+name the server's URL, never its headers.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ import asyncio
 import concurrent.futures
 import json
 import threading
-from collections.abc import Coroutine
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lmsp.protocol import mcp
 
 if TYPE_CHECKING:  # the SDK takes ~0.7 s to import: only a request that needs it pays
+    import httpx2
     from mcp import Client
 
 T = TypeVar("T")
@@ -64,6 +70,31 @@ class Server:
     url: str
     headers: dict[str, str]
     timeout: float
+    #: the most bytes one request may read (its session's response bodies together)
+    max_bytes: int = 1 << 20
+
+
+@dataclass
+class Reading:
+    """What one request's session has read of its server's response bodies."""
+
+    most: int
+    read: int = 0
+    #: why reading stopped (the cap, or a body lmsp does not read), if it did
+    refused: str | None = field(default=None)
+
+    def take(self, size: int) -> None:
+        """Count ``size`` more bytes (:meth:`refuse` past the cap)."""
+        self.read += size
+        if self.read > self.most:
+            self.refuse(f"sent more than {self.most} bytes (LMSP_MCP_MAX_BYTES)")
+
+    def refuse(self, why: str) -> None:
+        """Stop reading: a stream error, which the SDK reports as the request's."""
+        import httpx2
+
+        self.refused = self.refused or why
+        raise httpx2.StreamError(self.refused)
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -121,20 +152,87 @@ async def _bounded(server: Server, work: Any) -> Any:
         raise _failure(server, exc) from None
 
 
-def _client(server: Server) -> Client:
+def _transport(reading: Reading) -> httpx2.AsyncBaseTransport:
+    """An HTTP transport that counts every response body's bytes against ``reading``
+    as they arrive (the SDK reads a JSON body whole before it parses it)."""
+    import httpx2
+
+    class Counted(httpx2.AsyncByteStream):
+        def __init__(self, inner: Any, refusal: str | None) -> None:
+            self.inner = inner
+            self.refusal = refusal
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            if self.refusal is not None:
+                reading.refuse(self.refusal)
+            async for chunk in self.inner:
+                reading.take(len(chunk))
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class Capped(httpx2.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.inner = httpx2.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            response = await self.inner.handle_async_request(request)
+            refusal: str | None = None
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            length = response.headers.get("content-length", "").strip()
+            if encoding not in ("", "identity"):
+                refusal = f"sent a {encoding}-encoded body (lmsp reads only plain ones)"
+            elif length.isdigit() and reading.read + int(length) > reading.most:
+                refusal = f"announced {length} bytes (more than LMSP_MCP_MAX_BYTES)"
+            response.stream = Counted(response.stream, refusal)
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return Capped()
+
+
+def _client(server: Server, reading: Reading) -> Client:
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
 
-    http = create_mcp_http_client(
-        headers=server.headers, timeout=httpx2.Timeout(server.timeout, read=server.timeout)
+    http = httpx2.AsyncClient(
+        headers={**server.headers, "Accept-Encoding": "identity"},
+        timeout=httpx2.Timeout(server.timeout, read=server.timeout),
+        transport=_transport(reading),
     )
-    return Client(streamable_http_client(server.url, http_client=http), raise_exceptions=True)
+    return Client(
+        streamable_http_client(server.url, http_client=http, max_sse_event_size=server.max_bytes),
+        raise_exceptions=True,
+    )
+
+
+def _too_much(server: Server, reading: Reading) -> McpFailure:
+    return McpFailure(
+        mcp.error_of(
+            "mcp_protocol_error",
+            f"The MCP server at {server.url} {reading.refused}; the request was dropped.",
+        )
+    )
 
 
 async def _list(server: Server) -> list[dict[str, Any]]:
-    async with _client(server) as client:
+    reading = Reading(server.max_bytes)
+    try:
+        return await _pages(server, reading)
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        if reading.refused is not None:
+            raise _too_much(server, reading) from None
+        raise
+
+
+async def _pages(server: Server, reading: Reading) -> list[dict[str, Any]]:
+    async with _client(server, reading) as client:
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         for _ in range(100):  # pages
@@ -151,8 +249,16 @@ async def _list(server: Server) -> list[dict[str, Any]]:
 async def _call(
     server: Server, name: str, arguments: dict[str, Any], max_result: int
 ) -> tuple[str | None, dict[str, Any] | None]:
-    async with _client(server) as client:
-        result = await client.call_tool(name, arguments, read_timeout_seconds=server.timeout)
+    reading = Reading(server.max_bytes)
+    try:
+        async with _client(server, reading) as client:
+            result = await client.call_tool(name, arguments, read_timeout_seconds=server.timeout)
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        if reading.refused is not None:
+            raise _too_much(server, reading) from None
+        raise
     texts: list[str] = []
     for block in result.content:
         shown = block.model_dump(mode="json", by_alias=True, exclude_none=True)

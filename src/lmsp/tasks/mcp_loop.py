@@ -193,7 +193,9 @@ class Loop:
 
     def _server(self, label: str) -> mcp_client.Server:
         url = self.servers[label]["server_url"]
-        return mcp_client.Server(url, self.headers.get(label, {}), self.settings.mcp_timeout)
+        return mcp_client.Server(
+            url, self.headers.get(label, {}), self.settings.mcp_timeout, self.settings.mcp_max_bytes
+        )
 
     def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
         """The result of an MCP request, or :class:`Stopped` (the request is dropped)."""
@@ -224,14 +226,18 @@ class Loop:
             metric.labels(label, "list", "failed").inc()
             self.pending += self.asm.close_list(item, None, f"Listing the tools failed: {exc}")
         else:
-            metric.labels(label, "list", "ok").inc()
             definition = self.servers[label]
             shown = [
                 mcp.listed_tool(tool)
                 for tool in tools
                 if mcp.allowed(definition, tool["name"], tool.get("annotations"))
             ]
-            self.pending += self.asm.close_list(item, shown, None)
+            if len(shown) > mcp.MAX_TOOLS:
+                metric.labels(label, "list", "failed").inc()
+                self.pending += self.asm.close_list(item, None, mcp.too_many_tools(len(shown)))
+            else:
+                metric.labels(label, "list", "ok").inc()
+                self.pending += self.asm.close_list(item, shown, None)
         self.between()
         self.flush(wait=False)
 
