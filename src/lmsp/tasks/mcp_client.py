@@ -27,7 +27,7 @@ import json
 import threading
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from lmsp.protocol import mcp
 
@@ -89,7 +89,7 @@ class Reading:
         if self.read > self.most:
             self.refuse(f"sent more than {self.most} bytes (LMSP_MCP_MAX_BYTES)")
 
-    def refuse(self, why: str) -> None:
+    def refuse(self, why: str) -> NoReturn:
         """Stop reading: a stream error, which the SDK reports as the request's."""
         import httpx2
 
@@ -111,7 +111,7 @@ def _failure(server: Server, exc: BaseException) -> McpFailure:
     exc = _leaf(exc)
     if isinstance(exc, McpFailure):
         return exc
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, httpx2.TimeoutException)):
         return McpFailure(
             mcp.error_of(
                 "mcp_protocol_error",
