@@ -136,10 +136,13 @@ class Settings:
     max_clock_skew: float = 30.0
     # MCP tools (docs/tools.md): hosts besides loopback a server_url may name
     # (LMSP_MCP_HOSTS, host[:port] comma-separated, * for any), the time one MCP request
-    # may take (LMSP_MCP_TIMEOUT) and the most characters of a tool result kept
+    # may take (LMSP_MCP_TIMEOUT), the most characters of a tool result kept and the
+    # most bytes read from a server for one request (LMSP_MCP_MAX_BYTES: its whole
+    # session, the tool list's pages or the call, cut off while they are read)
     mcp_hosts: tuple[str, ...] = ()
     mcp_timeout: float = 60.0
     mcp_max_result: int = 64 * 1024
+    mcp_max_bytes: int = 1 << 20
     # conversations (docs/conversations.md): the most items one may hold, the most bytes
     # its stored items may take, and all of one client's conversations together (0: no
     # limit); past one, an append or a turn is refused (409 conversation_quota_exceeded)
@@ -389,6 +392,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         changes["mcp_max_result"] = int(v)
         if int(v) < 1:
             raise ValueError("LMSP_MCP_MAX_RESULT must be at least 1")
+    if v := env.get("LMSP_MCP_MAX_BYTES"):
+        changes["mcp_max_bytes"] = int(v)
+        if int(v) < 4096:
+            raise ValueError("LMSP_MCP_MAX_BYTES must be at least 4096")
     return s.with_overrides(**changes)
 
 

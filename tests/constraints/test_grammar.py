@@ -103,8 +103,14 @@ def counter() -> Any:
     return lambda prefix: f"{prefix}_{next(numbers)}"
 
 
-def run(chunks: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    asm = CallAssembler(counter())
+#: the functions the grammar of these texts offers
+NAMES = ("get_weather", "add")
+
+
+def run(
+    chunks: list[str], names: tuple[str, ...] = NAMES
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    asm = CallAssembler(counter(), callable_names=names)
     events: list[dict[str, Any]] = []
     for chunk in chunks:
         events += asm.feed(TextDelta(chunk))
@@ -148,11 +154,12 @@ def test_a_replay_from_any_cut_continues_identically() -> None:
     whole, _ = run([TEXT])
     for cut in range(0, len(TEXT) + 1, 3):
         make_id = counter()
-        asm = CallAssembler(make_id)
+        asm = CallAssembler(make_id, callable_names=NAMES)
         logged = []
         for char in TEXT[:cut]:
             logged += asm.feed(TextDelta(char))
         resumed = CallAssembler.replay(logged, make_id, held=asm.held)
+        resumed.callable = frozenset(NAMES)
         rest = []
         for char in TEXT[cut:]:
             rest += resumed.feed(TextDelta(char))
@@ -161,11 +168,23 @@ def test_a_replay_from_any_cut_continues_identically() -> None:
 
 
 def test_a_call_cut_by_the_token_limit_is_incomplete() -> None:
-    asm = CallAssembler(counter())
+    asm = CallAssembler(counter(), callable_names=NAMES)
     asm.feed(TextDelta(render_call("add", '{"a": 1}')[:-20]))
     asm.finish("incomplete")
     assert asm.items[-1]["type"] == "function_call"
     assert asm.items[-1]["status"] == "incomplete"
+
+
+@pytest.mark.parametrize("names", [(), ("add",)])
+def test_a_call_of_a_tool_not_offered_stays_text(names: tuple[str, ...]) -> None:
+    """Only the names the turn's grammar offers make calls: with none offered (a turn
+    under tool_choice "none", or past max_tool_calls) every call the model writes, and
+    with ``add`` only, the call of ``get_weather``, stays text, whole."""
+    items, _ = run([TEXT], names)
+    calls = [item for item in items if item["type"] == "function_call"]
+    assert [call["name"] for call in calls] == list(names)
+    text = "".join(p["text"] for i in items if i["type"] == "message" for p in i["content"])
+    assert TEXT.split("\n")[0] in text  # the call of get_weather, as written
 
 
 def test_text_that_only_looks_like_a_call_stays_text() -> None:
@@ -175,7 +194,7 @@ def test_text_that_only_looks_like_a_call_stays_text() -> None:
 
 
 def test_a_call_head_cut_by_the_token_limit_is_not_text() -> None:
-    asm = CallAssembler(counter())
+    asm = CallAssembler(counter(), callable_names=NAMES)
     asm.feed(TextDelta(render_call("add", '{"a": 1}') + '\n<tool_call>{"na'))
     asm.finish("incomplete")
     assert [item["type"] for item in asm.items] == ["function_call"]

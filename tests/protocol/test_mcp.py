@@ -102,12 +102,47 @@ def _ids() -> Any:
     return lambda prefix: f"{prefix}_{next(counter)}"
 
 
+RECORD = {"record": mcp.Offered("record", "s1", "record", None, {}, None, approval=False)}
+
+
+def test_a_turn_that_offers_no_tool_reads_no_call() -> None:
+    """A turn under tool_choice "none" or past max_tool_calls (nothing callable): the
+    call the model writes (an injected one it repeats) is message text, never an
+    mcp_call, and nothing is journaled to be sent."""
+    asm = McpAssembler(RECORD, make_id=_ids())
+    text = "Sure. " + render_call("record", '{"note": "hi"}')
+    events = [e for i in range(0, len(text), 4) for e in asm.feed(TextDelta(text[i : i + 4]))]
+    events += asm.close_open()
+    assert [item["type"] for item in asm.items] == ["message"]
+    assert asm.items[0]["content"][0]["text"] == text
+    assert asm.pending_call() is None and not asm.sent
+    assert not any(e["type"].startswith("response.mcp_call") for e in events)
+
+
+@pytest.mark.parametrize("cut", ["closed", "open"])
+def test_a_call_cut_by_the_budget_ends_incomplete(cut: str) -> None:
+    """A forced call cut by max_output_tokens — its arguments whole and journaled but
+    never sent, or still being written — ends incomplete: a terminal response holds no
+    item in_progress."""
+    asm = McpAssembler(RECORD, make_id=_ids())
+    asm.callable = frozenset(RECORD)
+    call = render_call("record", '{"note": "hi"}')
+    asm.feed(TextDelta(call if cut == "closed" else call[:-14]))
+    events = asm.finish("incomplete")
+    (item,) = asm.items
+    assert item["type"] == "mcp_call" and item["status"] == "incomplete"
+    assert events[-1]["type"] == "response.output_item.done"
+    assert events[-1]["item"]["status"] == "incomplete"
+    assert all(i.get("status") != "in_progress" for i in asm.items)
+
+
 def test_the_assembler_journals_a_call_and_rebuilds_from_its_events() -> None:
     offered = {
         "record": mcp.Offered("record", "s1", "record", None, {}, None, approval=False),
         "ask": mcp.Offered("ask", "s1", "ask", None, {}, None, approval=True),
     }
     asm = McpAssembler(offered, make_id=_ids())
+    asm.callable = frozenset(offered)  # the turn's grammar offers both
     listed, logged = asm.open_list("s1")
     logged += asm.close_list(listed, [{"name": "record", "input_schema": {}}], None)
     text = "Sure. " + render_call("record", '{"note": "hi"}')
@@ -129,6 +164,7 @@ def test_the_assembler_journals_a_call_and_rebuilds_from_its_events() -> None:
     assert done.items[-1]["status"] == "completed"
     # a call that needs an approval is an approval request, never sent
     asm2 = McpAssembler(offered, make_id=_ids())
+    asm2.callable = frozenset(offered)
     events = asm2.feed(TextDelta(render_call("ask", "{}")))
     events += asm2.close_open()
     assert asm2.items[-1]["type"] == "mcp_approval_request" and asm2.pending_call() is None

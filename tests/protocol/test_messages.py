@@ -330,7 +330,7 @@ def test_the_assembler_notes_the_stop_sequence() -> None:
 
 
 def test_a_tool_stream_and_an_empty_message() -> None:
-    asm = CallAssembler()
+    asm = CallAssembler(callable_names=("weather",))
     logged: list[dict[str, Any]] = [{"type": ev.CREATED, "response": {}}]
     logged += asm.feed(TextDelta('<tool_call>{"name": "weather", "arguments": {"city": '))
     logged += asm.feed(TextDelta('"Oslo"}}</tool_call>'))

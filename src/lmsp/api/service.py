@@ -482,6 +482,7 @@ def open_service(
     metrics.add_collector(lambda: embedwork.engine_figures(host))
     service = Service(settings, db, host, runner, service_id, report, metrics, kv=host.prefix_files)
     service.membership = membership
+    runner.grammars = service.grammars  # an MCP loop's schemas: the API's budget
     policy = DeliveryPolicy(
         settings.webhook_retry, settings.webhook_give_up, parse_hosts(settings.webhook_hosts)
     )

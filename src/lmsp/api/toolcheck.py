@@ -52,23 +52,6 @@ def _schema(schema: Any, where: str, what: str) -> Iterator[LmspError]:
 
 # -- the compile, under its budget ----------------------------------------------------------
 #: what each limit of :class:`lmsp.constraints.budget.Outcome` is called in a refusal
-_LIMITS = {
-    "cpu": "compiling them took more than {seconds:g}s of CPU time (LMSP_SCHEMA_CPU_TIME)",
-    "wall": "compiling them took too long on this busy machine (LMSP_SCHEMA_CPU_TIME); retry",
-    "memory": "compiling them needed more memory than allowed (LMSP_INPUT_MEMORY)",
-    "bytes": "they are {size} bytes as JSON; at most {most} are allowed (LMSP_MAX_SCHEMA_BYTES)",
-    "engine": "the grammar they make is larger than the constraint engine can hold",
-    "depth": "they are nested too deeply",
-    "crash": "the constraint engine failed on them",
-    "request": (
-        "the request's files and schemas together took more than {request:g}s of CPU time"
-        " (LMSP_REQUEST_CPU_TIME)"
-    ),
-    "deadline": (
-        "they were not compiled in time (the request's time counts from its arrival:"
-        " LMSP_REQUEST_CPU_TIME); the machine is busy, retry later"
-    ),
-}
 
 
 def schemas_of(request: dict[str, Any]) -> list[tuple[dict[str, Any], tuple[str | int, ...]]]:
@@ -184,12 +167,7 @@ def _refusal(
         where = param("tools")
     else:
         where = param("text", "format", "schema")
-    reason = _LIMITS.get(outcome.limit, _LIMITS["crash"]).format(
-        seconds=budget.cpu_seconds,
-        size=outcome.problem,
-        most=budget.max_bytes,
-        request=ticket.cpu_seconds if ticket is not None else 0.0,
-    )
+    reason = budget.reason(outcome, ticket.cpu_seconds if ticket is not None else 0.0)
     return LmspError(
         "schema_too_complex", f"The request's JSON Schemas are too complex: {reason}.", param=where
     )

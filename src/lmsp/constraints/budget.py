@@ -13,6 +13,10 @@ is refused before any work.
 Outcomes are cached by the digest of the grammar text, so a repeated schema (an agent
 sends the same one every turn; an attacker the same bomb) costs nothing, and requests
 checking the same grammar at once share one compile.
+
+The runner's threads check what they build themselves (an MCP server's ``inputSchema``s
+and the grammar of a loop's turn: :mod:`lmsp.tasks.mcp_loop`) with :meth:`GrammarBudget.
+check_now`, blocking, under the same budget and cache.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +57,25 @@ class Outcome:
 
 
 OK = Outcome("ok")
+
+#: why a compile was refused, by :attr:`Outcome.limit` (:meth:`GrammarBudget.reason`)
+LIMITS = {
+    "cpu": "compiling them took more than {seconds:g}s of CPU time (LMSP_SCHEMA_CPU_TIME)",
+    "wall": "compiling them took too long on this busy machine (LMSP_SCHEMA_CPU_TIME); retry",
+    "memory": "compiling them needed more memory than allowed (LMSP_INPUT_MEMORY)",
+    "bytes": "they are {size} bytes as JSON; at most {most} are allowed (LMSP_MAX_SCHEMA_BYTES)",
+    "engine": "the grammar they make is larger than the constraint engine can hold",
+    "depth": "they are nested too deeply",
+    "crash": "the constraint engine failed on them",
+    "request": (
+        "the request's files and schemas together took more than {request:g}s of CPU time"
+        " (LMSP_REQUEST_CPU_TIME)"
+    ),
+    "deadline": (
+        "they were not compiled in time (the request's time counts from its arrival:"
+        " LMSP_REQUEST_CPU_TIME); the machine is busy, retry later"
+    ),
+}
 
 
 def looks_internal(text: str) -> bool:
@@ -109,7 +133,20 @@ def compile_job(grammar: str | None, schemas: str) -> tuple[str, int | None, str
     return ("too_complex", None, matcher.get_error()[:4000])
 
 
-# -- in the API ---------------------------------------------------------------------------
+def accepts_job(grammar: str, text: str) -> bool:
+    """Run in a worker: does ``grammar`` accept ``text`` whole?"""
+    from llguidance import LLMatcher
+
+    matcher = LLMatcher(_tokenizer(), grammar, log_level=0)
+    if matcher.is_error():
+        return False
+    for byte in text.encode():
+        if not matcher.consume_token(byte):
+            return False
+    return bool(matcher.is_accepting())
+
+
+# -- in the API (and the runner's threads) -------------------------------------------------
 class GrammarBudget:
     """Checks grammars in ``sandbox`` workers under ``cpu_seconds`` and ``max_bytes``."""
 
@@ -118,8 +155,75 @@ class GrammarBudget:
         self.cpu_seconds = cpu_seconds
         self.max_bytes = max_bytes
         self._done: OrderedDict[str, Outcome] = OrderedDict()
+        self._done_lock = threading.Lock()  # the event loop and the runner's threads
         self._pending: dict[str, asyncio.Future[Outcome]] = {}
         self.compiles = 0  # how many grammars were compiled (not answered from the cache)
+
+    def reason(self, outcome: Outcome, request_seconds: float = 0.0) -> str:
+        """Why ``outcome`` (``too_complex``) was refused, naming the setting."""
+        return LIMITS.get(outcome.limit, LIMITS["crash"]).format(
+            seconds=self.cpu_seconds,
+            size=outcome.problem,
+            most=self.max_bytes,
+            request=request_seconds,
+        )
+
+    def _key(self, grammar: str | None, schemas: list[dict[str, Any]]) -> tuple[str, str] | Outcome:
+        """The cache key and the schemas' compact JSON, or the refusal of their size."""
+        try:
+            shown = json.dumps(schemas, separators=(",", ":"), ensure_ascii=False).encode()
+        except RecursionError:
+            return Outcome("too_complex", limit="depth")
+        if len(shown) > self.max_bytes:
+            return Outcome("too_complex", limit="bytes", problem=str(len(shown)))
+        key = hashlib.sha256(shown + b"\0" + (grammar or "").encode()).hexdigest()
+        return key, shown.decode()
+
+    def _known(self, key: str) -> Outcome | None:
+        with self._done_lock:
+            known = self._done.get(key)
+            if known is not None:
+                self._done.move_to_end(key)
+            return known
+
+    def _remember(self, key: str, outcome: Outcome) -> None:
+        if outcome.limit in ("wall", "crash", "request", "deadline"):
+            return  # the machine was busy, the worker broke, the request's budget
+        with self._done_lock:
+            self._done[key] = outcome
+            while len(self._done) > CACHE_SIZE:
+                self._done.popitem(last=False)
+
+    def check_now(self, grammar: str | None, schemas: list[dict[str, Any]]) -> Outcome:
+        """:meth:`check`, blocking, from a thread that is not the event loop's (the
+        runner's: an MCP loop's schemas and turn grammars), under the same budget and
+        cache; it waits for a free worker, outside the API's fair queue."""
+        if not schemas and grammar is None:
+            return OK
+        found = self._key(grammar, schemas)
+        if isinstance(found, Outcome):
+            return found
+        key, shown = found
+        known = self._known(key)
+        if known is not None:
+            return known
+        self.compiles += 1
+        try:
+            result = self.sandbox.call(compile_job, grammar, shown, cpu_seconds=self.cpu_seconds)
+        except (Overrun, WorkerFailed) as exc:
+            outcome = self._outcome(grammar, exc)
+        else:
+            outcome = self._outcome(grammar, result)
+        self._remember(key, outcome)
+        return outcome
+
+    def accepts_now(self, grammar: str, text: str) -> bool:
+        """Does ``grammar`` accept ``text`` (checked in a worker, under the budget;
+        ``False`` past it)? Blocking, as :meth:`check_now`."""
+        try:
+            return bool(self.sandbox.call(accepts_job, grammar, text, cpu_seconds=self.cpu_seconds))
+        except (Overrun, WorkerFailed):
+            return False
 
     async def check(
         self, grammar: str | None, schemas: list[dict[str, Any]], ticket: Ticket | None = None
@@ -129,16 +233,12 @@ class GrammarBudget:
         charged to ``ticket``, its request's budget (:mod:`lmsp.fairgate`)."""
         if not schemas and grammar is None:
             return OK
-        try:
-            shown = json.dumps(schemas, separators=(",", ":"), ensure_ascii=False).encode()
-        except RecursionError:
-            return Outcome("too_complex", limit="depth")
-        if len(shown) > self.max_bytes:
-            return Outcome("too_complex", limit="bytes", problem=str(len(shown)))
-        key = hashlib.sha256(shown + b"\0" + (grammar or "").encode()).hexdigest()
-        known = self._done.get(key)
+        found = self._key(grammar, schemas)
+        if isinstance(found, Outcome):
+            return found
+        key, shown = found
+        known = self._known(key)
         if known is not None:
-            self._done.move_to_end(key)
             return known
         waiting = self._pending.get(key)
         if waiting is not None:
@@ -146,7 +246,7 @@ class GrammarBudget:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
-            outcome = await self._compile(grammar, shown.decode(), ticket)
+            outcome = await self._compile(grammar, shown, ticket)
             future.set_result(outcome)
         except BaseException as exc:
             future.set_exception(exc)
@@ -154,39 +254,45 @@ class GrammarBudget:
             raise
         finally:
             del self._pending[key]
-        if outcome.limit in ("wall", "crash", "request", "deadline"):
-            return outcome  # the machine was busy, the worker broke, the request's budget
-        self._done[key] = outcome
-        while len(self._done) > CACHE_SIZE:
-            self._done.popitem(last=False)
+        self._remember(key, outcome)
         return outcome
 
     async def _compile(self, grammar: str | None, schemas: str, ticket: Ticket | None) -> Outcome:
         self.compiles += 1
         try:
-            kind, index, problem = await self.sandbox.run(
+            result = await self.sandbox.run(
                 compile_job, grammar, schemas, cpu_seconds=self.cpu_seconds, ticket=ticket
             )
-        except Overrun as exc:
+        except (Overrun, WorkerFailed) as exc:
+            return self._outcome(grammar, exc)
+        return self._outcome(grammar, result)
+
+    def _outcome(
+        self, grammar: str | None, result: tuple[str, int | None, str] | Overrun | WorkerFailed
+    ) -> Outcome:
+        """The outcome of a compile job: its result, or the sandbox's error."""
+        size = len(grammar or "")
+        if isinstance(result, Overrun):
             log.warning(
                 "a grammar of %d bytes went past its %s limit",
-                len(grammar or ""),
-                exc.limit,
-                extra={"event": "grammar.over_budget", "limit": exc.limit},
+                size,
+                result.limit,
+                extra={"event": "grammar.over_budget", "limit": result.limit},
             )
-            return Outcome("too_complex", limit=exc.limit)
-        except WorkerFailed as exc:
+            return Outcome("too_complex", limit=result.limit)
+        if isinstance(result, WorkerFailed):
             log.warning(
                 "compiling a grammar of %d bytes failed: %s",
-                len(grammar or ""),
-                exc.detail,
+                size,
+                result.detail,
                 extra={"event": "grammar.failed"},
             )
             return Outcome("too_complex", limit="crash")
+        kind, index, problem = result
         if kind == "too_complex":
             log.info(
                 "a grammar of %d bytes did not compile: %s",
-                len(grammar or ""),
+                size,
                 problem,
                 extra={"event": "grammar.failed"},
             )

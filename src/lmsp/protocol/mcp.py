@@ -28,6 +28,9 @@ HEADERS_KEY = "lmsp_mcp_headers"
 REDACTED = "[redacted]"
 LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_HEADERS = 32
+#: the most tools of one server a response offers (and stores in its list item), after
+#: ``allowed_tools``: a server listing more fails its list step
+MAX_TOOLS = 128
 APPROVALS = ("always", "never")
 
 # events (OpenAI's names)
@@ -354,6 +357,14 @@ def listed_tool(tool: Any) -> dict[str, Any]:
         shown["description"] = tool["description"]
     shown["annotations"] = tool.get("annotations")
     return shown
+
+
+def too_many_tools(count: int) -> str:
+    """The list step's error for a server that lists more than :data:`MAX_TOOLS`."""
+    return (
+        f"Listing the tools failed: the server lists {count} tools; at most {MAX_TOOLS} are"
+        " offered (name the ones to offer in allowed_tools)."
+    )
 
 
 def error_of(kind: str, message: str, code: int = -32000) -> dict[str, Any]:

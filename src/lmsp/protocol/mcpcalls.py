@@ -173,6 +173,35 @@ class McpAssembler(CallAssembler):
             {"type": ev.OUTPUT_ITEM_DONE, "output_index": index, "item": item},
         ]
 
+    def refused(self, item: dict[str, Any], error: dict[str, Any]) -> list[Event]:
+        """A call that is not made (never sent): a whole ``mcp_call`` item, ``failed``
+        with ``error``."""
+        out = self._close("completed")
+        item = {**item, "output": None, "error": error, "status": "failed"}
+        self.items.append(item)
+        index = self._index()
+        return [
+            *out,
+            {"type": ev.OUTPUT_ITEM_ADDED, "output_index": index, "item": copy.deepcopy(item)},
+            {"type": ev.OUTPUT_ITEM_DONE, "output_index": index, "item": copy.deepcopy(item)},
+        ]
+
+    def finish(self, status: ItemStatus = "completed") -> list[Event]:
+        """The response ends: an ``mcp_call`` still open, or whole but not sent (the
+        budget ran out as its arguments closed), ends ``incomplete`` — a finished
+        response holds no item ``in_progress``."""
+        out: list[Event] = []
+        if self._open is not None and self._open["type"] == "mcp_call":
+            self.held = ""  # the part of its closing seen so far
+            out += self._close("incomplete")
+        out += super().finish(status)
+        for index, item in enumerate(self.items):
+            if item.get("status") == "in_progress":
+                item["status"] = "incomplete"
+                done = {"type": ev.OUTPUT_ITEM_DONE, "output_index": index}
+                out.append({**done, "item": copy.deepcopy(item)})
+        return out
+
     def close_open(self) -> list[Event]:
         """End the turn: text held back is emitted, an open item closed (no empty
         message is made)."""

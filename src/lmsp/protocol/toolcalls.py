@@ -5,6 +5,12 @@ The model writes calls as ``<tool_call>{"name": "NAME", "arguments": ARGS}</tool
 reads the generated text as it comes: text outside calls becomes message text, a call
 becomes a ``function_call`` item whose arguments stream as they are generated.
 
+Only the names in ``callable`` (the functions the turn's grammar lets the model call)
+make calls: a head naming another tool, or any head when ``callable`` is empty (a turn
+offered no tool: ``tool_choice: "none"``, ``max_tool_calls`` reached), stays plain
+text. The grammar is what holds a call to its tool's schema; text the model was free to
+write (an injected ``<tool_call>`` it repeats) never becomes a call.
+
 All of its state beyond the log is ``held``, the generated text not yet interpreted (a
 part of ``<tool_call>`` or of a call's head, or the part of the closing
 ``}</tool_call>`` seen so far); whether it is inside a call's arguments, and how deep,
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from lmsp.ids import new_id
@@ -113,8 +119,11 @@ class CallAssembler(OutputAssembler):
         make_id: Callable[[str], str] = new_id,
         stop: Sequence[str] = (),
         held: str = "",
+        callable_names: Iterable[str] = (),
     ) -> None:
         super().__init__(make_id, (), held)
+        #: the names a call may be made to (the turn's grammar's); any other head is text
+        self.callable: frozenset[str] = frozenset(callable_names)
 
     def feed(self, output: EngineOutput) -> list[Event]:
         if isinstance(output, TextDelta):
@@ -160,6 +169,10 @@ class CallAssembler(OutputAssembler):
                     break
                 out += self._emit(CALL_OPEN, ())  # not a call after all: plain text
                 buf = buf[len(CALL_OPEN) :]
+                continue
+            if head[1] not in self.callable:  # no call it may make: plain text
+                out += self._emit(head[0], ())
+                buf = buf[head.end() :]
                 continue
             out += super().feed(CallStart(head[1]))
             buf = buf[head.end() :]

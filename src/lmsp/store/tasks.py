@@ -80,11 +80,17 @@ def _seal_output(conn: Conn, task: Row) -> None:
     assert response is not None
     if response["output"] is not None:
         return
-    items = output_items(conn, response, task["id"])
-    for item in items:
-        if item.get("status") == "in_progress":
-            item["status"] = "incomplete"
+    items = closed(output_items(conn, response, task["id"]))
     conn.execute("UPDATE responses SET output = ? WHERE id = ?", (_dumps(items), response["id"]))
+
+
+def closed(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` as a finished response holds them: none ``in_progress`` (one still open
+    when the task ended is ``incomplete``)."""
+    return [
+        {**item, "status": "incomplete"} if item.get("status") == "in_progress" else item
+        for item in items
+    ]
 
 
 def _dumps(value: Any) -> str:
@@ -311,7 +317,7 @@ def complete(
         return None
     conn.execute(
         "UPDATE responses SET output = ?, incomplete_reason = ? WHERE id = ?",
-        (_dumps(output), incomplete_reason, task["response_id"]),
+        (_dumps(closed(output)), incomplete_reason, task["response_id"]),
     )
     return move(
         conn,

@@ -12,8 +12,12 @@ may be resumed on another node or after a restart, and nothing of a session surv
 that. Every request is bounded by ``timeout`` (``LMSP_MCP_TIMEOUT``) as a whole, and a
 tool's result by ``max_result`` characters. Every connection goes only to an address
 ``LMSP_MCP_HOSTS``' rule admits (:mod:`lmsp.tasks.outbound`), redirects included.
-Header values go to the server and nowhere else: errors name the server's URL, never
-its headers.
+What is read is bounded as it is read: the bytes of every response body of one
+request's session together (``max_bytes``, ``LMSP_MCP_MAX_BYTES``) are counted by the
+HTTP transport, before anything parses them; past the cap (or a ``Content-Length`` that
+announces it) the connection is dropped and the request fails saying so; a compressed
+body is refused (its size is not what is read), and none is asked for. Header values
+go to the server and nowhere else: errors name the server's URL, never its headers.
 """
 
 from __future__ import annotations
@@ -22,15 +26,16 @@ import asyncio
 import concurrent.futures
 import json
 import threading
-from collections.abc import Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from lmsp.protocol import mcp
 from lmsp.protocol.outbound import HostRule
 from lmsp.tasks import outbound
 
 if TYPE_CHECKING:  # the SDK takes ~0.7 s to import: only a request that needs it pays
+    import httpx2
     from mcp import Client
 
 T = TypeVar("T")
@@ -69,6 +74,31 @@ class Server:
     headers: dict[str, str]
     timeout: float
     hosts: tuple[HostRule, ...]  # LMSP_MCP_HOSTS: where a connection may go
+    #: the most bytes one request may read (its session's response bodies together)
+    max_bytes: int = 1 << 20
+
+
+@dataclass
+class Reading:
+    """What one request's session has read of its server's response bodies."""
+
+    most: int
+    read: int = 0
+    #: why reading stopped (the cap, or a body lmsp does not read), if it did
+    refused: str | None = field(default=None)
+
+    def take(self, size: int) -> None:
+        """Count ``size`` more bytes (:meth:`refuse` past the cap)."""
+        self.read += size
+        if self.read > self.most:
+            self.refuse(f"sent more than {self.most} bytes (LMSP_MCP_MAX_BYTES)")
+
+    def refuse(self, why: str) -> NoReturn:
+        """Stop reading: a stream error, which the SDK reports as the request's."""
+        import httpx2
+
+        self.refused = self.refused or why
+        raise httpx2.StreamError(self.refused)
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -85,7 +115,7 @@ def _failure(server: Server, exc: BaseException) -> McpFailure:
     exc = _leaf(exc)
     if isinstance(exc, McpFailure):
         return exc
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, httpx2.TimeoutException)):
         return McpFailure(
             mcp.error_of(
                 "mcp_protocol_error",
@@ -126,19 +156,86 @@ async def _bounded(server: Server, work: Any) -> Any:
         raise _failure(server, exc) from None
 
 
-def _client(server: Server) -> Client:
+def _transport(reading: Reading, inner: httpx2.AsyncBaseTransport) -> httpx2.AsyncBaseTransport:
+    """``inner`` (the hosts guard's transport), counting every response body's bytes
+    against ``reading`` as they arrive (the SDK reads a JSON body whole before it
+    parses it)."""
+    import httpx2
+
+    class Counted(httpx2.AsyncByteStream):
+        def __init__(self, inner: Any, refusal: str | None) -> None:
+            self.inner = inner
+            self.refusal = refusal
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            if self.refusal is not None:
+                reading.refuse(self.refusal)
+            async for chunk in self.inner:
+                reading.take(len(chunk))
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class Capped(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            response = await inner.handle_async_request(request)
+            refusal: str | None = None
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            length = response.headers.get("content-length", "").strip()
+            if encoding not in ("", "identity"):
+                refusal = f"sent a {encoding}-encoded body (lmsp reads only plain ones)"
+            elif length.isdigit() and reading.read + int(length) > reading.most:
+                refusal = f"announced {length} bytes (more than LMSP_MCP_MAX_BYTES)"
+            response.stream = Counted(response.stream, refusal)
+            return response
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return Capped()
+
+
+def _client(server: Server, reading: Reading) -> Client:
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
     http = outbound.client2(
-        server.hosts, httpx2.Timeout(server.timeout, read=server.timeout), server.headers
+        server.hosts,
+        httpx2.Timeout(server.timeout, read=server.timeout),
+        {**server.headers, "Accept-Encoding": "identity"},
+        wrap=lambda inner: _transport(reading, inner),
     )
-    return Client(streamable_http_client(server.url, http_client=http), raise_exceptions=True)
+    return Client(
+        streamable_http_client(server.url, http_client=http, max_sse_event_size=server.max_bytes),
+        raise_exceptions=True,
+    )
+
+
+def _too_much(server: Server, reading: Reading) -> McpFailure:
+    return McpFailure(
+        mcp.error_of(
+            "mcp_protocol_error",
+            f"The MCP server at {server.url} {reading.refused}; the request was dropped.",
+        )
+    )
 
 
 async def _list(server: Server) -> list[dict[str, Any]]:
-    async with _client(server) as client:
+    reading = Reading(server.max_bytes)
+    try:
+        return await _pages(server, reading)
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        if reading.refused is not None:
+            raise _too_much(server, reading) from None
+        raise
+
+
+async def _pages(server: Server, reading: Reading) -> list[dict[str, Any]]:
+    async with _client(server, reading) as client:
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         for _ in range(100):  # pages
@@ -155,8 +252,16 @@ async def _list(server: Server) -> list[dict[str, Any]]:
 async def _call(
     server: Server, name: str, arguments: dict[str, Any], max_result: int
 ) -> tuple[str | None, dict[str, Any] | None]:
-    async with _client(server) as client:
-        result = await client.call_tool(name, arguments, read_timeout_seconds=server.timeout)
+    reading = Reading(server.max_bytes)
+    try:
+        async with _client(server, reading) as client:
+            result = await client.call_tool(name, arguments, read_timeout_seconds=server.timeout)
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        if reading.refused is not None:
+            raise _too_much(server, reading) from None
+        raise
     texts: list[str] = []
     for block in result.content:
         shown = block.model_dump(mode="json", by_alias=True, exclude_none=True)

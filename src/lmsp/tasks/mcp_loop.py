@@ -9,10 +9,13 @@ generation (:meth:`lmsp.tasks.runner.Runner._execute` hands it over). The loop:
    call runs first (an ``mcp_call`` with its ``approval_request_id``), a refused one never;
 3. generates a turn, the tools offered with their ``inputSchema`` (the arguments held to
    it by llguidance, as for function tools), at most one call a turn; ``tool_choice``
-   ``{"type": "mcp", …}`` forces the first call, later turns are ``auto``;
+   ``{"type": "mcp", …}`` forces the first call, later turns are ``auto``. What a turn
+   offers, and so what it may call, is :mod:`lmsp.tasks.mcp_offer`'s: only text written
+   under the grammar becomes a call (``"none"``, or ``max_tool_calls`` reached: free
+   text, no call);
 4. a call of an MCP tool is journaled and sent, its result fed back, and the loop goes
-   on from 3, up to ``max_tool_calls``; a function call, a call that needs an approval
-   (an ``mcp_approval_request``) or a turn without a call ends the response.
+   on from 3, up to ``max_tool_calls`` calls in all; a function call, a call that needs
+   an approval (an ``mcp_approval_request``) or a turn without a call ends the response.
 
 The journal is the task's event log. A call's arguments and
 ``response.mcp_call.in_progress`` commit **before** it is sent; its result commits with
@@ -41,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter
 
 from lmsp import config
-from lmsp.constraints import grammar
+from lmsp.constraints.budget import GrammarBudget
 from lmsp.engines.base import EngineCrashed, EngineError
 from lmsp.metrics import Metrics
 from lmsp.protocol import events as ev
@@ -54,8 +57,8 @@ from lmsp.store import events, journal, mcp_headers
 from lmsp.store import tasks as task_store
 from lmsp.store.sql import Conn, Row
 
-from . import mcp_client
-from .plan import callable_tools, context_of, sampling_of, text_schema
+from . import mcp_client, mcp_offer
+from .plan import context_of, sampling_of
 
 if TYPE_CHECKING:
     from lmsp.engines.client import EngineClient as LoadedModel
@@ -64,8 +67,6 @@ if TYPE_CHECKING:
     from .runner import Runner
 
 log = logging.getLogger(__name__)
-#: calls one response makes when ``max_tool_calls`` does not say
-DEFAULT_MAX_CALLS = 16
 Item = dict[str, Any]
 
 
@@ -188,35 +189,13 @@ class Loop:
         return None
 
     def offer(self) -> dict[str, mcp.Offered]:
-        """The MCP tools the model may call, by the alias it calls them by."""
-        taken = {tool["name"] for tool in self.request.get("tools") or [] if "name" in tool}
-        offered: dict[str, mcp.Offered] = {}
-        for label, listed in self._lists().items():
-            if listed.get("error"):
-                continue
-            definition = self.servers[label]
-            for tool in listed.get("tools") or []:
-                annotations = tool.get("annotations")
-                annotations = annotations if isinstance(annotations, dict) else None
-                if not mcp.allowed(definition, tool["name"], annotations):
-                    continue
-                schema = mcp.closed(tool.get("input_schema") or {"type": "object"})
-                try:
-                    grammar.check_schema(schema)
-                except grammar.UnsupportedSchema as exc:
-                    log.warning("MCP tool %s/%s left out: %s", label, tool["name"], exc.message)
-                    continue
-                alias = mcp.alias_for(tool["name"], taken)
-                offered[alias] = mcp.Offered(
-                    alias,
-                    label,
-                    tool["name"],
-                    tool.get("description"),
-                    schema,
-                    annotations,
-                    mcp.needs_approval(definition, tool["name"], annotations),
-                )
-        return offered
+        """The MCP tools the model may be offered, by the alias it calls them by."""
+        return mcp_offer.offer(self._lists(), self.servers, self.request, self._budget())
+
+    def _budget(self) -> GrammarBudget:
+        if self.runner.grammars is None:
+            raise EngineError("engine_error", "MCP tools need the service's compile budget.")
+        return self.runner.grammars
 
     def _server(self, label: str) -> mcp_client.Server:
         url = self.servers[label]["server_url"]
@@ -225,6 +204,7 @@ class Loop:
             self.headers.get(label, {}),
             self.settings.mcp_timeout,
             mcp.host_rules(self.settings.mcp_hosts),
+            self.settings.mcp_max_bytes,
         )
 
     def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
@@ -256,14 +236,18 @@ class Loop:
             metric.labels(label, "list", "failed").inc()
             self.pending += self.asm.close_list(item, None, f"Listing the tools failed: {exc}")
         else:
-            metric.labels(label, "list", "ok").inc()
             definition = self.servers[label]
             shown = [
                 mcp.listed_tool(tool)
                 for tool in tools
                 if mcp.allowed(definition, tool["name"], tool.get("annotations"))
             ]
-            self.pending += self.asm.close_list(item, shown, None)
+            if len(shown) > mcp.MAX_TOOLS:
+                metric.labels(label, "list", "failed").inc()
+                self.pending += self.asm.close_list(item, None, mcp.too_many_tools(len(shown)))
+            else:
+                metric.labels(label, "list", "ok").inc()
+                self.pending += self.asm.close_list(item, shown, None)
         self.between()
         self.flush(wait=False)
 
@@ -382,7 +366,10 @@ class Loop:
             self.flush(wait=False)
 
     def approvals(self) -> None:
-        """Answer the approvals of this request's input: run each approved call once."""
+        """Answer the approvals of this request's input: run each approved call once —
+        if its tool is offered to this response, its arguments match the tool's
+        ``inputSchema`` and ``max_tool_calls`` is not reached; else its item fails,
+        saying why, and nothing is sent."""
         asked = {
             item["id"]: item for item in self.context if item.get("type") == "mcp_approval_request"
         }
@@ -409,6 +396,15 @@ class Loop:
                 "error": None,
                 "status": "in_progress",
             }
+            made = mcp_offer.calls_in(self.asm.items)
+            refusal = mcp_offer.refusal(
+                self.request, self.asm.offered, made, wanted, self._budget()
+            )
+            if refusal is not None:
+                error = mcp.error_of("mcp_protocol_error", f"Not run: {refusal}.", -32602)
+                self.pending += self.asm.refused(item, error)
+                self.between()
+                continue
             self.asm.items.append(item)
             index = len(self.asm.items) - 1
             self.pending += [
@@ -424,57 +420,22 @@ class Loop:
 
     # -- turns -------------------------------------------------------------------------------
     def calls_made(self) -> int:
-        """Calls made before this turn (a resumed turn's grammar is its original one)."""
-        return sum(
-            1
-            for item in self.asm.items[: self.turn.items]
-            if item["type"] in ("mcp_call", "mcp_approval_request")
-        )
+        """Calls made before this turn (a resumed turn's grammar is its original one):
+        every MCP call, approval request and function call counts."""
+        return mcp_offer.calls_in(self.asm.items[: self.turn.items])
 
     def between(self) -> None:
         """A step between turns is logged: the next turn starts here."""
         self.turn = Turn(len(self.tokens), len(self.asm.items), self.turn.input_tokens)
-
-    def turn_grammar(self) -> tuple[str | None, list[dict[str, Any]]]:
-        """This turn's grammar and the tools its prompt shows."""
-        choice = self.request.get("tool_choice")
-        functions, required = callable_tools(self.request)
-        shown = [t for t in self.request.get("tools") or [] if t.get("type") == "function"]
-        limit = self.request.get("max_tool_calls") or DEFAULT_MAX_CALLS
-        first = self.calls_made() == 0
-        offered = list(self.asm.offered.values())
-        if choice == "none" or self.calls_made() >= limit:
-            offered = []
-        if isinstance(choice, dict) and choice.get("type") == mcp.MCP:
-            if first:
-                forced = [
-                    t
-                    for t in offered
-                    if t.server_label == choice["server_label"]
-                    and choice.get("name") in (None, t.name)
-                ]
-                offered, functions, required = forced, [], bool(forced)
-            else:
-                required = False
-        # "required": every turn calls a tool until max_tool_calls, then the answer
-        shown += [mcp.function_of(t) for t in self.asm.offered.values()]
-        functions = [*functions, *(grammar.Function(t.alias, t.input_schema) for t in offered)]
-        schema = text_schema(self.request)
-        if functions:
-            return (
-                grammar.calls_grammar(functions, required=required, limit=1, text_schema=schema),
-                shown,
-            )
-        if schema is not None:
-            return grammar.json_grammar(schema), shown
-        return None, shown
 
     def generate(self) -> str | None:
         """One turn (or the rest of it, resumed); ``"max_output_tokens"`` if the budget
         ran out."""
         prior = [*self.context, *self.asm.items[: self.turn.items]]
         messages = input_items.render(prior, self.request.get("instructions"))
-        text_grammar, shown = self.turn_grammar()
+        tools = mcp_offer.turn_tools(self.request, self.asm.offered, self.calls_made())
+        text_grammar, shown = mcp_offer.checked(self._budget(), tools.grammar), tools.shown
+        self.asm.callable = tools.names  # what the grammar lets it call; the rest is text
         prompt = (
             self.model.prompt_tokens(messages, shown)
             if shown

@@ -143,15 +143,18 @@ def client2(
     timeout: httpx2.Timeout,
     headers: dict[str, str] | None,
     resolver: Resolver = resolve,
+    wrap: Callable[[httpx2.AsyncBaseTransport], httpx2.AsyncBaseTransport] | None = None,
 ) -> httpx2.AsyncClient:
     """The same, as the ``httpx2`` client the MCP SDK takes (imported when first used,
-    with the SDK)."""
+    with the SDK); ``wrap``: a transport around the guarded one (the MCP client's
+    byte count)."""
     import httpcore2
     import httpx2
 
     made = httpx2.AsyncHTTPTransport()
     errors = (httpcore2.ConnectError, httpcore2.ConnectTimeout)
     _guard_pool(cast(Any, made)._pool, Guard(None, rules, errors, resolver))
+    transport = made if wrap is None else wrap(made)
     return httpx2.AsyncClient(
-        transport=made, timeout=timeout, headers=headers, follow_redirects=False
+        transport=transport, timeout=timeout, headers=headers, follow_redirects=False
     )

@@ -128,6 +128,8 @@ class Plan:
     tools: list[dict[str, Any]] = field(default_factory=list)
     #: the output may contain ``<tool_call>`` segments (read as function calls)
     calls: bool = False
+    #: the functions the grammar lets the model call: a call of any other stays text
+    callable: tuple[str, ...] = ()
 
     def assembler(self) -> OutputAssembler:
         """A fresh assembler for this task's output."""
@@ -145,13 +147,29 @@ class Plan:
         assembler.namespaces = {
             tool["name"]: tool["namespace"] for tool in self.tools if tool.get("namespace")
         }
+        if isinstance(assembler, CallAssembler):
+            assembler.callable = frozenset(self.callable)
         return assembler
 
 
+def offers_none(request: dict[str, Any]) -> bool:
+    """Does ``tool_choice`` offer no tool at all (``"none"``, or ``allowed_tools`` in
+    mode ``"none"``)? Then the model is not told of any, and nothing it writes is a
+    call."""
+    choice = request.get("tool_choice")
+    if choice == "none":
+        return True
+    return (
+        isinstance(choice, dict)
+        and choice.get("type") == "allowed_tools"
+        and choice.get("mode") == "none"
+    )
+
+
 def tools_of(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """The function tools the prompt shows: all of them unless ``tool_choice`` is
-    ``"none"`` (then the model is not told of any)."""
-    if request.get("tool_choice") == "none":
+    """The function tools the prompt shows: all of them unless ``tool_choice`` offers
+    none (:func:`offers_none`)."""
+    if offers_none(request):
         return []
     return [tool for tool in request.get("tools") or [] if tool.get("type") == "function"]
 
@@ -217,6 +235,7 @@ def plan_for(request: dict[str, Any]) -> Plan:
     """The plan of a stored request."""
     limit = request.get("max_output_tokens")
     text_grammar, calls = grammar_of(request)
+    functions, _ = callable_tools(request)
     return Plan(
         messages=messages_of(request),
         sampling=sampling_of(request),
@@ -225,4 +244,5 @@ def plan_for(request: dict[str, Any]) -> Plan:
         grammar=text_grammar,
         tools=tools_of(request),
         calls=calls,
+        callable=tuple(f.name for f in functions) if calls else (),
     )

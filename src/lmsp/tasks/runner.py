@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from lmsp.constraints.budget import GrammarBudget
 from lmsp.engines.base import EngineCrashed, EngineError, Generation
 from lmsp.engines.host import ModelHost
 from lmsp.errors import LmspError
@@ -100,6 +101,9 @@ class Runner:
         self._held: dict[str, Node | None] = {}
         # the downloader a pull task goes to instead of the engine (tasks/pull.py)
         self.pulls: Downloader | None = None
+        # the compile budget what a task builds at run time is checked under (an MCP
+        # server's inputSchemas: tasks/mcp_loop.py); the service's, shared with the API
+        self.grammars: GrammarBudget | None = None
 
     # -- control -------------------------------------------------------------------------
     def start(self, resume: list[str] | None = None) -> None:
