@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from lmsp.bootstrap import bundled_model_path  # noqa: E402
-from lmsp.constraints import grammar, matcher  # noqa: E402
+from lmsp.constraints import grammar  # noqa: E402
+from lmsp.engines import matcher  # noqa: E402
 from lmsp.engines.base import LoadOptions, Sampling  # noqa: E402
 from lmsp.engines.client import EngineClient  # noqa: E402
 from lmsp.engines.llama_cpp import LlamaEngine, LlamaModel, LlamaTokenizer  # noqa: E402

@@ -1,6 +1,6 @@
 """(m) MCP tools (issue 27): what a server-side tool loop costs and saves.
 
-Overhead per MCP call: lmsp's MCP client (``lmsp.tasks.mcp_client``, what the loop uses:
+Overhead per MCP call: lmsp's MCP client (``lmsp.outbound.mcp_client``, what the loop uses:
 a session of its own per request, streamable HTTP on loopback) lists the tools and calls
 ``pause(ms)``, a tool of ``tests/mcp_server.py`` that waits ``ms`` milliseconds; the
 round trip minus the tool's own time is the overhead, for the list and for the call.
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from tests.helpers import Server  # noqa: E402
 from tests.test_mcp_tools import McpServer  # noqa: E402
 
-from lmsp.tasks import mcp_client  # noqa: E402
+from lmsp.outbound import mcp_client  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 TOOL_MS = 20

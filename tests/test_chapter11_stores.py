@@ -1,7 +1,7 @@
 """Chapter 11.2's rules, on both stores (SQLite and PostgreSQL): a task is persisted
 before ``202``, event numbers and status move in one transaction, and retention never
 deletes an unfinished task. (The cancel race and the recovery table run on both stores
-in tests/tasks/test_runner.py and tests/tasks/test_recovery.py.)"""
+in tests/runner/test_runner.py and tests/runner/test_recovery.py.)"""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
-from lmsp.api.service import Service, open_service
+from lmsp.app.service import Service, open_service
 from lmsp.config import Settings
 from lmsp.protocol.states import Status
+from lmsp.runner.retention import sweep
 from lmsp.store import events
 from lmsp.store import tasks as task_store
-from lmsp.tasks.retention import sweep
 from tests.helpers import check_log_invariants, task_log
 from tests.pgcluster import store_reader
-from tests.tasks.test_runner import enqueue
+from tests.runner.test_runner import enqueue
 
 DAY = 86400
 

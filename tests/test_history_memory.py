@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lmsp.engines.test_engine import N_CTX
+from lmsp.engines.deterministic import N_CTX
 from tests.helpers import served
 
 pytestmark = pytest.mark.slow

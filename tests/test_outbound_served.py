@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
+from lmsp.outbound import deliverer as sender
 from lmsp.store.webhooks import UNDISCLOSED
-from lmsp.tasks import webhooks as sender
 from tests.helpers import Server, free_port, open_db, seeded_data_dir, served
 from tests.test_mcp_tools import McpServer
 from tests.webhook_receiver import Babbler, Dead, Delivery, Receiver

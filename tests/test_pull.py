@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from lmsp.bootstrap import bundled_model_path
-from lmsp.tasks.hub import parse_reference, pick_files
+from lmsp.outbound.hub import parse_reference, pick_files
 from tests.campaigns.smallfs import fill, require_small_fs, seed_by_symlink, small_fs
 from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir, task_log
 from tests.hub_standin import Hub, HubFile, serve, sha256_of, variant_gguf

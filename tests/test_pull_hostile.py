@@ -2,7 +2,7 @@
 
 A hub that sends fewer bytes than it lists — the whole file then ``416`` for the rest,
 no byte at all, half of what is asked each time, a cut then ``416`` — fails the pull
-after :data:`~lmsp.tasks.pull.MAX_FAILURES` requests of the file, each after a back-off,
+after :data:`~lmsp.outbound.pull.MAX_FAILURES` requests of the file, each after a back-off,
 with a ``hub_error`` naming what the hub did (it used to be asked again at once, forever,
 ``HF_TOKEN`` with every request). A hub that trickles a byte a second cannot hold a
 cancel or the shutdown: the connection is shut down under the read.
@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lmsp.tasks.pull import MAX_FAILURES
+from lmsp.outbound.pull import MAX_FAILURES
 from tests.campaigns.invariants import report
 from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir
 from tests.hub_standin import Hub, HubFile, serve

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 from lmsp.protocol.states import Status
 from lmsp.store import responses
 from tests.helpers import Server, served, task_log
 from tests.hostile import page_pdf, pdf_input
-from tests.tasks.test_runner import status
+from tests.runner.test_runner import status
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lmsp.engines.test_engine import TEST_MODEL_BYTES, TEST_MODEL_ID
+from lmsp.engines.deterministic import TEST_MODEL_BYTES, TEST_MODEL_ID
 from lmsp.gguf import model_metadata
 from lmsp.store import clients, models, service
 from lmsp.store.blobs import CHUNK, blob_path, remove_orphans, store_blob

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 from lmsp.store import clients
 
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from lmsp.api import toolcheck, tooldefs
-from lmsp.api.service import Service
+from lmsp.app import toolcheck, tooldefs
+from lmsp.app.service import Service
 from lmsp.engines.base import EngineError
 from lmsp.errors import LmspError
 from lmsp.protocol import items
 from lmsp.protocol.assembler import CallStart
 from lmsp.protocol.toolcalls import CallAssembler
-from lmsp.tasks import relax
+from lmsp.runner import relax
 
 MODEL = "lmsp-test"
 FUNCTION = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}

@@ -8,7 +8,7 @@ import time
 from fastapi.testclient import TestClient
 
 from lmsp.api import sessions
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 
 
 def svc_of(client: TestClient) -> Service:

@@ -1,7 +1,7 @@
 """A prompt longer than the context: refused before ``202`` (and before anything is
 written) with ``context_length_exceeded``, or, with ``truncation: "auto"``, run without
 its oldest input items, the response saying which were dropped. The test engine's
-context is :data:`lmsp.engines.test_engine.N_CTX` tokens (a prompt's bytes)."""
+context is :data:`lmsp.engines.deterministic.N_CTX` tokens (a prompt's bytes)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from lmsp.config import Settings
-from lmsp.engines.test_engine import N_CTX
+from lmsp.engines.deterministic import N_CTX
 from tests.helpers import open_db
 
 MODEL = "lmsp-test"

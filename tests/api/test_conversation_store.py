@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from lmsp.config import Settings
 from lmsp.protocol import compaction
+from lmsp.runner.retention import sweep
 from lmsp.store import conversations
 from lmsp.store.conversations import Quota
-from lmsp.tasks.retention import sweep
 from tests.pgcluster import store_reader
 
 MODEL = "lmsp-test"
@@ -399,7 +399,7 @@ def test_a_turn_is_appended_whole_or_not_at_all(
 def test_a_replayed_create_does_not_compact_again(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lmsp.api import compaction as api_compaction
+    from lmsp.app import compaction as api_compaction
 
     real = api_compaction.summarize
     summaries: list[int] = []

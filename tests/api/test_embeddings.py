@@ -16,7 +16,7 @@ from openai.types import CreateEmbeddingResponse
 
 from lmsp.api.app import create_app
 from lmsp.config import Settings
-from lmsp.engines.test_engine import EMBED_BATCH, EMBED_DIM, embedding
+from lmsp.engines.deterministic import EMBED_BATCH, EMBED_DIM, embedding
 from tests.api.test_wire import counts
 
 URL = "/v1/embeddings"

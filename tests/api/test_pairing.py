@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 from lmsp.config import Settings
+from lmsp.runner.retention import sweep
 from lmsp.store import pairing
-from lmsp.tasks.retention import sweep
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from lmsp.api.service import Service
 from lmsp.api.tokens import TokenCache
+from lmsp.app.service import Service
 from lmsp.store import clients
 from lmsp.store.db import Database
 

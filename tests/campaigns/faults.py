@@ -27,7 +27,7 @@ import httpx
 import uvicorn
 
 from lmsp.api.app import create_app
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 from lmsp.config import Settings
 from lmsp.store.db import Faults
 from tests.helpers import Server, free_port

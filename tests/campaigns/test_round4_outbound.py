@@ -35,7 +35,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lmsp.tasks import webhooks as sender
+from lmsp.outbound import deliverer as sender
 from tests.campaigns.invariants import long_run, report
 from tests.helpers import Server, free_port
 from tests.webhook_receiver import Babbler, Dead, Receiver

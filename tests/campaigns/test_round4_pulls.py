@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lmsp.tasks.pull import MAX_FAILURES
+from lmsp.outbound.pull import MAX_FAILURES
 from tests.campaigns.invariants import long_run, report
 from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir
 from tests.hub_standin import Hub, HubFile, serve, sha256_of, variant_gguf

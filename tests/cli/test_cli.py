@@ -16,7 +16,7 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 from lmsp.cli import main
 from lmsp.config import Settings
 from tests.helpers import Server, free_port, open_db, seeded_data_dir

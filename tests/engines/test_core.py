@@ -27,6 +27,12 @@ from lmsp.engines.base import EngineCrashed, EngineError, LoadOptions, Piece, Sa
 from lmsp.engines.batch import Logits, Request
 from lmsp.engines.client import EngineClient
 from lmsp.engines.core import EngineCore, Seq
+from lmsp.engines.deterministic import (
+    TEST_MODEL_BYTES,
+    DeterministicEngine,
+    DeterministicModel,
+    reference,
+)
 from lmsp.engines.protocol import (
     PROGRESS_INTERVAL,
     Cancel,
@@ -37,7 +43,6 @@ from lmsp.engines.protocol import (
     Submit,
     Tokens,
 )
-from lmsp.engines.test_engine import TEST_MODEL_BYTES, TestEngine, TestModel, reference
 from lmsp.engines.worker import EngineSpec, die
 
 GREEDY = Sampling(temperature=0)
@@ -300,10 +305,12 @@ def test_a_process_engine_dies_and_its_streams_hear_of_it(tmp_path: Path) -> Non
     model = tmp_path / "test.model"
     model.write_bytes(TEST_MODEL_BYTES)
     exits: list[str] = []
-    spec = EngineSpec(TestEngine(), model, 0, LoadOptions(2), "lmsp-test")
+    spec = EngineSpec(DeterministicEngine(), model, 0, LoadOptions(2), "lmsp-test")
     os.environ["LMSP_TEST_ENGINE_DELAY"] = "0.05"
     try:
-        client = EngineClient(spec, TestModel(), on_exit=lambda c, why: exits.append(why)).start(60)
+        client = EngineClient(
+            spec, DeterministicModel(), on_exit=lambda c, why: exits.append(why)
+        ).start(60)
     finally:
         os.environ.pop("LMSP_TEST_ENGINE_DELAY")
     try:

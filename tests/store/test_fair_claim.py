@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 from lmsp.store import clients, limits
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from lmsp.bootstrap import bootstrap
+from lmsp.cluster.nodes import Membership
 from lmsp.protocol.assembler import OutputAssembler
 from lmsp.protocol.states import Status
 from lmsp.store import models, nodes
@@ -20,7 +21,6 @@ from lmsp.store import responses as response_store
 from lmsp.store import service as service_store
 from lmsp.store import tasks as task_store
 from lmsp.store.pg import PgDatabase
-from lmsp.tasks.nodes import Membership
 from tests.helpers import check_log_invariants, task_log, text_events
 
 TABLE = {  # chapter 11.3, as the rescuer applies it to a lost node's tasks

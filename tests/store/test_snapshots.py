@@ -16,12 +16,12 @@ import pytest
 
 from lmsp.protocol.assembler import OutputAssembler
 from lmsp.protocol.states import Status
+from lmsp.runner.retention import delete_finished_batch
 from lmsp.store import clients, snapshots
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import connect
 from lmsp.store.migrations import migrate
-from lmsp.tasks.retention import delete_finished_batch
 from tests.helpers import check_log_invariants, text_events
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 from lmsp.store import clients as client_store
 from lmsp.store import responses as response_store
 from lmsp.store import service as service_store

@@ -20,19 +20,13 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lmsp import __version__, errors, logs
-from lmsp.config import Settings
-from lmsp.datadir import DataDirLock
-from lmsp.store import service as service_store
-from lmsp.tasks.startup import HeadStart
-
-from . import inputs, leaving
-from .broker import Broker
-from .crosssite import CrossSiteGate
-from .errors import anthropic_response, error_response, is_messages
-from .errors import body as error_body
-from .hosts import HostPolicy, RequestGate
-from .refusals import refusal
-from .routes import (
+from lmsp.api import inputs, leaving
+from lmsp.api.crosssite import CrossSiteGate
+from lmsp.api.errors import anthropic_response, error_response, is_messages
+from lmsp.api.errors import body as error_body
+from lmsp.api.hosts import HostPolicy, RequestGate
+from lmsp.api.refusals import refusal
+from lmsp.api.routes import (
     activity,
     aliases,
     chat,
@@ -49,12 +43,17 @@ from .routes import (
     tasks,
     webhook_endpoints,
 )
-from .routes import clients as client_routes
-from .routes import compaction as compaction_routes
-from .routes import conversations as conversation_routes
-from .routes import webhooks as webhook_routes
-from .routes.deps import idempotency_supported
-from .service import Service, open_service
+from lmsp.api.routes import clients as client_routes
+from lmsp.api.routes import compaction as compaction_routes
+from lmsp.api.routes import conversations as conversation_routes
+from lmsp.api.routes import webhooks as webhook_routes
+from lmsp.api.routes.deps import idempotency_supported
+from lmsp.app.broker import Broker
+from lmsp.app.service import Service, open_service
+from lmsp.cluster.startup import HeadStart
+from lmsp.config import Settings
+from lmsp.datadir import DataDirLock
+from lmsp.store import service as service_store
 
 log = logging.getLogger("lmsp")
 
@@ -296,7 +295,7 @@ def create_app(
 ) -> FastAPI:
     """Build the ASGI app. Startup takes the data directory's lock (``lock``, when the
     caller took it already), opens the directory and recovers before serving; ``head``:
-    the directory opened and engines launched already (:mod:`lmsp.tasks.startup`)."""
+    the directory opened and engines launched already (:mod:`lmsp.cluster.startup`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -18,13 +18,12 @@ from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from lmsp import errors, logs
+from lmsp.api import sessions
 from lmsp.store import clients
 from lmsp.store.clients import Client
 
-from . import sessions
-
 if TYPE_CHECKING:
-    from .service import Service
+    from lmsp.app.service import Service
 
 scheme = HTTPBearer(
     auto_error=False,

@@ -21,8 +21,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lmsp import errors
-
-from .errors import error_response
+from lmsp.api.errors import error_response
 
 #: ``(method, path)`` of the routes that take no token
 OPEN_ROUTES = (

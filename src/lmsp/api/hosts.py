@@ -25,8 +25,7 @@ import ipaddress
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lmsp import errors
-
-from .errors import error_response
+from lmsp.api.errors import error_response
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 #: every field costs its name, its value and ``": "`` and CRLF

@@ -25,9 +25,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from lmsp.api.schemas import (
+    ModelId,
+    OutputTokens,
+    Seed,
+    StopString,
+    ToolName,
+    TopK,
+    TopP,
+    unsupported,
+)
 from lmsp.errors import LmspError
-
-from .schemas import ModelId, OutputTokens, Seed, StopString, ToolName, TopK, TopP, unsupported
 
 
 class Strict(BaseModel):

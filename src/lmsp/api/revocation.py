@@ -19,11 +19,10 @@ from typing import Any
 
 from sse_starlette import ServerSentEvent
 
+from lmsp.api.sse import sse
+from lmsp.app.broker import Broker
 from lmsp.store import clients
 from lmsp.store.db import Database
-
-from .broker import Broker
-from .sse import sse
 
 CHECK_EVERY = 0.5
 CLIENTS = "clients"

@@ -16,10 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from lmsp.app import toolcheck, tooldefs
 from lmsp.errors import LmspError
 from lmsp.protocol.events import INCLUDE_LIFECYCLE
-
-from . import toolcheck, tooldefs
 
 
 class Body(BaseModel):
@@ -237,7 +236,7 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
         ):
             yield unsupported("include", f"include {value!r}: lmsp has no such tool output.")
     yield from _tools(body)
-    # ``text.verbosity`` is asked of the model in its system message (tasks/plan.py)
+    # ``text.verbosity`` is asked of the model in its system message (runner/plan.py)
     # ``reasoning`` is accepted: the models here do no reasoning at any effort, so a
     # response has no reasoning items and any summary asked for is empty (docs/clients.md)
     if body.service_tier not in TIERS:

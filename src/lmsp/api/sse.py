@@ -13,13 +13,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from lmsp.app.broker import Broker
 from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
 from lmsp.protocol.states import Status
 from lmsp.store import events
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
-
-from .broker import Broker
 
 PAGE = 500
 SEP = "\n"

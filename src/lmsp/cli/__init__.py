@@ -15,10 +15,9 @@ from pathlib import Path
 import click
 
 from lmsp import __version__, config, datadir
-
-from . import database
-from .common import DATA_DIR_HELP, TOKEN_HELP, URL_HELP
-from .errors import CliError, Root
+from lmsp.cli import database
+from lmsp.cli.common import DATA_DIR_HELP, TOKEN_HELP, URL_HELP
+from lmsp.cli.errors import CliError, Root
 
 
 def _settings(data_dir: Path | None, **overrides: object) -> config.Settings:
@@ -143,7 +142,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     logs.configure(settings.log_format)
     # the directory opened and recovered, and unfinished tasks' engines loading, before
     # the HTTP application's imports (most of a second), which their loading overlaps
-    from lmsp.tasks.startup import head_start
+    from lmsp.cluster.startup import head_start
 
     head = head_start(settings, lock)
     try:
@@ -211,9 +210,9 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
     while a server holds the data directory (it sweeps by itself every
     LMSP_GC_INTERVAL)."""
     from lmsp.engines.kvfiles import PrefixFiles
+    from lmsp.runner.retention import sweep
     from lmsp.store.blobs import remove_orphans
     from lmsp.store.open import open_database
-    from lmsp.tasks.retention import sweep
 
     keep = None
     if retention is not None:
@@ -249,13 +248,13 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
         click.echo(f"freed {swept.kv_bytes} bytes of saved prompt prefixes")
 
 
-from .clients import clients  # noqa: E402
-from .console import console  # noqa: E402
-from .doctor import doctor  # noqa: E402
-from .pair import pair  # noqa: E402
-from .ps import ps  # noqa: E402
-from .run import run  # noqa: E402
-from .tasks import tasks  # noqa: E402
+from lmsp.cli.clients import clients  # noqa: E402
+from lmsp.cli.console import console  # noqa: E402
+from lmsp.cli.doctor import doctor  # noqa: E402
+from lmsp.cli.pair import pair  # noqa: E402
+from lmsp.cli.ps import ps  # noqa: E402
+from lmsp.cli.run import run  # noqa: E402
+from lmsp.cli.tasks import tasks  # noqa: E402
 
 main.add_command(run)
 main.add_command(tasks)
@@ -265,23 +264,23 @@ main.add_command(doctor)
 main.add_command(ps)
 main.add_command(console)
 
-from .models import list_models, models  # noqa: E402
+from lmsp.cli.models import list_models, models  # noqa: E402
 
 main.add_command(models)
 main.add_command(list_models, "list")  # ollama's habit: `lmsp list` is `lmsp models ls`
 
-from .fairshare import audit, limit, usage  # noqa: E402
+from lmsp.cli.fairshare import audit, limit, usage  # noqa: E402
 
 clients.add_command(limit)
 clients.add_command(usage)
 main.add_command(audit)
-from .pull import pull  # noqa: E402
+from lmsp.cli.pull import pull  # noqa: E402
 
 main.add_command(pull)
-from .webhooks import webhooks  # noqa: E402
+from lmsp.cli.webhooks import webhooks  # noqa: E402
 
 main.add_command(webhooks)
-from .aliases import logs  # noqa: E402  (also adds ``lmsp models alias``)
+from lmsp.cli.aliases import logs  # noqa: E402  (also adds ``lmsp models alias``)
 
 main.add_command(logs)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import click
 
-from .models import models
-from .remote import connect, print_json, remote_options, table, when
-from .safe import clean
+from lmsp.cli.models import models
+from lmsp.cli.remote import connect, print_json, remote_options, table, when
+from lmsp.cli.safe import clean
 
 
 @models.command("alias", short_help="Give a model another name (or list, or --rm one).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .remote import (
+from lmsp.cli.remote import (
     connect,
     note,
     print_json,
@@ -14,7 +14,7 @@ from .remote import (
     table,
     when,
 )
-from .safe import clean
+from lmsp.cli.safe import clean
 
 
 @click.group("clients")

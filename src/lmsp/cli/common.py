@@ -9,9 +9,8 @@ from pathlib import Path
 import click
 
 from lmsp import config, datadir
+from lmsp.cli.errors import CliError
 from lmsp.client import default_target
-
-from .errors import CliError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import webbrowser
 
 import click
 
-from .remote import connect, print_json, remote_options
+from lmsp.cli.remote import connect, print_json, remote_options
 
 
 @click.command("console", short_help="Print a one-time login link to the browser console.")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import CliError
+from lmsp.cli.errors import CliError
 
 #: how long ``lmsp serve`` waits for the database to answer before it gives up
 CONNECT_TIMEOUT = 10

@@ -19,16 +19,15 @@ import httpx
 from rich.text import Text
 
 from lmsp import config, datadir
+from lmsp.cli.common import DATA_DIR_HELP, JSON_HELP, target
+from lmsp.cli.errors import CliError
+from lmsp.cli.remote import console, print_json, table
 from lmsp.store import audit, checks, pg_schema
 from lmsp.store.blobs import orphans
 from lmsp.store.clients import hash_token
 from lmsp.store.db import Connection
 from lmsp.store.migrations import MIGRATIONS
 from lmsp.store.sql import SQLITE, Conn
-
-from .common import DATA_DIR_HELP, JSON_HELP, target
-from .errors import CliError
-from .remote import console, print_json, table
 
 CHUNK = 1 << 20
 #: a clock skew past this many seconds is worth a warning

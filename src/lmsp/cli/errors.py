@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from .safe import clean
+from lmsp.cli.safe import clean
 
 
 class CliError(click.ClickException):

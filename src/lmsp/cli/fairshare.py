@@ -9,11 +9,10 @@ from typing import Any
 
 import click
 
+from lmsp.cli.errors import CliError
+from lmsp.cli.remote import connect, note, print_json, remote_options, table, when
+from lmsp.cli.safe import clean
 from lmsp.client import Client
-
-from .errors import CliError
-from .remote import connect, note, print_json, remote_options, table, when
-from .safe import clean
 
 LIFT = ("none", "off", "null", "-")
 

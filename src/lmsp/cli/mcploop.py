@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .remote import table
-from .safe import clean
+from lmsp.cli.remote import table
+from lmsp.cli.safe import clean
 
 MAX_SHOWN = 200
 

@@ -28,13 +28,12 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from lmsp.cli.errors import CliError
+from lmsp.cli.remote import connect, print_json, remote_options, size, table
+from lmsp.cli.safe import clean
 from lmsp.client import APIError
 from lmsp.gguf import NotGGUF, check_structure
 from lmsp.store.blobs import hash_file
-
-from .errors import CliError
-from .remote import connect, print_json, remote_options, size, table
-from .safe import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
 

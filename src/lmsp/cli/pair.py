@@ -11,7 +11,7 @@ import time
 import click
 from rich.text import Text
 
-from .remote import (
+from lmsp.cli.remote import (
     connect,
     console,
     note,
@@ -21,7 +21,7 @@ from .remote import (
     split_scopes,
     table,
 )
-from .safe import clean
+from lmsp.cli.safe import clean
 
 
 @click.group("pair")

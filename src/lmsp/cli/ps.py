@@ -11,8 +11,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .remote import connect, console, handled, print_json, remote_options, size, when
-from .safe import clean
+from lmsp.cli.remote import connect, console, handled, print_json, remote_options, size, when
+from lmsp.cli.safe import clean
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:

@@ -24,10 +24,9 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from lmsp.cli.errors import CliError
+from lmsp.cli.remote import connect, print_json, remote_options, size
 from lmsp.client import Client
-
-from .errors import CliError
-from .remote import connect, print_json, remote_options, size
 
 progress_console = Console(stderr=True)
 #: the hub is asked about the reference before the service answers

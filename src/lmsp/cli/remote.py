@@ -15,11 +15,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from lmsp.cli.common import JSON_HELP, TOKEN_HELP, URL_HELP, Target, api_error, target, unreachable
+from lmsp.cli.errors import CliError
+from lmsp.cli.safe import clean, clean_json
 from lmsp.client import APIError, Client, ClientError, UnreachableError
-
-from .common import JSON_HELP, TOKEN_HELP, URL_HELP, Target, api_error, target, unreachable
-from .errors import CliError
-from .safe import clean, clean_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 

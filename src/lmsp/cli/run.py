@@ -7,11 +7,10 @@ from typing import Any
 
 import click
 
+from lmsp.cli.errors import CliError
+from lmsp.cli.remote import connect, finish, handled, note, print_json, print_stream, remote_options
 from lmsp.client import APIError
 from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
-
-from .errors import CliError
-from .remote import connect, finish, handled, note, print_json, print_stream, remote_options
 
 
 def _model_and_prompt(words: tuple[str, ...], model: str | None) -> tuple[str | None, str]:

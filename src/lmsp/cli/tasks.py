@@ -6,11 +6,8 @@ from typing import Any
 
 import click
 
-from lmsp.client import Client
-from lmsp.protocol.states import Status
-
-from . import mcploop
-from .remote import (
+from lmsp.cli import mcploop
+from lmsp.cli.remote import (
     connect,
     console,
     finish,
@@ -20,7 +17,9 @@ from .remote import (
     table,
     when,
 )
-from .safe import clean
+from lmsp.cli.safe import clean
+from lmsp.client import Client
+from lmsp.protocol.states import Status
 
 #: the task states (PROTOCOL.md section 5), the one vocabulary of STATUS and --status
 STATUSES = [status.value for status in Status]

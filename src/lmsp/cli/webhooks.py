@@ -7,9 +7,8 @@ from typing import Any
 
 import click
 
+from lmsp.cli.remote import connect, note, print_json, remote_options, table, when
 from lmsp.protocol.webhooks import EVENTS
-
-from .remote import connect, note, print_json, remote_options, table, when
 
 EVENT_OPTION = click.option(
     "--event",

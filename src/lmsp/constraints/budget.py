@@ -15,7 +15,7 @@ sends the same one every turn; an attacker the same bomb) costs nothing, and req
 checking the same grammar at once share one compile.
 
 The runner's threads check what they build themselves (an MCP server's ``inputSchema``s
-and the grammar of a loop's turn: :mod:`lmsp.tasks.mcp_loop`) with :meth:`GrammarBudget.
+and the grammar of a loop's turn: :mod:`lmsp.runner.mcp_loop`) with :meth:`GrammarBudget.
 check_now`, blocking, under the same budget and cache.
 """
 

@@ -294,7 +294,7 @@ class LlamaModel(LlamaTokenizer):
 
     def constraint(self, grammar: str) -> Constraint:
         """A fresh matcher of ``grammar`` (compiled once per grammar text, then copied)."""
-        from lmsp.constraints.matcher import GrammarConstraint, compiled
+        from lmsp.engines.matcher import GrammarConstraint, compiled
 
         return GrammarConstraint(compiled(self.guidance_tokenizer(), grammar), self.n_vocab)
 

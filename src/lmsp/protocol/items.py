@@ -199,7 +199,7 @@ def _item(
         return mcpitems.normalize(item, kind, where, _id(item, where, "mcpr", make_id))
     if kind == "additional_tools":
         # tools given in the input (Codex CLI's): read with the request's ``tools``
-        # (lmsp.api.tooldefs); the item itself says nothing to the model
+        # (lmsp.app.tooldefs); the item itself says nothing to the model
         tools = item.get("tools")
         if not isinstance(tools, list):
             raise _error(f"{where}.tools", "a list of tools.")

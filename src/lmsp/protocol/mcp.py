@@ -6,7 +6,7 @@ of the loop (OpenAI's shapes: ``mcp_list_tools``, ``mcp_call``, ``mcp_approval_r
 
 A tool ``{"type": "mcp", "server_label", "server_url", "allowed_tools"?, "headers"?,
 "require_approval"?, "server_description"?, "authorization"?}``: lmsp is the MCP client
-(:mod:`lmsp.tasks.mcp_client`) and runs the loop in the task (:mod:`lmsp.tasks.mcp_loop`).
+(:mod:`lmsp.outbound.mcp_client`) and runs the loop in the task (:mod:`lmsp.runner.mcp_loop`).
 ``connector_id`` (OpenAI's hosted connectors) is refused.
 """
 

@@ -359,7 +359,7 @@ def function_tools(tools: list[Any]) -> list[Item]:
         if not isinstance(schema, dict):
             raise _invalid(f"{where}.input_schema", "a tool needs an input_schema object.")
         # not strict unless it says so (Anthropic's default): a keyword the grammar
-        # cannot enforce is then checked after generation (lmsp.tasks.relax)
+        # cannot enforce is then checked after generation (lmsp.runner.relax)
         shown: Item = {
             "type": "function",
             "name": name,

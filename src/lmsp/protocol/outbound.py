@@ -15,7 +15,7 @@ A host is read as the resolver reads it: every numeric form ``inet_aton`` takes
 and an IPv6 address carrying an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is
 link-local if that one is. :func:`check_url` judges a URL as written (when it is
 stored, and before each use); :func:`admits` judges each address a host resolved to,
-where the connection is made (``lmsp.tasks.outbound``), so a name cannot lead to an
+where the connection is made (``lmsp.outbound.guard``), so a name cannot lead to an
 address its URL could not name. Nothing here does I/O.
 """
 

@@ -319,7 +319,7 @@ def newest_first(conn: Conn, conversation_id: str, upto: int) -> Iterator[Turn]:
     """The conversation's items up to the item ``upto``, a page at a time, the newest
     page first (:data:`FIRST_PAGE` items, doubling up to :data:`LAST_PAGE`), each read
     only when it is asked for: a turn reads only as much as the model's context holds
-    (:func:`lmsp.api.fitting.fit`). Items deleted since are left out; a conversation
+    (:func:`lmsp.app.fitting.fit`). Items deleted since are left out; a conversation
     deleted since gives none."""
     below, size = upto + 1, FIRST_PAGE
     while True:

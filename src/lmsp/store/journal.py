@@ -1,4 +1,4 @@
-"""The MCP loop's journal is the task's event log (:mod:`lmsp.tasks.mcp_loop`); this
+"""The MCP loop's journal is the task's event log (:mod:`lmsp.runner.mcp_loop`); this
 reads the part of it a retry discards: the output events of the attempt before the last
 ``reset`` (a retried task re-emits its journaled calls from them, never sending them
 again)."""

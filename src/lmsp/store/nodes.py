@@ -10,7 +10,7 @@ by then the task was rescued (its row changed owner or state) or the lease check
 
 A lease that ran out marks its node ``lost``; any node's rescuer then applies the
 recovery table (chapter 11.3) to the lost node's tasks, one transaction each, with the
-error code ``node_lost`` (:mod:`lmsp.tasks.nodes`).
+error code ``node_lost`` (:mod:`lmsp.cluster.nodes`).
 """
 
 from __future__ import annotations

@@ -12,15 +12,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
 from lmsp.config import Settings
 from lmsp.metrics import Sequence, holdups
 from lmsp.store import nodes, pulls
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.sql import Row
-
-from ..auth import require
-from .deps import service
 
 router = APIRouter(prefix="/v1/service", tags=["service"])
 

@@ -10,11 +10,10 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from lmsp import errors
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
 from lmsp.store import aliases
 from lmsp.store.clients import Client
-
-from ..auth import require
-from .deps import service
 
 router = APIRouter(tags=["models"])
 

@@ -16,17 +16,16 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
+from lmsp.api.auth import require
+from lmsp.api.errors import body as error_body
+from lmsp.api.revocation import until_revoked
+from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
+from lmsp.api.schemas import ChatCompletionCreate, check_chat
+from lmsp.api.sse import event_response, sse, task_events
+from lmsp.app import toolcheck, tooldefs
 from lmsp.protocol import chat, items
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
-
-from .. import toolcheck, tooldefs
-from ..auth import require
-from ..errors import body as error_body
-from ..revocation import until_revoked
-from ..schemas import ChatCompletionCreate, check_chat
-from ..sse import event_response, sse, task_events
-from .deps import answered, idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"])
 

@@ -11,14 +11,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
 from lmsp.store import audit, clients, limits
 from lmsp.store import service as config_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, Row
-
-from ..auth import require
-from .deps import service
 
 router = APIRouter(prefix="/v1/clients", tags=["clients"])
 

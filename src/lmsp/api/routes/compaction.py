@@ -10,11 +10,11 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import Field, StringConstraints
 
 from lmsp import errors
-from lmsp.store.clients import Client
-
-from .. import compaction, fitting, leaving, turns
-from ..auth import require
-from ..schemas import (
+from lmsp.api import leaving
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
+from lmsp.api.routes.responses import stored_request
+from lmsp.api.schemas import (
     MAX_INPUT_ITEMS,
     Body,
     CreateResponse,
@@ -25,8 +25,8 @@ from ..schemas import (
     check_response,
     unsupported,
 )
-from .deps import service
-from .responses import stored_request
+from lmsp.app import compaction, fitting, turns
+from lmsp.store.clients import Client
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 

@@ -17,15 +17,14 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
+from lmsp.api.auth import require
+from lmsp.api.errors import body as error_body
+from lmsp.api.revocation import until_revoked
+from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
+from lmsp.api.schemas import COMPLETION_MAX_TOKENS, CompletionCreate, check_completion
+from lmsp.api.sse import event_response, sse, task_events
 from lmsp.protocol import chat, completions
 from lmsp.store.clients import Client
-
-from ..auth import require
-from ..errors import body as error_body
-from ..revocation import until_revoked
-from ..schemas import COMPLETION_MAX_TOKENS, CompletionCreate, check_completion
-from ..sse import event_response, sse, task_events
-from .deps import answered, idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1", tags=["completions"])
 

@@ -27,13 +27,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from lmsp import errors
+from lmsp.api import sessions
+from lmsp.api.auth import console_client, require
+from lmsp.api.routes.deps import service
 from lmsp.config import Settings
 from lmsp.store import audit, clients
 from lmsp.store.clients import Client
-
-from .. import sessions
-from ..auth import console_client, require
-from .deps import service
 
 router = APIRouter(tags=["console"])
 

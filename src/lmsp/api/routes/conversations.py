@@ -11,15 +11,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import Field
 
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
+from lmsp.api.schemas import Body, InputItem, Metadata, unsupported
+from lmsp.app.service import Service
 from lmsp.protocol import items
 from lmsp.store import conversations as store
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn
-
-from ..auth import require
-from ..schemas import Body, InputItem, Metadata, unsupported
-from ..service import Service
-from .deps import service
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 

@@ -9,11 +9,10 @@ from typing import Any
 from fastapi import Request
 
 from lmsp import errors
+from lmsp.api import leaving
+from lmsp.app.service import Service
 from lmsp.store import idempotency
 from lmsp.store.clients import Client
-
-from .. import leaving
-from ..service import Service
 
 # the POST routes that honour ``Idempotency-Key`` (PROTOCOL.md section 7); any other POST
 # carrying one is refused rather than silently run twice on a retry

@@ -3,7 +3,7 @@
 Everything is checked before any work: the shape of ``input``, the number of inputs
 (``LMSP_EMBED_MAX_INPUTS``), the model, ``dimensions`` (only the model's own length),
 each input's length in the model's tokens (``LMSP_EMBED_MAX_TOKENS``) and all of them
-together (``LMSP_EMBED_REQUEST_TOKENS``, :mod:`lmsp.api.embedwork`); only then does the
+together (``LMSP_EMBED_REQUEST_TOKENS``, :mod:`lmsp.app.embedwork`); only then does the
 model's engine compute them, in an embedding context of its own, taking turns with the
 generating sequences (:mod:`lmsp.engines.share`). A client that disconnects meanwhile
 cancels the work in the engine (:mod:`lmsp.api.leaving`).
@@ -14,7 +14,7 @@ that lost an answer asks again and gets it; there is nothing to resume, cancel o
 replay. For the same reason it takes no ``Idempotency-Key`` (refused like on any other
 route that has no use for one). Its client's token limits hold it (``429`` before any
 work) and its tokens are charged to its client's usage when the engine is given them
-(:func:`lmsp.api.embedwork.admit`), even if the client leaves before the answer. It is
+(:func:`lmsp.app.embedwork.admit`), even if the client leaves before the answer. It is
 counted in ``/metrics`` too (``lmsp_embedding_inputs``, ``lmsp_embedding_tokens``, and
 the HTTP figures).
 """
@@ -28,14 +28,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
+from lmsp.api import leaving
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
+from lmsp.api.schemas import EmbeddingCreate
+from lmsp.app import embedwork
 from lmsp.engines.base import EngineError, Tokenizer
 from lmsp.protocol import embeddings
 from lmsp.store.clients import Client
-
-from .. import embedwork, leaving
-from ..auth import require
-from ..schemas import EmbeddingCreate
-from .deps import service
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
 

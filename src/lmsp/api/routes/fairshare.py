@@ -8,12 +8,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from lmsp import errors
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
 from lmsp.protocol import objects
 from lmsp.store import audit, usage
 from lmsp.store.clients import Client
-
-from ..auth import require
-from .deps import service
 
 router = APIRouter(prefix="/v1", tags=["fair share"])
 

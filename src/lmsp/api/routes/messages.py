@@ -20,22 +20,22 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
+from lmsp.api import inputs
+from lmsp.api.auth import require
+from lmsp.api.message_schemas import CountTokens, MessageCreate, check_message
+from lmsp.api.revocation import until_revoked
+from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
+from lmsp.api.sse import MessagesPing, event_response, sse, task_events
+from lmsp.app import toolcheck
+from lmsp.app.service import Service
 from lmsp.protocol import events as ev
 from lmsp.protocol import items, messages
 from lmsp.protocol.chat import Untranslatable
+from lmsp.runner.plan import messages_of, tools_of
 from lmsp.store import events, models
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
-from lmsp.tasks.plan import messages_of, tools_of
-
-from .. import inputs, toolcheck
-from ..auth import require
-from ..message_schemas import CountTokens, MessageCreate, check_message
-from ..revocation import until_revoked
-from ..service import Service
-from ..sse import MessagesPing, event_response, sse, task_events
-from .deps import answered, idempotency_key, service, stored_task_request
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
 

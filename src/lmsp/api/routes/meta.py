@@ -8,11 +8,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmsp import PROTOCOL, __version__
+from lmsp.api.auth import authorize
+from lmsp.api.routes.deps import service
 from lmsp.metrics import CONTENT_TYPE
 from lmsp.protocol import outbound
-
-from ..auth import authorize
-from .deps import service
 
 router = APIRouter(tags=["service"])
 

@@ -15,13 +15,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from lmsp import errors
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
+from lmsp.api.schemas import MinP, Penalty, RepeatPenalty, Temperature, TopK, TopP
 from lmsp.store import audit, blobs, models
 from lmsp.store.clients import Client
 from lmsp.store.models import ModelRecord
-
-from ..auth import require
-from ..schemas import MinP, Penalty, RepeatPenalty, Temperature, TopK, TopP
-from .deps import service
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

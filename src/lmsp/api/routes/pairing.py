@@ -14,14 +14,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from lmsp.api.auth import require
+from lmsp.api.routes.console import console_origin
+from lmsp.api.routes.deps import service
+from lmsp.api.routes.meta import loopback
 from lmsp.store import audit, clients, limits, pairing
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, Row
-
-from ..auth import require
-from .console import console_origin
-from .deps import service
-from .meta import loopback
 
 router = APIRouter(prefix="/v1/pairing", tags=["pairing"])
 

@@ -4,7 +4,7 @@ section 12).
 The reference is checked against the hub before anything is written (a missing
 repository or quantization is a ``400`` now, not a failed task later), the disk must
 have room for the files not in the blob store yet (``507``), and then the pull's task is
-committed and handed to the downloader (:mod:`lmsp.tasks.pull`). Pulling the same
+committed and handed to the downloader (:mod:`lmsp.outbound.pull`). Pulling the same
 reference again while its pull is unfinished answers that pull's task: the same pull
 goes on, never a second one.
 """
@@ -20,16 +20,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import idempotency_key, service
+from lmsp.api.routes.models import ModelId
 from lmsp.datadir import ensure_private_dir
+from lmsp.outbound.hub import Hub, parse_reference
 from lmsp.protocol import objects
 from lmsp.store import audit, blobs, models, pulls
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
-from lmsp.tasks.hub import Hub, parse_reference
-
-from ..auth import require
-from .deps import idempotency_key, service
-from .models import ModelId
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

@@ -9,18 +9,18 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
+from lmsp.api import inputs
+from lmsp.api.auth import require
+from lmsp.api.revocation import until_revoked
+from lmsp.api.routes.deps import answered, idempotency_key, service
+from lmsp.api.schemas import INCLUDABLE, CreateResponse, check_response, unsupported
+from lmsp.api.sse import event_response, framed, task_events
+from lmsp.app import turns
 from lmsp.protocol import events as ev
 from lmsp.protocol import mcp
 from lmsp.store import idempotency
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
-
-from .. import inputs, turns
-from ..auth import require
-from ..revocation import until_revoked
-from ..schemas import INCLUDABLE, CreateResponse, check_response, unsupported
-from ..sse import event_response, framed, task_events
-from .deps import answered, idempotency_key, service
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 

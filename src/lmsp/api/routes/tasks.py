@@ -12,19 +12,18 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
+from lmsp.api import inputs
+from lmsp.api.auth import require
+from lmsp.api.revocation import until_revoked
+from lmsp.api.routes.deps import idempotency_key, service
+from lmsp.api.sse import event_response, framed, task_events
+from lmsp.app.service import Service
 from lmsp.protocol import objects
 from lmsp.protocol.states import Status
 from lmsp.store import events, idempotency
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, Row
-
-from .. import inputs
-from ..auth import require
-from ..revocation import until_revoked
-from ..service import Service
-from ..sse import event_response, framed, task_events
-from .deps import idempotency_key, service
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 

@@ -28,15 +28,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
+from lmsp.api.routes.deps import service
+from lmsp.api.routes.webhooks import Reader, Writer, checked_url, owned, refuse_unknown, remove
+from lmsp.outbound import deliverer as sender
 from lmsp.protocol import objects
 from lmsp.protocol import webhooks as wire
 from lmsp.store import audit
 from lmsp.store import webhooks as store
 from lmsp.store.sql import Conn, Row
-from lmsp.tasks import webhooks as sender
-
-from .deps import service
-from .webhooks import Reader, Writer, checked_url, owned, refuse_unknown, remove
 
 log = logging.getLogger(__name__)
 

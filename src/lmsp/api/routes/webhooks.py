@@ -14,16 +14,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
+from lmsp.api.auth import require
+from lmsp.api.routes.deps import service
+from lmsp.app.service import Service
 from lmsp.protocol import objects
 from lmsp.protocol import webhooks as wire
 from lmsp.store import audit
 from lmsp.store import webhooks as store
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, Row
-
-from ..auth import require
-from ..service import Service
-from .deps import service
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 

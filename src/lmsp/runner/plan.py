@@ -20,7 +20,7 @@ from lmsp.engines.base import Sampling
 from lmsp.protocol import completions, items, objects
 from lmsp.protocol.assembler import Event, OutputAssembler
 from lmsp.protocol.toolcalls import CallAssembler
-from lmsp.tasks import relax
+from lmsp.runner import relax
 
 #: the ``include`` value that asks for log probabilities in the output
 LOGPROBS = "message.output_text.logprobs"

@@ -19,14 +19,14 @@ from lmsp import errors
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
 from lmsp.protocol import compaction, items, objects
+from lmsp.runner.plan import full_context_of, messages_of, tools_of
 from lmsp.store import conversations as conversation_store
 from lmsp.store import models
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
-from lmsp.tasks.plan import full_context_of, messages_of, tools_of
 
 if TYPE_CHECKING:
-    from .service import Service
+    from lmsp.app.service import Service
 
 Item = dict[str, Any]
 #: the longest summary the model may write (tokens)

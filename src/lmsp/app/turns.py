@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lmsp.api.schemas import unsupported
 from lmsp.errors import LmspError
-
-from .schemas import unsupported
 
 MAX_ID = 256
 

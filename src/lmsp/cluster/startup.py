@@ -20,18 +20,18 @@ from dataclasses import dataclass
 
 from lmsp import datadir
 from lmsp.bootstrap import bootstrap
+from lmsp.cluster.nodes import Membership
 from lmsp.config import Settings
 from lmsp.engines.base import Engine
+from lmsp.engines.deterministic import DeterministicEngine
 from lmsp.engines.host import ModelHost
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_cpp import LlamaEngine
-from lmsp.engines.test_engine import TestEngine
 from lmsp.metrics import Metrics
+from lmsp.runner import recovery
 from lmsp.store import models
 from lmsp.store.db import Database
 from lmsp.store.open import open_database
-from lmsp.tasks import recovery
-from lmsp.tasks.nodes import Membership
 
 
 @dataclass
@@ -55,7 +55,7 @@ class HeadStart:
 
 
 def engines() -> dict[str, Engine]:
-    return {"llama_cpp": LlamaEngine(), "test": TestEngine()}
+    return {"llama_cpp": LlamaEngine(), "test": DeterministicEngine()}
 
 
 def head_start(settings: Settings, lock: datadir.DataDirLock | None = None) -> HeadStart:

@@ -8,14 +8,14 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
-from lmsp.api.service import Service, open_service
+from lmsp.app.service import Service, open_service
 from lmsp.cli import main
 from lmsp.config import Settings
 from lmsp.engines.kvfiles import SUFFIX, PrefixFiles, dir_name, prefix_key
+from lmsp.runner.retention import sweep
 from lmsp.store import idempotency
 from lmsp.store import tasks as task_store
-from lmsp.tasks.retention import sweep
-from tests.tasks.test_runner import enqueue, owner_id
+from tests.runner.test_runner import enqueue, owner_id
 
 DAY = 86400
 
@@ -72,7 +72,7 @@ def test_cleanup_runs_in_small_batches(svc: Service) -> None:
         svc.runner.run_next()
     for task_id in ids:
         backdate(svc, task_id, 2 * DAY)
-    from lmsp.tasks.retention import delete_finished_batch
+    from lmsp.runner.retention import delete_finished_batch
 
     assert svc.db.write_sync(lambda c: delete_finished_batch(c, DAY, 2)) == 2
     assert counts(svc)[1] == 3

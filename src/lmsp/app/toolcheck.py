@@ -14,15 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from lmsp.app import tooldefs
 from lmsp.constraints import grammar, refs
 from lmsp.constraints.budget import GrammarBudget, Outcome
 from lmsp.errors import LmspError
 from lmsp.fairgate import Ticket
 from lmsp.protocol import mcp
-from lmsp.tasks import relax
-from lmsp.tasks.plan import grammar_of
-
-from . import tooldefs
+from lmsp.runner import relax
+from lmsp.runner.plan import grammar_of
 
 #: the ``param`` of a place in the Responses form: ``("tools", 0, "parameters")`` →
 #: ``tools.0.parameters`` (or ``tools.0.function.parameters`` for a chat completion)
@@ -78,7 +77,7 @@ async def check_grammar(
     """Compile the schemas and the output grammar of a request (its Responses form)
     under ``budget`` and the request's ``ticket``; raise the refusal if they do not fit.
     A keyword llguidance cannot enforce in a tool that is not ``strict`` is relaxed
-    instead (:mod:`lmsp.tasks.relax`: left out of the grammar, checked after generation)
+    instead (:mod:`lmsp.runner.relax`: left out of the grammar, checked after generation)
     and the compile tried again."""
     for _ in range(relax.MAX_RELAXED + 1):
         schemas = schemas_of(request)

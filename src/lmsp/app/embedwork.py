@@ -34,12 +34,11 @@ from fastapi import Request
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from lmsp import errors
+from lmsp.api.leaving import unless_gone
 from lmsp.engines.client import EmbedCall
 from lmsp.engines.host import ModelHost
 from lmsp.store import limits, usage
 from lmsp.store.sql import Conn, clock_now
-
-from .leaving import unless_gone
 
 log = logging.getLogger(__name__)
 

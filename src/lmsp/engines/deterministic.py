@@ -73,7 +73,7 @@ EMBED_DIM = 64
 EMBED_BATCH = 8
 
 
-class TestModel:
+class DeterministicModel:
     """The test engine's tokenizer (the API side): a prompt's tokens are its bytes."""
 
     n_ctx = N_CTX
@@ -136,7 +136,7 @@ def reference(prompt: list[int], sampling: Sampling) -> list[Piece]:
     return pieces
 
 
-class TestBackend:
+class DeterministicBackend:
     """The test engine in its engine process: one step sleeps ``delay`` seconds and
     advances every sequence by one word; a prompt is "evaluated" in one step."""
 
@@ -224,18 +224,22 @@ def _logprobs(token: int, sampling: Sampling) -> dict[str, Any] | None:
     return {**entry(token), "top_logprobs": top}
 
 
-class TestEngine:
+class DeterministicEngine:
     name = "test"
     constrains = False  # no grammar: tools and schemas are refused before any write
 
-    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestBackend:
+    def load(
+        self, path: Path, n_ctx: int, options: LoadOptions | None = None
+    ) -> DeterministicBackend:
         if path.read_bytes() != TEST_MODEL_BYTES:
             raise EngineError("model_load_failed", "Not a test-engine model file.")
         delay = float(os.environ.get("LMSP_TEST_ENGINE_DELAY", "0.002"))
-        return TestBackend(delay, (options or LoadOptions()).sequences)
+        return DeterministicBackend(delay, (options or LoadOptions()).sequences)
 
-    def tokenizer(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> TestModel:
-        return TestModel()
+    def tokenizer(
+        self, path: Path, n_ctx: int, options: LoadOptions | None = None
+    ) -> DeterministicModel:
+        return DeterministicModel()
 
     def context_length(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> int:
         return N_CTX

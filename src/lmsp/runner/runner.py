@@ -18,7 +18,7 @@ it is shown.
 
 When the engine process dies, the worker keeps the pieces that came before, logs them,
 and its task follows its ``on_restart`` policy with the error code ``engine_crashed``
-(:func:`lmsp.tasks.durable.settle_interrupted`, the recovery table); the model host
+(:func:`lmsp.runner.durable.settle_interrupted`, the recovery table); the model host
 starts the engine again.
 
 However a task ends (completed, cancelled, failed, its client revoked), it is charged
@@ -44,21 +44,20 @@ from lmsp.engines.base import EngineCrashed, EngineError, Generation
 from lmsp.engines.host import ModelHost
 from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
+from lmsp.outbound.pull import Downloader
 from lmsp.protocol import events as ev
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.objects import usage_counts
 from lmsp.protocol.states import Status
-from lmsp.store import events, models, nodes
+from lmsp.runner import durable, mcp_loop, relax, revocation
+from lmsp.runner.plan import plan_for
+from lmsp.store import events, models, nodes, retrying
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.store.health import is_storage_error
 from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn, Row
-
-from . import durable, mcp_loop, relax, revocation
-from .plan import plan_for
-from .pull import Downloader
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +94,14 @@ class Runner:
         self._resume: deque[str] = deque()
         self._threads: list[threading.Thread] = []
         self.busy = 0
-        # on a database nodes share: this node under its lease (tasks/nodes.py), and the
+        # on a database nodes share: this node under its lease (cluster/nodes.py), and the
         # lease each task in flight was claimed under, which fences its every write
         self.node: Node | None = None
         self._held: dict[str, Node | None] = {}
-        # the downloader a pull task goes to instead of the engine (tasks/pull.py)
+        # the downloader a pull task goes to instead of the engine (outbound/pull.py)
         self.pulls: Downloader | None = None
         # the compile budget what a task builds at run time is checked under (an MCP
-        # server's inputSchemas: tasks/mcp_loop.py); the service's, shared with the API
+        # server's inputSchemas: runner/mcp_loop.py); the service's, shared with the API
         self.grammars: GrammarBudget | None = None
 
     # -- control -------------------------------------------------------------------------
@@ -257,7 +256,7 @@ class Runner:
         )
 
     def _work(self, slot: int) -> None:
-        backoff = durable.Backoff(0.1, 1.0)
+        backoff = retrying.Backoff(0.1, 1.0)
         while not self._stop.is_set():
             if not self.db.health.ok and not self._storage_back():
                 self._stop.wait(backoff.next())  # the disk is full: take no task
@@ -279,7 +278,7 @@ class Runner:
     def _storage_back(self) -> bool:
         """While writes fail: does a small write go through again?"""
         try:
-            self.db.write_sync(durable.probe)
+            self.db.write_sync(retrying.probe)
         except Exception as exc:
             if not is_storage_error(exc):
                 raise
@@ -289,7 +288,7 @@ class Runner:
     def _durably(self, task_id: str, job: Any) -> Any:
         """A terminal write: retried while the disk is full (``None`` at shutdown)."""
         fenced = self._fenced(task_id, job)
-        return durable.write_until_done(self.db, fenced, self._shutdown, f"task {task_id}")[1]
+        return retrying.write_until_done(self.db, fenced, self._shutdown, f"task {task_id}")[1]
 
     def _interrupted(self, task_id: str, crash: EngineCrashed | None = None) -> None:
         """A write of the task failed for lack of space, or its engine died: its
@@ -438,7 +437,7 @@ class Runner:
             return
 
         self.metrics.begin(task_id, record.id)
-        if mcp_loop.applies(request):  # MCP tools: the loop runs the task (tasks/mcp_loop.py)
+        if mcp_loop.applies(request):  # MCP tools: the loop runs the task (runner/mcp_loop.py)
             mcp_loop.run(self, task_id, conn, response, request, model, record, resumed)
             return
         snapshot = (task_store.snapshot(conn, task_id) if resumed else None) or {}

@@ -19,19 +19,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
-from lmsp.api.service import Service, open_service
+from lmsp.app.service import Service, open_service
 from lmsp.bootstrap import bootstrap
 from lmsp.config import Settings
-from lmsp.engines import test_engine
+from lmsp.engines import deterministic
 from lmsp.engines.base import Piece, Sampling
-from lmsp.engines.test_engine import TEST_MODEL_ID
+from lmsp.engines.deterministic import TEST_MODEL_ID
 from lmsp.protocol.assembler import OutputAssembler
+from lmsp.runner.plan import messages_of
 from lmsp.store import models, snapshots
 from lmsp.store import responses as response_store
 from lmsp.store import service as service_store
 from lmsp.store import tasks as task_store
 from lmsp.store.open import open_database
-from lmsp.tasks.plan import messages_of
 from tests.helpers import TERMINAL_EVENTS, check_log_invariants, task_log, text_events
 from tests.pgcluster import store_reader
 
@@ -71,12 +71,12 @@ class Prepared:
 
 def engine_pieces(request: dict[str, Any]) -> list[Piece]:
     """What an uninterrupted run of ``request`` writes (the test engine is deterministic)."""
-    prompt = test_engine.TestModel().prompt_tokens(messages_of(request))
+    prompt = deterministic.DeterministicModel().prompt_tokens(messages_of(request))
     temperature = request.get("temperature")
     sampling = Sampling(
         temperature=1.0 if temperature is None else float(temperature), seed=int(request["seed"])
     )
-    return test_engine.reference(prompt, sampling)
+    return deterministic.reference(prompt, sampling)
 
 
 def engine_text(request: dict[str, Any]) -> str:

@@ -44,17 +44,15 @@ from lmsp import errors
 from lmsp.datadir import ensure_private_dir
 from lmsp.gguf import NotGGUF, check_structure, metadata_of, read_header_from
 from lmsp.metrics import Metrics
+from lmsp.outbound.hub import FailedAttempt, Hub
 from lmsp.protocol.states import Status
-from lmsp.store import blobs, nodes, pulls
+from lmsp.store import blobs, nodes, pulls, retrying
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.store.health import is_storage_error
 from lmsp.store.nodes import Node
 from lmsp.store.pulls import HubFile, Pull
 from lmsp.store.sql import Conn
-
-from . import durable
-from .hub import FailedAttempt, Hub
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +211,7 @@ class Downloader:
                 nodes.fence(conn, task_id, owner)
             return job(conn)
 
-        return durable.write_until_done(self.db, fenced, self._shutdown, f"pull {task_id}")[1]
+        return retrying.write_until_done(self.db, fenced, self._shutdown, f"pull {task_id}")[1]
 
     def _run(self, task_id: str, resumed: bool) -> None:
         work = self.work_dir / task_id

@@ -1,7 +1,7 @@
 """The MCP tool loop of a task, with a journal of effects (PROTOCOL.md section 11).
 
 A task whose ``tools`` name MCP servers runs here instead of the runner's single
-generation (:meth:`lmsp.tasks.runner.Runner._execute` hands it over). The loop:
+generation (:meth:`lmsp.runner.runner.Runner._execute` hands it over). The loop:
 
 1. lists each server's tools (an ``mcp_list_tools`` item, only ``allowed_tools``; an
    earlier list of the same server in the context is reused: cached for the task);
@@ -10,7 +10,7 @@ generation (:meth:`lmsp.tasks.runner.Runner._execute` hands it over). The loop:
 3. generates a turn, the tools offered with their ``inputSchema`` (the arguments held to
    it by llguidance, as for function tools), at most one call a turn; ``tool_choice``
    ``{"type": "mcp", …}`` forces the first call, later turns are ``auto``. What a turn
-   offers, and so what it may call, is :mod:`lmsp.tasks.mcp_offer`'s: only text written
+   offers, and so what it may call, is :mod:`lmsp.runner.mcp_offer`'s: only text written
    under the grammar becomes a call (``"none"``, or ``max_tool_calls`` reached: free
    text, no call);
 4. a call of an MCP tool is journaled and sent, its result fed back, and the loop goes
@@ -47,24 +47,23 @@ from lmsp import config
 from lmsp.constraints.budget import GrammarBudget
 from lmsp.engines.base import EngineCrashed, EngineError
 from lmsp.metrics import Metrics
+from lmsp.outbound import mcp_client
 from lmsp.protocol import events as ev
 from lmsp.protocol import items as input_items
 from lmsp.protocol import mcp
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.mcpcalls import McpAssembler
 from lmsp.protocol.objects import usage_counts
+from lmsp.runner import mcp_offer
+from lmsp.runner.plan import context_of, sampling_of
 from lmsp.store import events, journal, mcp_headers
 from lmsp.store import tasks as task_store
 from lmsp.store.sql import Conn, Row
 
-from . import mcp_client, mcp_offer
-from .plan import context_of, sampling_of
-
 if TYPE_CHECKING:
     from lmsp.engines.client import EngineClient as LoadedModel
+    from lmsp.runner.runner import Runner
     from lmsp.store.models import ModelRecord
-
-    from .runner import Runner
 
 log = logging.getLogger(__name__)
 Item = dict[str, Any]

@@ -30,8 +30,7 @@ from lmsp.constraints import grammar
 from lmsp.constraints.budget import GrammarBudget
 from lmsp.engines.base import EngineError
 from lmsp.protocol import mcp
-
-from .plan import callable_tools, offers_none, text_schema, tools_of
+from lmsp.runner.plan import callable_tools, offers_none, text_schema, tools_of
 
 log = logging.getLogger(__name__)
 Item = dict[str, Any]

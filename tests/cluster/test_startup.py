@@ -1,4 +1,4 @@
-"""The head start of ``lmsp serve`` (tasks/startup.py): after a crash, the data directory
+"""The head start of ``lmsp serve`` (cluster/startup.py): after a crash, the data directory
 is recovered and the engines of the tasks recovery left unfinished are launched before
 the HTTP application is imported, so their loading overlaps the rest of the start; the
 application then takes the opened directory over."""
@@ -16,7 +16,7 @@ from tests.helpers import Server, seeded_data_dir
 PROBE = """
 import json, sys, time
 from lmsp import config
-from lmsp.tasks.startup import head_start
+from lmsp.cluster.startup import head_start
 
 head = head_start(config.from_env())
 http_loaded = sorted(m for m in ("fastapi", "uvicorn", "starlette") if m in sys.modules)

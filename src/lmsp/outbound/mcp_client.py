@@ -11,7 +11,7 @@ Each request opens its own session (connect, initialize, one request, close): a 
 may be resumed on another node or after a restart, and nothing of a session survives
 that. Every request is bounded by ``timeout`` (``LMSP_MCP_TIMEOUT``) as a whole, and a
 tool's result by ``max_result`` characters. Every connection goes only to an address
-``LMSP_MCP_HOSTS``' rule admits (:mod:`lmsp.tasks.outbound`), redirects included.
+``LMSP_MCP_HOSTS``' rule admits (:mod:`lmsp.outbound.guard`), redirects included.
 What is read is bounded as it is read: the bytes of every response body of one
 request's session together (``max_bytes``, ``LMSP_MCP_MAX_BYTES``) are counted by the
 HTTP transport, before anything parses them; past the cap (or a ``Content-Length`` that
@@ -30,9 +30,9 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from lmsp.outbound import guard as outbound
 from lmsp.protocol import mcp
 from lmsp.protocol.outbound import HostRule
-from lmsp.tasks import outbound
 
 if TYPE_CHECKING:  # the SDK takes ~0.7 s to import: only a request that needs it pays
     import httpx2

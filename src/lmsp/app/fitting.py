@@ -13,7 +13,7 @@ prompt's own). Once the newest items alone fill the context, the older ones can 
 be dropped (``truncation: "auto"``; it drops the oldest first) or make the prompt too
 long (``"disabled"``): the reading stops. The fewest items that make it fit are found
 among those read, as before; the older ones are then only counted, a response at a
-time, for the record of what was dropped (:func:`lmsp.tasks.plan.truncate`), or by one
+time, for the record of what was dropped (:func:`lmsp.runner.plan.truncate`), or by one
 count in the database when the history is a conversation's items (:attr:`Turn.older`).
 A history that fits is read whole, and everything comes out as it did when it was
 always read whole (the same items, order, counts and record).
@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from lmsp.protocol import items
+from lmsp.runner.plan import truncate
 from lmsp.store.conversations import Turn
-from lmsp.tasks.plan import truncate
 
 Item = dict[str, Any]
 #: the prompt's ``(tokens, context)`` with these context items (``None``: not known)

@@ -1,4 +1,4 @@
-"""The connection guard of webhooks and MCP (``lmsp.tasks.outbound``) with real
+"""The connection guard of webhooks and MCP (``lmsp.outbound.guard``) with real
 receivers on loopback: the resolver is the only thing stood in for (a test cannot steer
 the system's DNS), so a name can answer what an attacker's DNS would — a link-local
 address, another address on a second look (rebinding), a ``.localhost`` name pointing
@@ -15,8 +15,8 @@ import httpx
 import httpx2
 import pytest
 
+from lmsp.outbound import guard as outbound
 from lmsp.protocol.outbound import HostRule, parse_hosts
-from lmsp.tasks import outbound
 from tests.helpers import free_port
 from tests.webhook_receiver import Receiver
 

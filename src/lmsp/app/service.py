@@ -15,15 +15,28 @@ from typing import Any, ParamSpec, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from lmsp import datadir, errors
+from lmsp.api.refusals import Refusals
+from lmsp.api.sessions import ConsoleSessions
+from lmsp.api.tokens import TokenCache
+from lmsp.app import compaction, embedwork, fitting, toolcheck
+from lmsp.app.broker import Broker
+from lmsp.app.files import FileReader
+from lmsp.cluster.nodes import Membership
+from lmsp.cluster.startup import HeadStart, head_start
 from lmsp.config import Settings
 from lmsp.constraints.budget import GrammarBudget
 from lmsp.engines.host import ModelHost
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.fairgate import Ticket
 from lmsp.metrics import Metrics
+from lmsp.outbound.deliverer import Deliverer, DeliveryPolicy
+from lmsp.outbound.pull import Downloader
 from lmsp.protocol import items, mcp, objects
 from lmsp.protocol.states import Status
 from lmsp.protocol.webhooks import parse_hosts
+from lmsp.runner import recovery, retention
+from lmsp.runner.plan import messages_of, tools_of
+from lmsp.runner.runner import Runner
 from lmsp.sandbox import WALL_FACTOR, Sandbox
 from lmsp.store import aliases, idempotency, mcp_headers, models
 from lmsp.store import clients as client_store
@@ -35,20 +48,6 @@ from lmsp.store import usage as usage_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
 from lmsp.store.sql import Conn, Row
-from lmsp.tasks import recovery, retention
-from lmsp.tasks.nodes import Membership
-from lmsp.tasks.plan import messages_of, tools_of
-from lmsp.tasks.pull import Downloader
-from lmsp.tasks.runner import Runner
-from lmsp.tasks.startup import HeadStart, head_start
-from lmsp.tasks.webhooks import Deliverer, DeliveryPolicy
-
-from . import compaction, embedwork, fitting, toolcheck
-from .broker import Broker
-from .files import FileReader
-from .refusals import Refusals
-from .sessions import ConsoleSessions
-from .tokens import TokenCache
 
 log = logging.getLogger("lmsp")
 
@@ -188,7 +187,7 @@ class Service:
         """``(prompt tokens, context)`` of ``request`` (``None``: not known before it
         runs), its history read newest first only as far as the context holds it, and
         with ``truncation: "auto"`` its oldest context items dropped, the fewest that
-        make it fit, as the Responses API defines it (:func:`lmsp.api.fitting.fit`). In
+        make it fit, as the Responses API defines it (:func:`lmsp.app.fitting.fit`). In
         a reader thread."""
         history: Iterable[conversation_store.Turn] = ()
         previous = request.get("previous_response_id")
@@ -222,7 +221,7 @@ class Service:
         running. ``item_names``: how errors name each input item (``input.3`` by
         default); ``param``: how they name the other fields. ``compact_over``
         (``context_management``): a prompt of more tokens has its older items compacted
-        first (:mod:`lmsp.api.compaction`)."""
+        first (:mod:`lmsp.app.compaction`)."""
         secret = request.pop(mcp.HEADERS_KEY, None)  # MCP header values: stored apart
         record = await self.prepare(
             client, request, input_param, item_names=item_names, param=param
@@ -442,7 +441,7 @@ def open_service(
 ) -> Service:
     """Open the data directory, join the cluster if there is one and run startup
     recovery (blocking), or take over ``head``, which ``lmsp serve`` did all that with
-    before its imports (:mod:`lmsp.tasks.startup`). Closing ``db`` releases the lock;
+    before its imports (:mod:`lmsp.cluster.startup`). Closing ``db`` releases the lock;
     :class:`lmsp.datadir.DataDirBusy` if another process holds it."""
     if head is None:
         head = head_start(settings, lock)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lmsp.api.service import Service
+from lmsp.app.service import Service
 from lmsp.config import Settings
 from lmsp.protocol.assembler import OutputAssembler
 from lmsp.protocol.states import Status

@@ -18,12 +18,11 @@ import logging
 import threading
 import time
 
+from lmsp.runner.recovery import Report, recover_task
+from lmsp.runner.runner import Runner
 from lmsp.store import nodes
 from lmsp.store.db import Database
 from lmsp.store.sql import Conn
-
-from .recovery import Report, recover_task
-from .runner import Runner
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 One thread of its own runs an asyncio loop with one ``httpx`` client: redirects are not
 followed, a try has 10 seconds (3 to connect), and every connection goes only to an
-address the hosts rule admits (:mod:`lmsp.tasks.outbound`). Tries run concurrently, at
+address the hosts rule admits (:mod:`lmsp.outbound.guard`). Tries run concurrently, at
 most :data:`SLOTS` at once, :data:`PER_CLIENT` to the webhooks of any one client and
 :data:`PER_WEBHOOK` to any one webhook, and due deliveries are taken in turns between
 the clients that own the webhooks (:func:`lmsp.store.webhooks.due`): a client whose
@@ -42,11 +42,11 @@ from standardwebhooks.webhooks import Webhook
 
 from lmsp import __version__
 from lmsp.ids import new_id
+from lmsp.outbound import guard as outbound
 from lmsp.protocol import webhooks as wire
 from lmsp.store import webhooks as store
 from lmsp.store.db import Database
 from lmsp.store.sql import Conn
-from lmsp.tasks import outbound
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The application: use cases that the transports (HTTP, the CLI) call, and the composition root."""

@@ -1,1 +1,0 @@
-"""Tasks: the pure state machine, the runner, startup recovery and retention."""
