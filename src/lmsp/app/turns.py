@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lmsp.api.schemas import unsupported
-from lmsp.errors import LmspError
+from lmsp.errors import LmspError, unsupported
 
 MAX_ID = 256
 
