@@ -405,7 +405,7 @@ def lmsp_store(work: Path, concurrency: int, duration: float) -> tuple[Load, int
     ``concurrency`` threads through the group-commit writer: storage without HTTP."""
     import threading
 
-    from lmsp.app.service import open_service
+    from lmsp.app.root import open_service
     from lmsp.config import Settings
     from lmsp.store import responses
 

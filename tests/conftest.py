@@ -12,7 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
-from lmsp.app.service import Service, open_service
+from lmsp.app.root import open_service
+from lmsp.app.service import Service
 from lmsp.bootstrap import bundled_model_path, store_blob
 from lmsp.config import Settings
 from lmsp.store import clients

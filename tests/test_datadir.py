@@ -15,7 +15,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from lmsp.app.service import open_service
+from lmsp.app.root import open_service
 from lmsp.cli import main
 from lmsp.config import Settings
 from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir, task_log

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmsp.app.service import open_service
+from lmsp.app.root import open_service
 from lmsp.config import Settings
 from lmsp.store.clients import TOKEN_PREFIX
 from tests.conftest import LOG_LINES, MINTED_TOKENS

@@ -8,12 +8,12 @@ import time
 from fastapi.testclient import TestClient
 
 from lmsp.api import sessions
-from lmsp.app.service import Service
+from lmsp.api.state import Http
 
 
-def svc_of(client: TestClient) -> Service:
-    service: Service = client.app.state.lmsp  # type: ignore[attr-defined]
-    return service
+def http_of(client: TestClient) -> Http:
+    kept: Http = client.app.state.http  # type: ignore[attr-defined]
+    return kept
 
 
 def sign_in(client: TestClient, bearer: str | None = None) -> str:
@@ -62,7 +62,7 @@ def test_sign_out_and_expiry_end_a_session(client: TestClient) -> None:
     live = {"Authorization": "", sessions.HEADER: second}
     assert client.get("/v1/clients", headers=live).status_code == 200
     later = time.time() + sessions.SESSION_TTL + 1
-    assert svc_of(client).console.session(second, now=later) is None  # expired: dropped
+    assert http_of(client).console.session(second, now=later) is None  # expired: dropped
     assert client.get("/v1/clients", headers=live).status_code == 401
 
 

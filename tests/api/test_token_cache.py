@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from lmsp.api.state import Http
 from lmsp.api.tokens import TokenCache
 from lmsp.app.service import Service
 from lmsp.store import clients
@@ -19,6 +20,11 @@ def svc_of(client: TestClient) -> Service:
     return service
 
 
+def http_of(client: TestClient) -> Http:
+    kept: Http = client.app.state.http  # type: ignore[attr-defined]
+    return kept
+
+
 def new_client(client: TestClient, scopes: list[str]) -> tuple[str, dict[str, str]]:
     made = client.post("/v1/clients", json={"name": "agent", "scopes": scopes}).json()
     return made["id"], {"Authorization": f"Bearer {made['token']}"}
@@ -26,7 +32,7 @@ def new_client(client: TestClient, scopes: list[str]) -> tuple[str, dict[str, st
 
 def test_a_known_token_is_not_read_again(client: TestClient) -> None:
     _, agent = new_client(client, ["responses:read"])
-    tokens = svc_of(client).tokens
+    tokens = http_of(client).tokens
     assert client.get("/v1/responses/resp_missing", headers=agent).status_code == 404
     misses, hits = tokens.misses, tokens.hits
     for _ in range(5):
@@ -37,7 +43,7 @@ def test_a_known_token_is_not_read_again(client: TestClient) -> None:
 
 def test_revoke_refuses_the_next_request(client: TestClient) -> None:
     client_id, agent = new_client(client, ["responses:read", "responses:write"])
-    tokens = svc_of(client).tokens
+    tokens = http_of(client).tokens
     for _ in range(3):
         assert client.get("/v1/responses/resp_missing", headers=agent).status_code == 404
     hits = tokens.hits

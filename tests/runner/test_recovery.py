@@ -19,7 +19,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
-from lmsp.app.service import Service, open_service
+from lmsp.app.root import open_service
+from lmsp.app.service import Service
 from lmsp.bootstrap import bootstrap
 from lmsp.config import Settings
 from lmsp.engines import deterministic

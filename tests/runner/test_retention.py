@@ -8,7 +8,8 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from lmsp.api.app import create_app
-from lmsp.app.service import Service, open_service
+from lmsp.app.root import open_service
+from lmsp.app.service import Service
 from lmsp.cli import main
 from lmsp.config import Settings
 from lmsp.engines.kvfiles import SUFFIX, PrefixFiles, dir_name, prefix_key

@@ -1,5 +1,6 @@
-"""The app factory: lifespan (bootstrap, recovery, runner, retention), error shapes and
-the request body limit."""
+"""The app factory: the lifespan (the running service opened, started and stopped by
+:mod:`lmsp.app.root`), the HTTP face's own state (:mod:`lmsp.api.state`), error shapes
+and the request body limit."""
 
 from __future__ import annotations
 
@@ -48,12 +49,13 @@ from lmsp.api.routes import compaction as compaction_routes
 from lmsp.api.routes import conversations as conversation_routes
 from lmsp.api.routes import webhooks as webhook_routes
 from lmsp.api.routes.deps import idempotency_supported
-from lmsp.app.broker import Broker
-from lmsp.app.service import Service, open_service
+from lmsp.api.state import Http
+from lmsp.api.tokens import TokenCache
+from lmsp.app import clients, root
+from lmsp.app.service import Service
 from lmsp.cluster.startup import HeadStart
 from lmsp.config import Settings
 from lmsp.datadir import DataDirLock
-from lmsp.store import service as service_store
 
 log = logging.getLogger("lmsp")
 
@@ -151,9 +153,10 @@ class HttpMetrics:
             logs.request_id.reset(token)
             logs.refusal.reset(refused_token)
             svc = getattr(scope["app"].state, "lmsp", None)
-            if svc is not None and status >= 400:  # for ``lmsp logs --errors``
+            kept = getattr(scope["app"].state, "http", None)
+            if kept is not None and status >= 400:  # for ``lmsp logs --errors``
                 refused["request_id"] = rid
-                svc.refusals.add(refusal(scope, status, refused, refused.get("client_id")))
+                kept.refusals.add(refusal(scope, status, refused, refused.get("client_id")))
             if svc is not None:
                 route = noted.get("route") or ("unmatched" if status == 404 else "other")
                 svc.metrics.http(scope["method"], route, status, time.perf_counter() - began)
@@ -257,32 +260,12 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(failure, request.url.path)
 
 
-async def _gc_loop(svc: Service) -> None:
-    while True:
-        await asyncio.sleep(svc.settings.gc_interval)
-        try:
-            swept = await svc.collect_garbage()
-            if swept.responses or swept.idempotency_keys or swept.pairing_requests:
-                log.info(
-                    "retention: %d responses, %d keys, %d pairing requests",
-                    swept.responses,
-                    swept.idempotency_keys,
-                    swept.pairing_requests,
-                )
-            if swept.conversations:
-                log.info("retention: %d unused conversations", swept.conversations)
-            if swept.kv_bytes:
-                log.info("retention: %d bytes of saved prefixes", swept.kv_bytes)
-        except Exception:
-            log.exception("retention sweep failed")
-
-
-def _announce_console(svc: Service) -> None:
+def _announce_console(svc: Service, kept: Http) -> None:
     """The serve banner's one-time login link to the console, for the owner."""
-    owner = service_store.get(svc.db.reader(), "owner_client_id")
+    owner = clients.owner(svc)
     if owner is None:
         return
-    code, _ = svc.console.new_link(owner)
+    code, _ = kept.console.new_link(owner)
     log.info(
         "console: %s (a one-time link for the owner; `lmsp console` prints another)",
         console.login_url(console.console_origin(svc.settings), code),
@@ -299,27 +282,18 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        svc = await asyncio.to_thread(open_service, settings, lock, head)
-        svc.broker = Broker(asyncio.get_running_loop())
-        svc.db.on_commit(svc.broker.notify)
-        svc.runner.start(resume=svc.recovered.resumed)
-        if svc.webhooks is not None:
-            await asyncio.to_thread(svc.webhooks.start)
+        svc = await asyncio.to_thread(root.open_service, settings, lock, head)
+        await root.start(svc)
+        kept = Http(TokenCache(svc.db))
+        app.state.http = kept
         app.state.lmsp = svc
-        _announce_console(svc)
-        gc = asyncio.create_task(_gc_loop(svc))
+        _announce_console(svc, kept)
+        gc = asyncio.create_task(root.sweep_forever(svc))
         try:
             yield
         finally:
             gc.cancel()
-            if svc.webhooks is not None:
-                await asyncio.to_thread(svc.webhooks.stop)
-            await asyncio.to_thread(svc.runner.stop)
-            if svc.membership is not None:
-                await asyncio.to_thread(svc.membership.stop)
-            svc.close_readers()
-            svc.host.close()
-            svc.db.close()
+            await root.stop(svc)
 
     app = FastAPI(
         title="lmsp",

@@ -10,20 +10,17 @@ tests can walk the routes from it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from lmsp import errors, logs
 from lmsp.api import sessions
+from lmsp.api.state import http, service
+from lmsp.app import clients as client_uses
 from lmsp.store import clients
 from lmsp.store.clients import Client
-
-if TYPE_CHECKING:
-    from lmsp.app.service import Service
 
 scheme = HTTPBearer(
     auto_error=False,
@@ -49,23 +46,6 @@ def bearer(request: Request) -> str | None:
     return token.strip()
 
 
-async def _record_use(request: Request, client: Client) -> None:
-    """Keep ``last_used_at``: at most one write a minute per client, through the writer."""
-    now = int(time.time())
-    if not clients.needs_touch(client, now):
-        return
-    svc = request.app.state.lmsp
-    if now - svc.touched.get(client.id, 0) < clients.TOUCH_INTERVAL:
-        return
-    svc.touched[client.id] = now
-    try:
-        await svc.db.write(lambda c: clients.touch(c, client.id, now))
-    except errors.LmspError as exc:  # a full disk must not fail reads
-        if exc.code != "insufficient_storage":
-            raise
-        svc.touched.pop(client.id, None)
-
-
 def console_client(request: Request) -> Client | None:
     """The client a console session stands for (``None`` without a live session): the
     session's secret comes in its own header (:mod:`lmsp.api.sessions`), which no page
@@ -73,10 +53,10 @@ def console_client(request: Request) -> Client | None:
     secret = request.headers.get(sessions.HEADER)
     if not secret:
         return None
-    session = request.app.state.lmsp.console.session(secret)
+    session = http(request).console.session(secret)
     if session is None:
         return None
-    return clients.load(request.app.state.lmsp.db.reader(), session.client_id)
+    return client_uses.active(service(request), session.client_id)
 
 
 def require(scope: str, *, api_key: bool = False) -> Callable[..., Awaitable[Client]]:
@@ -118,13 +98,12 @@ async def authorize(request: Request, scope: str, *, api_key: bool = False) -> C
     if token is None:
         client = console_client(request)
     else:
-        svc: Service = request.app.state.lmsp
         # from the token cache (no database round trip), else read off the event loop
-        client = await svc.tokens.authenticate(token, svc.read)
+        client = await http(request).tokens.authenticate(token, service(request).read)
     if client is None:
         raise errors.unauthorized()
     logs.client_id.set(client.id)  # the request's log lines name their client
     if not client.allows(scope):
         raise errors.forbidden(scope)
-    await _record_use(request, client)
+    await client_uses.record_use(service(request), client)
     return client

@@ -10,7 +10,8 @@ request runs on: its client fetches the result later.
 A stream notices the disconnect itself (:mod:`lmsp.api.sse`); a request that waits for
 its whole answer waits with :func:`unless_gone`, which watches the connection while it
 waits (the ASGI server says ``http.disconnect`` as soon as the connection closes) and
-raises :class:`ClientGone` when the client leaves first. The app answers a
+raises :class:`ClientGone` when the client leaves first (:func:`watch` hands a use
+case that watch, :class:`lmsp.app.watch.Watch`). The app answers a
 :class:`ClientGone` with ``499``, which nobody reads: the connection is closed.
 """
 
@@ -23,14 +24,14 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from lmsp.app.watch import ClientGone, Watch
+
+__all__ = ["CLIENT_CLOSED", "ClientGone", "unless_gone", "watch"]
+
 T = TypeVar("T")
 
 #: the status of an answer to a client that left (nginx's "client closed request")
 CLIENT_CLOSED = 499
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before its answer was ready."""
 
 
 async def _left(request: Request) -> None:
@@ -45,15 +46,24 @@ async def unless_gone(waiting: Awaitable[T], request: Request) -> T:
     answer was for; a cancellation of the caller itself (the server stopping) is no
     departure of the client and is passed on as it is."""
     work = asyncio.ensure_future(waiting)
-    watch = asyncio.ensure_future(_left(request))
+    gone = asyncio.ensure_future(_left(request))
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         if work.done():
             return work.result()
         raise ClientGone()
     finally:
-        for pending in (work, watch):
+        for pending in (work, gone):
             if not pending.done():
                 pending.cancel()
                 with contextlib.suppress(BaseException):
                     await pending
+
+
+def watch(request: Request) -> Watch:
+    """:func:`unless_gone` for ``request``, as a use case takes it."""
+
+    async def watching(waiting: Awaitable[T], /) -> T:
+        return await unless_gone(waiting, request)
+
+    return watching

@@ -13,9 +13,11 @@ tokens instead of the older items'.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lmsp import errors
+from lmsp.app import responses, tasks
+from lmsp.app.core import Core
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
 from lmsp.protocol import compaction, items, objects
@@ -25,9 +27,6 @@ from lmsp.store import models
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
-if TYPE_CHECKING:
-    from lmsp.app.service import Service
-
 Item = dict[str, Any]
 #: the longest summary the model may write (tokens)
 SUMMARY_TOKENS = 256
@@ -36,7 +35,7 @@ COMPACTED = "lmsp_compacted"
 
 
 async def summarize(
-    svc: Service, client: Client, model: str, older: list[Item], instructions: str | None
+    svc: Core, client: Client, model: str, older: list[Item], instructions: str | None
 ) -> tuple[str, dict[str, Any] | None]:
     """The model's summary of ``older`` and the usage of writing it: one response,
     run as a task (greedy, retried after a restart), deleted once read."""
@@ -64,17 +63,14 @@ async def summarize(
         ) from None
     written = False
     try:
-        await svc.wait_finished(created.task_id)
+        await tasks.wait_finished(svc, created.task_id)
         written = True
-        obj = await svc.read(svc.response_object, created.task_id)
+        obj = await responses.current(svc, created.task_id)
     finally:  # the summary was the client's only while it was written
         if written:
-            await asyncio.shield(
-                svc.db.write(lambda c: response_store.delete(c, created.response_id, client.id))
-            )
+            await asyncio.shield(responses.forget(svc, created.response_id, client.id))
         else:  # nobody waits for it any more (its client left): it stops, then goes
-            svc.cancel_nowait(created.task_id)
-            svc.forget_later(created.task_id, created.response_id, client.id)
+            tasks.Departure(svc, created.task_id, forget=(created.response_id, client.id)).left()
     if obj["status"] not in ("completed", "incomplete"):
         error = obj.get("error") or {}
         raise errors.LmspError(
@@ -92,7 +88,7 @@ async def summarize(
 
 
 async def compact_items(
-    svc: Service, client: Client, model: str, context: list[Item], instructions: str | None
+    svc: Core, client: Client, model: str, context: list[Item], instructions: str | None
 ) -> tuple[list[Item], dict[str, Any] | None]:
     """``context`` compacted: one compaction item for its older items, then the newest
     ones as they are (:func:`lmsp.protocol.compaction.split`); unchanged (and no usage)
@@ -105,7 +101,7 @@ async def compact_items(
 
 
 async def compact_request(
-    svc: Service, client: Client, record: models.ModelRecord, request: dict[str, Any], over: int
+    svc: Core, client: Client, record: models.ModelRecord, request: dict[str, Any], over: int
 ) -> None:
     """``context_management``: if the prompt of ``request`` (prepared) passes ``over``
     tokens, its input becomes its compacted input (recorded under :data:`COMPACTED`)."""
@@ -126,7 +122,7 @@ async def compact_request(
 
 
 async def compact(
-    svc: Service,
+    svc: Core,
     client: Client,
     model: str,
     given: Any,

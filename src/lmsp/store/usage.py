@@ -8,7 +8,7 @@ with the usage its response carries. A failed or cancelled one (a client that le
 cancel, a revoke, an engine error, a restart) carries what it consumed before it
 stopped: the prompt tokens given to the engine and the tokens generated. An embeddings
 request is no task: :func:`record` counts it once its engine was given the inputs
-(:mod:`lmsp.app.embedwork`). The ledger is kept apart from responses: deleting a
+(:mod:`lmsp.app.embeddings`). The ledger is kept apart from responses: deleting a
 response, or retention sweeping it, leaves its usage counted.
 """
 

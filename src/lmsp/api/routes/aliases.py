@@ -9,9 +9,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
-from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.routes.deps import service
+from lmsp.api.state import http
+from lmsp.app import models
 from lmsp.store import aliases
 from lmsp.store.clients import Client
 
@@ -44,8 +45,7 @@ def _render(alias: aliases.Alias) -> dict[str, Any]:
 
 @router.get("/v1/model_aliases")
 async def list_aliases(request: Request, client: ModelReader) -> dict[str, Any]:
-    svc = service(request)
-    found = await svc.read(lambda: aliases.all_aliases(svc.db.reader()))
+    found = await models.all_aliases(service(request))
     return {"object": "list", "data": [_render(a) for a in found]}
 
 
@@ -54,25 +54,12 @@ async def set_alias(
     alias: AliasName, body: SetAlias, request: Request, client: ModelWriter
 ) -> dict[str, Any]:
     """Point ``alias`` at a model (replacing what it named)."""
-    svc = service(request)
-    outcome = await svc.db.write(lambda c: aliases.put(c, alias, body.model))
-    if outcome == "missing":
-        raise errors.LmspError(
-            "model_not_found", f"The model {body.model!r} does not exist.", param="model"
-        )
-    if outcome == "taken":
-        raise errors.LmspError(
-            "model_exists", f"A model is named {alias!r}; an alias cannot hide it.", param="alias"
-        )
-    found = await svc.read(lambda: aliases.all_aliases(svc.db.reader()))
-    return next(_render(a) for a in found if a.alias == alias)
+    return _render(await models.set_alias(service(request), alias, body.model))
 
 
 @router.delete("/v1/model_aliases/{alias:path}")
 async def delete_alias(alias: str, request: Request, client: ModelWriter) -> dict[str, Any]:
-    svc = service(request)
-    if not await svc.db.write(lambda c: aliases.delete(c, alias)):
-        raise errors.not_found("model_alias", alias)
+    await models.delete_alias(service(request), alias)
     return {"object": "model_alias", "alias": alias, "deleted": True}
 
 
@@ -84,5 +71,4 @@ async def recent_refusals(
     client_id: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict[str, Any]:
     """The newest refused requests first (kept in memory: a restart empties them)."""
-    svc = service(request)
-    return {"object": "list", "data": svc.refusals.recent(limit, client_id)}
+    return {"object": "list", "data": http(request).refusals.recent(limit, client_id)}

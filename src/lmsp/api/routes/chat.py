@@ -8,7 +8,7 @@ translated into Responses input items, the answer is rendered from the finished 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -18,11 +18,11 @@ from sse_starlette import ServerSentEvent
 from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.errors import body as error_body
-from lmsp.api.revocation import until_revoked
 from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
 from lmsp.api.schemas import ChatCompletionCreate, check_chat
-from lmsp.api.sse import event_response, sse, task_events
-from lmsp.app import toolcheck, tooldefs
+from lmsp.api.sse import sse
+from lmsp.api.streams import followed
+from lmsp.app import responses, tasks, toolcheck, tooldefs
 from lmsp.protocol import chat, items
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
@@ -131,36 +131,15 @@ def _stream(
     headers: dict[str, str],
     client: Client | None = None,
 ) -> Response:
-    svc = service(request)
-    assert svc.broker is not None
-    broker = svc.broker
-    obj = svc.response_object(task_id)
+    core = service(request)
+    obj = responses.response_object(core, task_id)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunks = chat.ChunkStream(obj["id"], obj["created_at"], obj["model"], include_usage)
 
-    async def source() -> AsyncIterator[ServerSentEvent]:
-        async for _, _, data in task_events(svc.db, broker, task_id, -1):
-            for chunk in chunks.feed(json.loads(data)):
-                shown = _error(chunk["error"]) if "error" in chunk else chunk
-                yield sse(json.dumps(shown, separators=(",", ":")))
+    def frames(seq: int, kind: str, data: str) -> Iterator[ServerSentEvent]:
+        for chunk in chunks.feed(json.loads(data)):
+            shown = _error(chunk["error"]) if "error" in chunk else chunk
+            yield sse(json.dumps(shown, separators=(",", ":")))
 
-    def on_disconnect() -> None:
-        svc.cancel_nowait(task_id)
-        if forget is not None:
-            svc.forget_later(task_id, *forget)
-
-    async def on_finish() -> None:
-        if forget is not None:
-            await svc.delete_when_finished(task_id, *forget)
-
-    events: AsyncIterator[ServerSentEvent] = source()
-    if client is not None:  # a revoked client's stream ends
-        events = until_revoked(events, svc.db, broker, client.id, on_revoked=on_disconnect)
-    return event_response(
-        events,
-        on_disconnect=on_disconnect,
-        on_finish=on_finish,
-        done=True,
-        headers=headers,
-        ping=svc.settings.sse_ping,
-    )
+    departure = tasks.Departure(core, task_id, forget=forget)
+    return followed(core, departure, frames, client=client, headers=headers)

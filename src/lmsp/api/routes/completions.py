@@ -9,7 +9,7 @@ resumable). The completion's id is its response's.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -19,10 +19,11 @@ from sse_starlette import ServerSentEvent
 from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.errors import body as error_body
-from lmsp.api.revocation import until_revoked
 from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
 from lmsp.api.schemas import COMPLETION_MAX_TOKENS, CompletionCreate, check_completion
-from lmsp.api.sse import event_response, sse, task_events
+from lmsp.api.sse import sse
+from lmsp.api.streams import followed
+from lmsp.app import responses, tasks
 from lmsp.protocol import chat, completions
 from lmsp.store.clients import Client
 
@@ -82,27 +83,17 @@ def _stream(
     headers: dict[str, str],
     client: Client,
 ) -> Response:
-    svc = service(request)
-    assert svc.broker is not None
-    broker = svc.broker
-    obj = svc.response_object(task_id)
+    core = service(request)
+    obj = responses.response_object(core, task_id)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunks = completions.CompletionStream(
         obj["id"], obj["created_at"], obj["model"], include_usage, obj.get("model_digest")
     )
 
-    async def source() -> AsyncIterator[ServerSentEvent]:
-        async for _, _, data in task_events(svc.db, broker, task_id, -1):
-            for chunk in chunks.feed(json.loads(data)):
-                shown = (
-                    error_body(errors.LmspError(**chunk["error"])) if "error" in chunk else chunk
-                )
-                yield sse(json.dumps(shown, separators=(",", ":")))
+    def frames(seq: int, kind: str, data: str) -> Iterator[ServerSentEvent]:
+        for chunk in chunks.feed(json.loads(data)):
+            shown = error_body(errors.LmspError(**chunk["error"])) if "error" in chunk else chunk
+            yield sse(json.dumps(shown, separators=(",", ":")))
 
-    def on_disconnect() -> None:
-        svc.cancel_nowait(task_id)
-
-    events = until_revoked(source(), svc.db, broker, client.id, on_revoked=on_disconnect)
-    return event_response(
-        events, on_disconnect=on_disconnect, done=True, headers=headers, ping=svc.settings.sse_ping
-    )
+    departure = tasks.Departure(core, task_id)
+    return followed(core, departure, frames, client=client, headers=headers)

@@ -30,8 +30,9 @@ from lmsp import errors
 from lmsp.api import sessions
 from lmsp.api.auth import console_client, require
 from lmsp.api.routes.deps import service
+from lmsp.api.state import http
+from lmsp.app import clients
 from lmsp.config import Settings
-from lmsp.store import audit, clients
 from lmsp.store.clients import Client
 
 router = APIRouter(tags=["console"])
@@ -82,11 +83,10 @@ def login_url(origin: str, code: str) -> str:
 async def new_login_link(request: Request, client: Admin) -> dict[str, Any]:
     """A one-time link that signs a browser tab in to the console as this client (good
     once, for ten minutes): what ``lmsp console`` prints."""
-    svc = service(request)
-    code, expires = svc.console.new_link(client.id)
+    code, expires = http(request).console.new_link(client.id)
     return {
         "object": "console.link",
-        "url": login_url(console_origin(svc.settings, request), code),
+        "url": login_url(console_origin(service(request).settings, request), code),
         "expires_at": int(expires),
     }
 
@@ -125,24 +125,22 @@ def _session(client: Client, expires: float) -> dict[str, Any]:
 @router.post("/console/session", include_in_schema=False, status_code=201)
 async def sign_in(body: LoginCode, request: Request) -> JSONResponse:
     """Spend a login link's code: the session's secret, in this answer only."""
-    svc = service(request)
-    redeemed = svc.console.redeem(body.code)
+    sessions_kept = http(request).console
+    redeemed = sessions_kept.redeem(body.code)
     if redeemed is None:
         raise errors.unauthorized(SPENT)
     secret, session = redeemed
-    client = clients.load(svc.db.reader(), session.client_id)
+    client = await clients.signed_in(service(request), session.client_id)
     if client is None:  # revoked since the link was made
-        svc.console.end(secret)
+        sessions_kept.end(secret)
         raise errors.unauthorized(SPENT)
-    await svc.db.write(lambda c: audit.record(c, client.id, "console.login", client.id))
     shown = dict(_session(client, session.expires), secret=secret)
     return JSONResponse(shown, 201, headers=NO_STORE)
 
 
 @router.get("/console/session", include_in_schema=False)
 async def whoami(request: Request) -> JSONResponse:
-    svc = service(request)
-    session = svc.console.session(request.headers.get(sessions.HEADER, ""))
+    session = http(request).console.session(request.headers.get(sessions.HEADER, ""))
     client = console_client(request)
     if client is None or session is None:
         raise errors.unauthorized("Not signed in to the console.")
@@ -154,5 +152,5 @@ async def sign_out(request: Request) -> JSONResponse:
     secret = request.headers.get(sessions.HEADER, "")
     if console_client(request) is None:
         raise errors.unauthorized("Not signed in to the console.")
-    service(request).console.end(secret)
+    http(request).console.end(secret)
     return JSONResponse({"object": "console.session", "signed_out": True}, headers=NO_STORE)

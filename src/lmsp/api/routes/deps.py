@@ -10,9 +10,20 @@ from fastapi import Request
 
 from lmsp import errors
 from lmsp.api import leaving
-from lmsp.app.service import Service
+from lmsp.api.state import service
+from lmsp.app import tasks
 from lmsp.store import idempotency
 from lmsp.store.clients import Client
+
+__all__ = [
+    "IDEMPOTENT_ROUTES",
+    "answered",
+    "deleted",
+    "idempotency_key",
+    "idempotency_supported",
+    "service",
+    "stored_task_request",
+]
 
 # the POST routes that honour ``Idempotency-Key`` (PROTOCOL.md section 7); any other POST
 # carrying one is refused rather than silently run twice on a retry
@@ -44,9 +55,9 @@ async def idempotency_supported(request: Request) -> None:
         )
 
 
-def service(request: Request) -> Service:
-    svc: Service = request.app.state.lmsp
-    return svc
+def deleted(ident: str, kind: str) -> dict[str, Any]:
+    """The answer to a delete: the object's id, its ``object`` name, ``deleted: true``."""
+    return {"id": ident, "object": kind, "deleted": True}
 
 
 async def answered(request: Request, task_id: str, forget: tuple[str, str] | None = None) -> None:
@@ -54,13 +65,11 @@ async def answered(request: Request, task_id: str, forget: tuple[str, str] | Non
     streamed). A client that leaves first cancels it (:mod:`lmsp.api.leaving`), and a
     ``store: false`` response (``forget``: its id and its client's) goes once it has
     stopped; :class:`lmsp.api.leaving.ClientGone` is raised then."""
-    svc = service(request)
+    core = service(request)
     try:
-        await leaving.unless_gone(svc.wait_finished(task_id), request)
+        await leaving.unless_gone(tasks.wait_finished(core, task_id), request)
     except leaving.ClientGone:
-        svc.cancel_nowait(task_id)  # as a stream's departure does
-        if forget is not None:
-            svc.forget_later(task_id, *forget)
+        tasks.Departure(core, task_id, forget=forget).left()  # as a stream's departure does
         raise
 
 

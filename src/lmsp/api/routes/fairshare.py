@@ -7,11 +7,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.routes.deps import service
-from lmsp.protocol import objects
-from lmsp.store import audit, usage
+from lmsp.app import usage
 from lmsp.store.clients import Client
 
 router = APIRouter(prefix="/v1", tags=["fair share"])
@@ -33,15 +31,7 @@ async def get_usage(
     """Requests, input, cached and output tokens per client and per UTC day and/or
     model, over the days from ``since`` to ``until`` (Unix times). A client sees its
     own; ``admin`` everyone's, or one client's with ``?client_id=``."""
-    svc = service(request)
-    if client_id is not None and not client.oversees(client_id):
-        raise errors.not_found("client", client_id, param="client_id")
-    wanted = client_id if client.admin else client.id
-    if since is not None and until is not None and until < since:
-        raise errors.invalid("until is before since.", param="until")
-    rows = await svc.read(
-        lambda: usage.summary(svc.db.reader(), wanted, since, until, tuple(group_by))
-    )
+    rows = await usage.summary(service(request), client, client_id, since, until, group_by)
     return {"object": "list", "group_by": list(group_by), "data": rows}
 
 
@@ -55,11 +45,4 @@ async def get_audit(
     action: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> dict[str, Any]:
     """The audit log, oldest first, a page after the row id ``after``."""
-    svc = service(request)
-    rows = await svc.read(
-        lambda: audit.page(
-            svc.db.reader(), after=after, limit=limit + 1, target=target, action=action
-        )
-    )
-    shown = [audit.render(row) for row in rows[:limit]]
-    return objects.list_page(shown, len(rows) > limit)
+    return await usage.audit_page(service(request), after, limit, target, action)

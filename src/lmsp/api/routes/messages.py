@@ -10,32 +10,26 @@ Anthropic's envelope (:mod:`lmsp.api.errors`); a token may come in ``x-api-key``
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
-from lmsp.api import inputs
 from lmsp.api.auth import require
 from lmsp.api.message_schemas import CountTokens, MessageCreate, check_message
-from lmsp.api.revocation import until_revoked
+from lmsp.api.params import ReplayQuery
 from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
-from lmsp.api.sse import MessagesPing, event_response, sse, task_events
-from lmsp.app import toolcheck
-from lmsp.app.service import Service
-from lmsp.protocol import events as ev
+from lmsp.api.sse import MessagesPing, sse
+from lmsp.api.streams import followed
+from lmsp.app import follow, responses, tasks, toolcheck
+from lmsp.app.core import Core
 from lmsp.protocol import items, messages
 from lmsp.protocol.chat import Untranslatable
-from lmsp.runner.plan import messages_of, tools_of
-from lmsp.store import events, models
-from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
-from lmsp.store.db import Database
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
 
@@ -124,21 +118,14 @@ async def create_message(body: MessageCreate, request: Request, client: Writer) 
 async def count_tokens(body: CountTokens, request: Request, client: Writer) -> dict[str, int]:
     """The prompt's tokens, counted with the model's own tokenizer and chat template (as
     the context check of a create does)."""
-    svc = service(request)
     prompt = prompt_of(body)
     try:
-        record = await svc.model(body.model, client)
+        counted = await responses.count_prompt(
+            service(request), client, body.model, prompt, "messages"
+        )
     except errors.LmspError as exc:
         raise _named_models(exc) from None
-    prompt["input"] = await asyncio.to_thread(
-        items.normalize, prompt["input"], capabilities=models.capabilities(record), param="messages"
-    )
-    size = await svc.read(svc.host.prompt_size, record, messages_of(prompt), tools_of(prompt))
-    if size is None:
-        raise errors.LmspError(
-            "model_load_failed", f"The tokenizer of {body.model!r} cannot be read now."
-        )
-    return {"input_tokens": size[0]}
+    return {"input_tokens": counted}
 
 
 @router.get("/{message_id}")
@@ -146,25 +133,23 @@ async def retrieve_message(
     message_id: str,
     request: Request,
     client: Reader,
-    stream: bool = False,
-    starting_after: Annotated[int, Query(ge=-1, le=inputs.MAX_SEQUENCE)] = -1,
-    last_event_id: Annotated[str | None, Header()] = None,
+    replay: ReplayQuery,
 ) -> Response:
     """An LMSP extension: the message as it stands, or with ``stream=true`` its stream
     events again (from the start, or after the log's sequence number ``starting_after``
     or ``Last-Event-ID``), then live ones until it ends."""
-    svc = service(request)
-    _, task = await svc.read(svc.owned_response, message_id, client)
-    if stream:
-        after = inputs.resume_after(starting_after, last_event_id)
-        start = await svc.read(_attempt_start, svc.db, task)
-        return _stream(request, task["id"], client, after=after, start=start, cancel=False)
-    return JSONResponse(await svc.read(_message, svc, task["id"]))
+    core = service(request)
+    found = await responses.find(core, message_id, client)
+    if replay.stream:
+        after = replay.after
+        start = await core.read(follow.attempt_start, core, found.task)
+        return _stream(request, found.task_id, client, after=after, start=start, cancel=False)
+    return JSONResponse(await core.read(_message, core, found.task_id))
 
 
 def _named_models(exc: errors.LmspError) -> errors.LmspError:
-    """An unknown model's ``404`` (:meth:`Service.model`, the same on every route) says
-    how Claude Code names another: it asks for Claude's names unless told."""
+    """An unknown model's ``404`` (:func:`lmsp.app.models.resolve`, the same on every
+    route) says how Claude Code names another: it asks for Claude's names unless told."""
     if exc.code != "model_not_found":
         return exc
     hint = " (Claude Code: set ANTHROPIC_MODEL, or pass --model.)"
@@ -172,10 +157,10 @@ def _named_models(exc: errors.LmspError) -> errors.LmspError:
 
 
 # -- answers --------------------------------------------------------------------------------
-def _message(svc: Service, task_id: str) -> dict[str, Any]:
+def _message(core: Core, task_id: str) -> dict[str, Any]:
     """The ``message`` object of a task as it stands (in a reader thread); a failed or
     cancelled one raises its error."""
-    obj = svc.response_object(task_id)
+    obj = responses.response_object(core, task_id)
     if obj["status"] in ("failed", "cancelled"):
         _, text = messages.failure(obj)
         code = "cancelled" if obj["status"] == "cancelled" else (obj["error"] or {}).get("code")
@@ -184,34 +169,10 @@ def _message(svc: Service, task_id: str) -> dict[str, Any]:
     if obj["status"] == "completed" and not any(
         item.get("type") == "function_call" for item in obj["output"]
     ):
-        stop = _stop_sequence(svc.db, task_id)
+        # the stop sequence that ended its text, from its last events
+        closing = follow.closing_events(core, task_id, CLOSING_EVENTS)
+        stop = messages.stop_sequence_of(closing)
     return messages.message(obj, stop)
-
-
-def _stop_sequence(db: Database, task_id: str) -> str | None:
-    """The stop sequence that ended a finished task's text, from its last events."""
-    conn = db.reader()
-    task = task_store.get(conn, task_id)
-    if task is None:
-        return None
-    since = max(-1, int(task["last_sequence_number"]) - CLOSING_EVENTS)
-    rows = events.after(conn, task_id, since, CLOSING_EVENTS + 1)
-    return messages.stop_sequence_of([json.loads(data) for _, _, data in rows])
-
-
-def _attempt_start(db: Database, task: Any) -> int:
-    """Where a follower's translation starts: before the last ``reset`` of a retried
-    task (the output before it is void), else at the start of the log."""
-    if int(task["attempt"]) <= 1:
-        return -1
-    conn = db.reader()
-    start = last = -1
-    while rows := events.after(conn, task["id"], last, 1000):
-        for seq, kind, data in rows:
-            last = seq
-            if kind == ev.QUEUED and json.loads(data).get("reset"):
-                start = seq - 1
-    return start
 
 
 def _stream(
@@ -228,31 +189,26 @@ def _stream(
     number it came from as its ``id:`` (only the last of several from one log event),
     so ``Last-Event-ID`` resumes it; events from numbers up to ``after`` are skipped.
     ``cancel``: a client that leaves before the end cancels the task."""
-    svc = service(request)
-    assert svc.broker is not None
-    broker = svc.broker
-    obj = svc.response_object(task_id)
+    core = service(request)
+    obj = responses.response_object(core, task_id)
     translator = messages.MessageEvents(obj["id"], obj["model"])
 
-    async def source() -> AsyncIterator[ServerSentEvent]:
-        async for seq, _, data in task_events(svc.db, broker, task_id, start):
-            out = translator.feed(json.loads(data))
-            if seq <= after:
-                continue
-            for index, (name, payload) in enumerate(out):
-                event_id = str(seq) if index == len(out) - 1 else None
-                yield sse(json.dumps(payload, separators=(",", ":")), event=name, event_id=event_id)
+    def frames(seq: int, kind: str, data: str) -> Iterator[ServerSentEvent]:
+        out = translator.feed(json.loads(data))
+        if seq <= after:
+            return
+        for index, (name, payload) in enumerate(out):
+            event_id = str(seq) if index == len(out) - 1 else None
+            yield sse(json.dumps(payload, separators=(",", ":")), event=name, event_id=event_id)
 
-    def on_disconnect() -> None:
-        if cancel:
-            svc.cancel_nowait(task_id)
-
-    events_out = until_revoked(source(), svc.db, broker, client.id, on_revoked=on_disconnect)
-    return event_response(
-        events_out,
-        on_disconnect=on_disconnect,
+    return followed(
+        core,
+        tasks.Departure(core, task_id, cancel),
+        frames,
+        client=client,
+        start=start,
         headers=headers,
-        ping=svc.settings.sse_ping,
+        done=False,
         keepalive=MessagesPing,
         terminal=TERMINAL,
     )

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from lmsp import PROTOCOL, __version__
 from lmsp.api.auth import authorize
 from lmsp.api.routes.deps import service
+from lmsp.app import health
 from lmsp.metrics import CONTENT_TYPE
 from lmsp.protocol import outbound
 
@@ -26,29 +26,15 @@ async def healthz(request: Request) -> JSONResponse:
     A model whose engine kept crashing past ``LMSP_ENGINE_RESTARTS`` cannot run: then
     ``200`` with ``"status": "degraded"`` and ``failed_models`` (each ``model`` and its
     ``error``): the service serves, that model does not."""
-    svc = service(request)
-    report = svc.db.health.report()
-    engines = svc.host.engine_status()
-    failed = [{"model": e["model"], "error": e["error"]} for e in engines if e["state"] == "failed"]
-    models = {"failed_models": failed} if failed else {}
-    if report.status == "ok":
-        status = "degraded" if failed else "ok"
-        return JSONResponse({"status": status, **models, "engines": engines})
-    shown = {**report.as_dict(), **models, "engines": engines}
-    return JSONResponse(shown, 503, headers={"Retry-After": "5"})
+    found = health.health(service(request))
+    if found.writable:
+        return JSONResponse(found.shown)
+    return JSONResponse(found.shown, 503, headers={"Retry-After": "5"})
 
 
 @router.get("/v1/service")
 async def service_info(request: Request) -> dict[str, Any]:
-    svc = service(request)
-    return {
-        "object": "service",
-        "id": svc.service_id,
-        "name": "lmsp",
-        "protocol": PROTOCOL,
-        "version": __version__,
-        "started_at": svc.started_at,
-    }
+    return health.identity(service(request))
 
 
 def loopback(host: str) -> bool:

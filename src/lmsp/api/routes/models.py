@@ -1,12 +1,8 @@
-"""``/v1/models``: list, retrieve, import (``POST``), delete and verify models.
-
-Imports and verifications read whole files, so they run in a worker thread; the
-blob-store workflows themselves live in :mod:`lmsp.store.blobs`.
-"""
+"""``/v1/models``: list, retrieve, import (``POST``), delete and verify models
+(:mod:`lmsp.app.models`)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,13 +10,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
-from lmsp import errors
 from lmsp.api.auth import require
-from lmsp.api.routes.deps import service
+from lmsp.api.routes.deps import deleted, service
 from lmsp.api.schemas import MinP, Penalty, RepeatPenalty, Temperature, TopK, TopP
-from lmsp.store import audit, blobs, models
+from lmsp.app import models
 from lmsp.store.clients import Client
-from lmsp.store.models import ModelRecord
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -72,66 +66,23 @@ class ImportModel(BaseModel):
     defaults: ModelDefaults | None = None
 
 
-def render(request: Request, record: ModelRecord) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "object": "model",
-        "created": record.created_at,
-        "owned_by": record.owned_by,
-        "digest": record.digest,
-        "size_bytes": record.size_bytes,
-        "format": record.format,
-        "loaded": service(request).host.is_loaded(record.id),
-        # one sequence's context here (LMSP_N_CTX, LMSP_KV_BUDGET); the trained one is
-        # the metadata's context_length
-        "context_length": service(request).host.context_length(record),
-        "status": record.status,
-        "capabilities": list(models.capabilities(record)),
-        "verified_at": record.verified_at,
-        "metadata": record.metadata,
-        "defaults": record.defaults,
-    }
-
-
 @router.get("")
 async def list_models(request: Request, client: ModelReader) -> dict[str, Any]:
-    svc = service(request)
-
-    def listing() -> list[dict[str, Any]]:  # a file's header may be read: off the loop
-        return [render(request, r) for r in models.all_models(svc.db.reader())]
-
-    return {"object": "list", "data": await svc.read(listing)}
+    return {"object": "list", "data": await models.listing(service(request))}
 
 
 @router.get("/{model_id:path}")
 async def get_model(model_id: str, request: Request, client: ModelReader) -> dict[str, Any]:
-    svc = service(request)
-    record = models.get(svc.db.reader(), model_id)
-    if record is None:
-        raise errors.not_found("model", model_id)
-    return await svc.read(render, request, record)
+    return await models.show(service(request), model_id)
 
 
 @router.post("", status_code=201)
 async def import_model(body: ImportModel, request: Request, client: ModelWriter) -> JSONResponse:
-    svc = service(request)
-    defaults = None if body.defaults is None else _set(body.defaults.given())
-    record = await asyncio.to_thread(
-        blobs.import_model,
-        svc.db,
-        svc.settings.blobs_dir,
-        body.id,
-        Path(body.path),
-        body.digest,
-        defaults=defaults,
+    defaults = None if body.defaults is None else body.defaults.given()
+    shown = await models.import_model(
+        service(request), client, body.id, Path(body.path), body.digest, defaults
     )
-    change = {"digest": record.digest, "size_bytes": record.size_bytes}
-    await svc.db.write(lambda c: audit.record(c, client.id, "model.added", body.id, change))
-    return JSONResponse(render(request, record), 201, headers={"Location": f"/v1/models/{body.id}"})
-
-
-def _set(given: dict[str, Any]) -> dict[str, float | int]:
-    return {name: value for name, value in given.items() if value is not None}
+    return JSONResponse(shown, 201, headers={"Location": f"/v1/models/{body.id}"})
 
 
 @router.patch("/{model_id:path}")
@@ -139,37 +90,16 @@ async def change_model(
     model_id: str, body: ChangeModel, request: Request, client: ModelWriter
 ) -> dict[str, Any]:
     """Change a model's sampling defaults (responses created from now on use them)."""
-    svc = service(request)
-    changes = body.defaults.given()
-    record = await svc.db.write(lambda c: models.set_defaults(c, model_id, changes))
-    if record is None:
-        raise errors.not_found("model", model_id)
-    return render(request, record)
+    return await models.change_defaults(service(request), model_id, body.defaults.given())
 
 
 @router.post("/{model_id:path}/verify")
 async def verify_model(model_id: str, request: Request, client: ModelWriter) -> dict[str, Any]:
     """Recompute the model's full digest; ``status`` becomes ``ready`` or ``corrupt``."""
-    svc = service(request)
-    record, problem = await asyncio.to_thread(
-        blobs.verify, svc.db, svc.settings.blobs_dir, model_id
-    )
-    svc.host.verified(record.digest, problem is None)
-    if problem is not None:
-        svc.host.evict(record)
-    return dict(render(request, record), problem=problem)
+    return await models.verify(service(request), model_id)
 
 
 @router.delete("/{model_id:path}")
 async def delete_model(model_id: str, request: Request, client: ModelWriter) -> dict[str, Any]:
-    svc = service(request)
-    record = await asyncio.to_thread(blobs.delete_model, svc.db, svc.settings.blobs_dir, model_id)
-    gone = {"digest": record.digest}
-    await svc.db.write(lambda c: audit.record(c, client.id, "model.removed", model_id, gone))
-    svc.host.evict(record)
-    kv = svc.kv
-    if kv is not None and not await svc.read(
-        lambda: models.referenced(svc.db.reader(), record.digest)
-    ):
-        await asyncio.to_thread(kv.forget, record.digest)  # its saved prefixes go too
-    return {"id": model_id, "object": "model", "deleted": True}
+    await models.delete(service(request), client, model_id)
+    return deleted(model_id, "model")

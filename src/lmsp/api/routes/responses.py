@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import secrets
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
-from lmsp.api import inputs
 from lmsp.api.auth import require
-from lmsp.api.revocation import until_revoked
-from lmsp.api.routes.deps import answered, idempotency_key, service
+from lmsp.api.params import Includes, ItemsQuery, ReplayQuery
+from lmsp.api.routes.deps import answered, deleted, idempotency_key, service
 from lmsp.api.schemas import INCLUDABLE, CreateResponse, check_response, unsupported
-from lmsp.api.sse import event_response, framed, task_events
-from lmsp.app import turns
+from lmsp.api.sse import as_stored
+from lmsp.api.streams import followed
+from lmsp.app import responses, tasks, turns
 from lmsp.protocol import events as ev
 from lmsp.protocol import mcp
-from lmsp.store import idempotency
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
@@ -43,30 +42,15 @@ def _stream(
     """A ``/v1/responses`` stream: standard event types (the LMSP lifecycle extensions
     only when ``include`` asks for them), then ``data: [DONE]``. ``forget``:
     ``(response id, client id)`` of a ``store: false`` response, deleted once finished."""
-    svc = service(request)
-    assert svc.broker is not None
-
-    def on_disconnect() -> None:
-        if cancel_on_disconnect:
-            svc.cancel_nowait(task_id)
-        if forget is not None:
-            svc.forget_later(task_id, *forget)
-
-    async def on_finish() -> None:
-        if forget is not None:
-            await svc.delete_when_finished(task_id, *forget)
-
-    hide = ev.hidden_in_stream(include)
-    source = framed(task_events(svc.db, svc.broker, task_id, after, hide=hide))
-    if client is not None:  # a revoked client's stream ends
-        source = until_revoked(source, svc.db, svc.broker, client.id, on_revoked=on_disconnect)
-    return event_response(
-        source,
-        on_disconnect=on_disconnect,
-        on_finish=on_finish,
-        done=True,
+    core = service(request)
+    return followed(
+        core,
+        tasks.Departure(core, task_id, cancel_on_disconnect, forget),
+        as_stored,
+        client=client,
+        start=after,
+        hide=ev.hidden_in_stream(include),
         headers=headers,
-        ping=svc.settings.sse_ping,
     )
 
 
@@ -130,71 +114,50 @@ async def retrieve_response(
     response_id: str,
     request: Request,
     client: Reader,
-    stream: bool = False,
-    starting_after: Annotated[int, Query(ge=-1, le=inputs.MAX_SEQUENCE)] = -1,
-    include: Annotated[list[str], Query(max_length=16)] = [],  # noqa: B006 (FastAPI copies)
+    replay: ReplayQuery,
+    include: Includes = [],  # noqa: B006 (FastAPI copies)
     include_obfuscation: bool = False,
-    last_event_id: Annotated[str | None, Header()] = None,
 ) -> Response:
-    svc = service(request)
-    _, task = await svc.read(svc.owned_response, response_id, client)
+    core = service(request)
+    found = await responses.find(core, response_id, client)
     _include(include)
     if include_obfuscation:
         raise unsupported("include_obfuscation", "Streams are not obfuscated here.")
-    if stream:
-        after = inputs.resume_after(starting_after, last_event_id)
+    if replay.stream:
         return _stream(
-            request, task["id"], after, include=include, cancel_on_disconnect=False, client=client
+            request,
+            found.task_id,
+            replay.after,
+            include=include,
+            cancel_on_disconnect=False,
+            client=client,
         )
-    return JSONResponse(await svc.read(svc.response_object, task["id"]))
+    return JSONResponse(await responses.current(core, found.task_id))
 
 
 @router.get("/{response_id}/input_items")
 async def list_input_items(
-    response_id: str,
-    request: Request,
-    client: Reader,
-    order: Literal["asc", "desc"] = "desc",
-    after: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    include: Annotated[list[str], Query(max_length=16)] = [],  # noqa: B006 (FastAPI copies)
+    response_id: str, request: Request, client: Reader, page: ItemsQuery
 ) -> dict[str, Any]:
     """The items the model was given (a conversation's earlier turns first), as a page."""
-    svc = service(request)
-    response, _ = await svc.read(svc.owned_response, response_id, client)
-    for value in _include(include):
+    core = service(request)
+    found = await responses.find(core, response_id, client)
+    for value in _include(page.include):
         if value != "message.input_image.image_url":  # no images are ever stored
             raise unsupported("include", f"include {value!r} does not apply to input items.")
-    # its history expanded (``409 history_deleted`` if a response of it was deleted); a
-    # conversation's items are read a page at a time
-    return await svc.read(
-        lambda: response_store.input_items(svc.db.reader(), response, order, after, limit)
-    )
+    return await responses.input_items(core, found, page.order, page.after, page.limit)
 
 
 @router.post("/{response_id}/cancel")
 async def cancel_response(response_id: str, request: Request, client: Writer) -> Response:
-    svc = service(request)
-    _, task = svc.owned_response(response_id, client)
+    core = service(request)
+    found = await responses.find(core, response_id, client)
     key = await idempotency_key(request, client)
-    if key is not None:
-        replay = await svc.db.write(lambda c: idempotency.remember(c, key, response_id))
-        if replay:
-            return JSONResponse(svc.response_object(task["id"]), headers=REPLAYED)
-    await svc.cancel(task["id"], wait=svc.settings.cancel_wait)
-    return JSONResponse(svc.response_object(task["id"]))
+    obj, replayed = await responses.cancel(core, found, key)
+    return JSONResponse(obj, headers=REPLAYED if replayed else None)
 
 
 @router.delete("/{response_id}")
 async def delete_response(response_id: str, request: Request, client: Writer) -> Response:
-    svc = service(request)
-    response, _ = svc.owned_response(response_id, client)
-    owner = response["client_id"]  # the owner's (an admin may delete any response)
-    outcome = await svc.db.write(lambda c: response_store.delete(c, response_id, owner))
-    if outcome == "missing":
-        raise errors.not_found("response", response_id)
-    if outcome == "conflict":
-        raise errors.LmspError(
-            "response_in_progress", "The response is unfinished; cancel it first."
-        )
-    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+    await responses.delete(service(request), response_id, client)
+    return JSONResponse(deleted(response_id, "response"))

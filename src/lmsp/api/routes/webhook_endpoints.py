@@ -11,16 +11,12 @@ characters). What lmsp cannot honour is refused, never ignored: an event type it
 not send, an unknown field, a URL outside ``LMSP_WEBHOOK_HOSTS``, keeping an old secret
 alive after a rotation. Scopes and ownership are ``/v1/webhooks``': ``responses:read``
 to read, ``responses:write`` to change, another client's id ``404``; ``admin`` sees
-every client's.
+every client's (:mod:`lmsp.app.webhooks`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import math
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -28,16 +24,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
-from lmsp.api.routes.deps import service
-from lmsp.api.routes.webhooks import Reader, Writer, checked_url, owned, refuse_unknown, remove
-from lmsp.outbound import deliverer as sender
+from lmsp.api.routes.deps import deleted, service
+from lmsp.api.routes.webhooks import Reader, Writer, refuse_unknown
+from lmsp.app import webhooks
 from lmsp.protocol import objects
 from lmsp.protocol import webhooks as wire
-from lmsp.store import audit
 from lmsp.store import webhooks as store
-from lmsp.store.sql import Conn, Row
-
-log = logging.getLogger(__name__)
+from lmsp.store.sql import Row
 
 router = APIRouter(prefix="/v1/webhook_endpoints", tags=["webhooks"])
 types_router = APIRouter(prefix="/v1/webhook_event_types", tags=["webhooks"])
@@ -98,44 +91,14 @@ def render(row: Row, *, secret: str | None = None, with_client: bool = False) ->
     return obj
 
 
-def _events(names: list[str]) -> list[str]:
-    """The event types, in lmsp's order, if lmsp sends each; else ``400``."""
-    for name in names:
-        if name not in wire.EVENTS:
-            raise errors.invalid(
-                f"lmsp does not send {name!r} events; it sends {', '.join(wire.EVENTS)}.",
-                param="event_types",
-                code="invalid_value",
-            )
-    return [name for name in wire.EVENTS if name in set(names)]
-
-
-def _event_type(name: str) -> str:
-    if name not in wire.EVENTS:
-        raise errors.invalid(
-            f"lmsp does not send {name!r} events; it sends {', '.join(wire.EVENTS)}.",
-            param="event_type",
-            code="invalid_value",
-        )
-    return name
-
-
 @router.post("", status_code=201)
 async def create_endpoint(body: NewEndpoint, request: Request, client: Writer) -> JSONResponse:
     """A webhook for this client's responses; the answer carries its ``signing_secret``
     (``whsec_…``), which only a rotation shows again (a new one)."""
     refuse_unknown(body, "a webhook endpoint")
-    svc = service(request)
-    url = checked_url(svc, body.url)
-    events = _events(body.event_types)
-
-    def job(conn: Conn) -> dict[str, Any]:
-        row, secret = store.add(conn, client.id, url, events, body.name, False)
-        change = {"url": url, "events": events, "all_clients": False}
-        audit.record(conn, client.id, "webhook.added", row["id"], change)
-        return render(row, secret=secret)
-
-    return JSONResponse(await svc.db.write(job), 201)
+    new = webhooks.NewWebhook(body.url, body.event_types, body.name)
+    row, secret = await webhooks.create(service(request), client, new)
+    return JSONResponse(render(row, secret=secret), 201)
 
 
 @router.get("")
@@ -147,29 +110,15 @@ async def list_endpoints(
 ) -> dict[str, Any]:
     """This client's webhooks, newest first (``admin``: every client's, each naming its
     ``client_id``)."""
-    svc = service(request)
-
-    def page() -> dict[str, Any]:
-        conn = svc.db.reader()
-        cursor: Row | None = None
-        if after is not None:
-            cursor = store.get(conn, after)
-            if cursor is None or not client.oversees(cursor["client_id"]):
-                raise errors.invalid(f"Unknown cursor {after!r}.", param="after")
-        whose = None if client.admin else client.id
-        rows = store.newest_first(conn, whose, cursor, limit + 1)
-        data = [render(row, with_client=client.admin) for row in rows[:limit]]
-        return objects.list_page(data, len(rows) > limit)
-
-    return await svc.read(page)
+    rows, more = await webhooks.newest_first(service(request), client, limit, after)
+    return objects.list_page([render(row, with_client=client.admin) for row in rows], more)
 
 
 @router.get("/{webhook_endpoint_id}")
 async def get_endpoint(
     webhook_endpoint_id: str, request: Request, client: Reader
 ) -> dict[str, Any]:
-    svc = service(request)
-    row = await svc.read(lambda: owned(svc.db.reader(), webhook_endpoint_id, client))
+    row = await webhooks.show(service(request), webhook_endpoint_id, client)
     return render(row, with_client=client.admin)
 
 
@@ -180,23 +129,15 @@ async def update_endpoint(
     """Change the name, URL or event types (what is not given stays). Pending
     deliveries go to the new URL; ``updated_at`` moves only if something changed."""
     refuse_unknown(body, "a webhook endpoint")
-    svc = service(request)
-    url = None if body.url is None else checked_url(svc, body.url)
-    events = None if body.event_types is None else _events(body.event_types)
-
-    def job(conn: Conn) -> dict[str, Any]:
-        owned(conn, webhook_endpoint_id, client)
-        changed = store.update(
-            conn, webhook_endpoint_id, url=url, events=events, description=body.name
-        )
-        if changed is None:
-            raise errors.not_found("webhook", webhook_endpoint_id)
-        row, change = changed
-        if change:
-            audit.record(conn, client.id, "webhook.updated", webhook_endpoint_id, change)
-        return render(row, with_client=client.admin)
-
-    return await svc.db.write(job)
+    row = await webhooks.update(
+        service(request),
+        client,
+        webhook_endpoint_id,
+        url=body.url,
+        events=body.event_types,
+        description=body.name,
+    )
+    return render(row, with_client=client.admin)
 
 
 @router.delete("/{webhook_endpoint_id}")
@@ -204,8 +145,8 @@ async def delete_endpoint(
     webhook_endpoint_id: str, request: Request, client: Writer
 ) -> dict[str, Any]:
     """Remove a webhook: its pending deliveries are not sent."""
-    await remove(service(request), webhook_endpoint_id, client)
-    return {"id": webhook_endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True}
+    await webhooks.remove(service(request), webhook_endpoint_id, client)
+    return deleted(webhook_endpoint_id, "webhook_endpoint.deleted")
 
 
 @router.post("/{webhook_endpoint_id}/rotate_secret")
@@ -226,18 +167,8 @@ async def rotate_secret(
                 param="keep_old_secret_active_for_24_hours",
                 code="invalid_value",
             )
-    svc = service(request)
-
-    def job(conn: Conn) -> dict[str, Any]:
-        owned(conn, webhook_endpoint_id, client)
-        rotated = store.rotate(conn, webhook_endpoint_id)
-        if rotated is None:
-            raise errors.not_found("webhook", webhook_endpoint_id)
-        row, secret = rotated
-        audit.record(conn, client.id, "webhook.secret_rotated", webhook_endpoint_id)
-        return render(row, secret=secret, with_client=client.admin)
-
-    return await svc.db.write(job)
+    row, secret = await webhooks.rotate(service(request), client, webhook_endpoint_id)
+    return render(row, secret=secret, with_client=client.admin)
 
 
 @router.post("/{webhook_endpoint_id}/test")
@@ -251,57 +182,15 @@ async def test_endpoint(
     the connection's error) and any other client nothing more, 5 s after the test began
     whatever happened: the test is no probe of which ports of this machine are open."""
     refuse_unknown(body, "a webhook test")
-    event_type = _event_type(body.event_type)
-    svc = service(request)
-    row = await svc.read(lambda: owned(svc.db.reader(), webhook_endpoint_id, client))
-    url = checked_url(svc, row["url"])  # the hosts allowed now, as for a delivery
-    _test_due(svc.webhook_tests, webhook_endpoint_id)
-    began = time.monotonic()
-    hosts = wire.parse_hosts(svc.settings.webhook_hosts)
-    try:
-        status = await sender.send_test(url, row["secret"], event_type, hosts)
-        failure = None if 200 <= status < 300 else f"it answered {status}"
-    except sender.NoAnswer as exc:
-        failure = str(exc)
-    if failure is not None:
-        log.info("webhook %s: the test event was not accepted: %s", webhook_endpoint_id, failure)
-        if not client.admin:  # the same answer at the same time, closed port or open
-            await asyncio.sleep(sender.TEST_TIMEOUT - (time.monotonic() - began))
-        raise errors.LmspError(
-            "webhook_unreachable",
-            "The webhook's URL did not accept the test event (no 2xx answer within"
-            f" {sender.TEST_TIMEOUT:.0f} s){f': {failure}' if client.admin else ''}.",
-            param="url",
-        )
+    core = service(request)
+    status = await webhooks.test(core, client, webhook_endpoint_id, body.event_type)
     return {
         "object": "webhook_endpoint.test",
         "webhook_endpoint_id": webhook_endpoint_id,
-        "event_type": event_type,
+        "event_type": body.event_type,
         "status_code": status,
         "success": True,
     }
-
-
-#: the least time between two tests of one webhook: a client cannot make the service
-#: send a stream of requests to a URL (each test is one request, answered or not in 5 s)
-TEST_INTERVAL = 1.0
-
-
-def _test_due(sent: dict[str, float], endpoint_id: str) -> None:
-    """Note a test of ``endpoint_id`` now, or ``429 rate_limit_exceeded`` (with
-    ``Retry-After``) if its last one was less than :data:`TEST_INTERVAL` ago."""
-    now = time.monotonic()
-    last = sent.get(endpoint_id)
-    if last is not None and now - last < TEST_INTERVAL:
-        raise errors.LmspError(
-            "rate_limit_exceeded",
-            f"A webhook is tested at most once every {TEST_INTERVAL:.0f} s; try again shortly.",
-            headers={"Retry-After": str(math.ceil(TEST_INTERVAL - (now - last)))},
-        )
-    if len(sent) > 1000:  # forget the webhooks not tested lately
-        for old in [k for k, t in sent.items() if now - t >= TEST_INTERVAL]:
-            del sent[old]
-    sent[endpoint_id] = now
 
 
 @types_router.get("")
