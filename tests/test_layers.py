@@ -1,0 +1,55 @@
+"""The HTTP face stays a shell: routes parse, call a use case (``lmsp.app``) and render;
+they never reach the database, the model host or the runner themselves, and what only
+HTTP keeps (console sessions, the token cache, refusals) is not the running service's.
+The import rules themselves (app imports no web framework, layers point down) are
+import-linter's contracts, checked by ``make lint``."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+from pathlib import Path
+
+import lmsp
+from lmsp.app.core import Core
+
+ROUTES = Path(lmsp.__file__).parent / "api" / "routes"
+#: the parts of the running service a route may not touch: the use cases do
+PARTS = {"db", "host", "runner", "broker", "kv", "webhooks", "membership", "files"}
+#: the create handlers still persist a ``store: false`` response themselves until the
+#: typed request (issue 37, step 1) moves them onto the use cases
+CREATE_HANDLERS = {"create_response", "create_chat_completion"}
+
+
+def _is_service(node: ast.expr) -> bool:
+    """``svc``, ``core`` or ``service(request)``: the running service in a route."""
+    if isinstance(node, ast.Name):
+        return node.id in ("svc", "core")
+    return isinstance(node, ast.Call) and getattr(node.func, "id", None) == "service"
+
+
+def _reaches(tree: ast.AST) -> list[tuple[str, int, str]]:
+    """``(function, line, part)`` of each part of the service a route module reads."""
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Attribute) and node.attr in PARTS and _is_service(node.value):
+                found.append((func.name, node.lineno, node.attr))
+    return found
+
+
+def test_no_route_reaches_past_the_use_cases() -> None:
+    reached = []
+    for module in sorted(ROUTES.glob("*.py")):
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        for name, line, part in _reaches(tree):
+            if name not in CREATE_HANDLERS:
+                reached.append(f"{module.name}:{line} {name} reads .{part}")
+    assert reached == []
+
+
+def test_the_running_service_keeps_no_http_state() -> None:
+    kept = {f.name for f in fields(Core)}
+    assert not kept & {"console", "tokens", "refusals"}
