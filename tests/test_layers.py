@@ -14,8 +14,12 @@ import lmsp
 from lmsp.app.core import Core
 
 ROUTES = Path(lmsp.__file__).parent / "api" / "routes"
-#: the parts of the running service a route may not touch: the use cases do
-PARTS = {"db", "host", "runner", "broker", "kv", "webhooks", "membership", "files"}
+#: what a route may not touch, whatever holds it: the database and its connections, the
+#: runner, the broker, the prefix cache, the cluster's lease (the use cases do)
+ANYWHERE = {"db", "reader", "submit", "runner", "broker", "kv", "membership"}
+#: the running service's other parts a route may not touch (``host`` and ``files`` are
+#: also the names of a URL's host and a package's files)
+OF_SERVICE = {"host", "files", "webhooks", "sandbox", "grammars", "readers"}
 #: the create handlers still persist a ``store: false`` response themselves until the
 #: typed request (issue 37, step 1) moves them onto the use cases
 CREATE_HANDLERS = {"create_response", "create_chat_completion"}
@@ -35,7 +39,9 @@ def _reaches(tree: ast.AST) -> list[tuple[str, int, str]]:
         if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         for node in ast.walk(func):
-            if isinstance(node, ast.Attribute) and node.attr in PARTS and _is_service(node.value):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if node.attr in ANYWHERE or (node.attr in OF_SERVICE and _is_service(node.value)):
                 found.append((func.name, node.lineno, node.attr))
     return found
 
