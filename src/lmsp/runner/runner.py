@@ -556,7 +556,7 @@ class Runner:
         usage = usage_counts(len(prompt), len(tokens), cached)
         closing = assembler.finish("incomplete" if incomplete else "completed")
         output = assembler.items
-        relax.check_calls(output, plan.tools)  # keywords the grammar could not enforce
+        relax.check_calls(output, plan.functions)  # keywords the grammar could not enforce
 
         def finish(c: Conn) -> None:
             if last:
