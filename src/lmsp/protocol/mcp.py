@@ -120,37 +120,8 @@ def read_tool(given: dict[str, Any], where: str) -> dict[str, Any]:
         )
     approval = given.get("require_approval")
     if approval is not None:
-        place = f"{where}.require_approval"
-        if isinstance(approval, str):
-            if approval not in APPROVALS:
-                raise _bad(place, '"always", "never", or {always, never}.')
-            tool["require_approval"] = approval
-        elif isinstance(approval, dict):
-            shown: dict[str, Any] = {}
-            for key, inner in approval.items():
-                if key not in APPROVALS:
-                    raise _bad(f"{place}.{key}", "only always and never filters exist.")
-                shown[key] = _filter(inner, f"{place}.{key}")
-            tool["require_approval"] = shown
-        else:
-            raise _bad(place, '"always", "never", or {always, never}.')
-    headers: dict[str, str] = {}
-    given_headers = given.get("headers")
-    if given_headers is not None:
-        place = f"{where}.headers"
-        if not isinstance(given_headers, dict) or len(given_headers) > MAX_HEADERS:
-            raise _bad(place, f"an object of at most {MAX_HEADERS} string values.")
-        for name, value in given_headers.items():
-            if not isinstance(value, str) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
-                raise _bad(f"{place}.{name}", "a header name and a string value.")
-            if "\n" in value or "\r" in value:
-                raise _bad(f"{place}.{name}", "a header value is one line.")
-            headers[name] = value
-    authorization = given.get("authorization")
-    if authorization is not None:
-        if not isinstance(authorization, str) or not authorization:
-            raise _bad(f"{where}.authorization", "a string (an OAuth access token).")
-        headers["Authorization"] = f"Bearer {authorization}"
+        tool["require_approval"] = _approval(approval, f"{where}.require_approval")
+    headers = _headers(given, where)
     if headers:
         tool["headers"] = headers
     for key in given:
@@ -172,6 +143,44 @@ def read_tool(given: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}.defer_loading", "tools are always loaded here.", "unsupported_parameter"
         )
     return tool
+
+
+def _approval(approval: Any, place: str) -> str | dict[str, Any]:
+    """``require_approval``: ``"always"``, ``"never"`` or ``{always?, never?}`` filters."""
+    if isinstance(approval, str):
+        if approval not in APPROVALS:
+            raise _bad(place, '"always", "never", or {always, never}.')
+        return approval
+    if not isinstance(approval, dict):
+        raise _bad(place, '"always", "never", or {always, never}.')
+    shown: dict[str, Any] = {}
+    for key, inner in approval.items():
+        if key not in APPROVALS:
+            raise _bad(f"{place}.{key}", "only always and never filters exist.")
+        shown[key] = _filter(inner, f"{place}.{key}")
+    return shown
+
+
+def _headers(given: dict[str, Any], where: str) -> dict[str, str]:
+    """The header values of ``headers`` and ``authorization`` (a bearer token)."""
+    headers: dict[str, str] = {}
+    given_headers = given.get("headers")
+    if given_headers is not None:
+        place = f"{where}.headers"
+        if not isinstance(given_headers, dict) or len(given_headers) > MAX_HEADERS:
+            raise _bad(place, f"an object of at most {MAX_HEADERS} string values.")
+        for name, value in given_headers.items():
+            if not isinstance(value, str) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+                raise _bad(f"{place}.{name}", "a header name and a string value.")
+            if "\n" in value or "\r" in value:
+                raise _bad(f"{place}.{name}", "a header value is one line.")
+            headers[name] = value
+    authorization = given.get("authorization")
+    if authorization is not None:
+        if not isinstance(authorization, str) or not authorization:
+            raise _bad(f"{where}.authorization", "a string (an OAuth access token).")
+        headers["Authorization"] = f"Bearer {authorization}"
+    return headers
 
 
 def read_choice(given: dict[str, Any]) -> dict[str, Any]:
