@@ -462,6 +462,23 @@ def test_every_setting_is_in_the_configuration_table() -> None:
         assert name in section("CLI")
 
 
+def test_the_configuration_table_is_the_declarations() -> None:
+    """Each row of the README's settings table is its setting's declaration in
+    lmsp.config (variable, flag, default, meaning), and every declared setting the
+    README documents has its row, once."""
+    from lmsp.config import declarations
+
+    rows = re.findall(r"^\| `LMSP_.*\|$", section("Configuration"), re.MULTILINE)
+    table = {row.split("`")[1]: row for row in rows}
+    assert len(table) == len(rows), "a setting in the README's table twice"
+    declared = {d.env: d.row() for d in declarations() if d.documented}
+    wrong = {env: row for env, row in declared.items() if table.get(env) != row}
+    assert not wrong, "README rows that differ from lmsp.config's declarations:\n" + "\n".join(
+        wrong.values()
+    )
+    assert set(table) == set(declared), "README rows that no declaration has"
+
+
 def test_no_snippet_hard_codes_the_data_directory() -> None:
     """The tour exports ``LMSP_DATA_DIR``; a snippet that reads the owner token from the
     default place would read another service's token (or none)."""

@@ -17,8 +17,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -131,20 +130,40 @@ class _Follow:
     url: str
     failing_since: float | None = None
     attempt: int = 0
+    done: bool = False  # the terminal event was delivered
+    parser: _SSE = field(default_factory=_SSE)
 
-    def seen(self, event: dict[str, Any]) -> bool:
-        """``False`` for an event already delivered (a replay after reconnecting)."""
+    def request(self, path: str) -> dict[str, Any]:
+        """How to (re)open the stream at ``path`` after the last event seen."""
+        if path.startswith("/v1/responses/"):
+            # the whole log, as the task's own stream gives it: LMSP lifecycle events too
+            params = {"stream": "true", "starting_after": self.after, "include": INCLUDE_LIFECYCLE}
+        else:
+            params = {"after": self.after}
+        accept = {"Accept": "text/event-stream"}
+        return dict(method="GET", url=path, params=params, headers=accept, timeout=STREAM_TIMEOUT)
+
+    def opened(self, response: httpx.Response) -> None:
+        """A connection answered (an error answer, read by then, raises)."""
+        _raise_for(response)
+        self.failing_since = None
+        self.parser = _SSE()
+
+    def take(self, line: str) -> list[dict[str, Any]]:
+        """The event ``line`` completes, unless it was delivered before (a replay after
+        reconnecting); after the terminal one, :attr:`done`."""
+        event = self.parser.feed(line)
+        if event is None:
+            return []
         seq = event.get("sequence_number")
         if isinstance(seq, int):
             if seq <= self.after:
-                return False
+                return []
             self.after = seq
         self.failing_since = None
         self.attempt = 0
-        return True
-
-    def connected(self) -> None:
-        self.failing_since = None
+        self.done = event.get("type") in TERMINAL_EVENTS
+        return [event]
 
     def pause(self) -> float:
         """Seconds to wait before reconnecting; raises once reconnecting has failed for
@@ -159,36 +178,13 @@ class _Follow:
         return delay
 
 
-class _Base:
-    def __init__(self, base_url: str | None, token: str | None, reconnect_timeout: float) -> None:
-        url, secret = default_target(base_url, token)
-        self.base_url = _root(url)
-        self.token = secret
-        self.reconnect_timeout = reconnect_timeout
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-    @staticmethod
-    def _create_body(model: str, input: Any, fields: dict[str, Any]) -> dict[str, Any]:
-        return {"model": model, "input": input, **fields}
-
-    @staticmethod
-    def _key(idempotency_key: str | None) -> dict[str, str]:
-        return {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-
-    @staticmethod
-    def _stream_params(path: str, after: int) -> dict[str, Any]:
-        if path.startswith("/v1/responses/"):
-            # the whole log, as the task's own stream gives it: LMSP lifecycle events too
-            return {"stream": "true", "starting_after": after, "include": INCLUDE_LIFECYCLE}
-        return {"after": after}
+Transport = TypeVar("Transport", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
-class Client(_Base):
-    """A synchronous client. ``base_url`` and ``token`` default to ``LMSP_URL`` /
-    ``LMSP_TOKEN``, else the service of the data directory (``LMSP_DATA_DIR``) and its
-    owner token."""
+class _Base(Generic[Transport]):
+    """What the two clients share: the service's address and token, what each call sends
+    and how an answer is read. Their subclasses do the I/O, one blocking, one async (as
+    httpx's own clients do)."""
 
     def __init__(
         self,
@@ -196,25 +192,56 @@ class Client(_Base):
         token: str | None = None,
         *,
         reconnect_timeout: float = 120.0,
-        transport: httpx.BaseTransport | None = None,
+        transport: Transport | None = None,
     ) -> None:
-        super().__init__(base_url, token, reconnect_timeout)
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            headers=self._headers(),
-            timeout=CALL_TIMEOUT,
-            transport=transport,
+        url, secret = default_target(base_url, token)
+        self.base_url = _root(url)
+        self.token = secret
+        self.reconnect_timeout = reconnect_timeout
+        auth = {"Authorization": f"Bearer {secret}"} if secret else {}
+        self._connect(
+            dict(base_url=self.base_url, headers=auth, timeout=CALL_TIMEOUT, transport=transport)
         )
+
+    def _connect(self, options: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _answer(self, response: httpx.Response) -> Any:
+        _raise_for(response)
+        return response.json()
+
+    def _following(self, after: int) -> _Follow:
+        return _Follow(after, self.reconnect_timeout, self.base_url)
+
+    @staticmethod
+    def _creating(
+        model: str, input: Any, idempotency_key: str | None, fields: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``POST /v1/responses``: a foreground one may take as long as it generates."""
+        timeout = CALL_TIMEOUT if fields.get("background") else httpx.Timeout(None, connect=5.0)
+        key = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = {"model": model, "input": input, **fields}
+        return dict(method="POST", path="/v1/responses", json=body, headers=key, timeout=timeout)
+
+    @staticmethod
+    def _listing(limit: int, **filters: str | None) -> dict[str, Any]:
+        """``GET /v1/tasks``: a page of ``limit``, by each filter that is given."""
+        given = {name: value for name, value in filters.items() if value}
+        return {"method": "GET", "path": "/v1/tasks", "params": {"limit": limit, **given}}
+
+
+class Client(_Base[httpx.BaseTransport]):
+    """A synchronous client. ``base_url`` and ``token`` default to ``LMSP_URL`` /
+    ``LMSP_TOKEN``, else the service of the data directory (``LMSP_DATA_DIR``) and its
+    owner token."""
+
+    def _connect(self, options: dict[str, Any]) -> None:
+        self._http = httpx.Client(**options)
 
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -223,24 +250,17 @@ class Client(_Base):
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One call; the decoded JSON answer, or :class:`APIError`/:class:`UnreachableError`."""
         try:
-            response = self._http.request(method, path, **kwargs)
+            return self._answer(self._http.request(method, path, **kwargs))
         except httpx.TransportError as exc:
             raise UnreachableError(self.base_url) from exc
-        _raise_for(response)
-        return response.json()
 
     # -- responses ---------------------------------------------------------------------
     def create(
         self, *, model: str, input: Any, idempotency_key: str | None = None, **fields: Any
     ) -> dict[str, Any]:
         """``POST /v1/responses`` (``background=True`` answers at once with ``queued``)."""
-        timeout = CALL_TIMEOUT if fields.get("background") else httpx.Timeout(None, connect=5.0)
         result: dict[str, Any] = self.request(
-            "POST",
-            "/v1/responses",
-            json=self._create_body(model, input, fields),
-            headers=self._key(idempotency_key),
-            timeout=timeout,
+            **self._creating(model, input, idempotency_key, fields)
         )
         return result
 
@@ -272,14 +292,9 @@ class Client(_Base):
         client_id: str | None = None,
     ) -> dict[str, Any]:
         """A page of tasks, newest first (an admin token lists every client's)."""
-        params: dict[str, Any] = {"limit": limit}
-        if status:
-            params["status"] = status
-        if after:
-            params["after"] = after
-        if client_id:
-            params["client_id"] = client_id
-        result: dict[str, Any] = self.request("GET", "/v1/tasks", params=params)
+        result: dict[str, Any] = self.request(
+            **self._listing(limit, status=status, after=after, client_id=client_id)
+        )
         return result
 
     def task(self, task_id: str) -> dict[str, Any]:
@@ -345,62 +360,33 @@ class Client(_Base):
 
     # -- resumable event streams -------------------------------------------------------
     def _follow(self, path: str, after: int) -> Iterator[dict[str, Any]]:
-        state = _Follow(after, self.reconnect_timeout, self.base_url)
+        state = self._following(after)
         while True:
             try:
-                with self._http.stream(
-                    "GET",
-                    path,
-                    params=self._stream_params(path, state.after),
-                    headers={"Accept": "text/event-stream"},
-                    timeout=STREAM_TIMEOUT,
-                ) as response:
+                with self._http.stream(**state.request(path)) as response:
                     if response.status_code >= 400:
                         response.read()
-                        _raise_for(response)
-                    state.connected()
-                    parser = _SSE()
+                    state.opened(response)
                     for line in response.iter_lines():
-                        event = parser.feed(line)
-                        if event is None or not state.seen(event):
-                            continue
-                        yield event
-                        if event.get("type") in TERMINAL_EVENTS:
+                        yield from state.take(line)
+                        if state.done:
                             return
             except httpx.TransportError:
                 pass
             time.sleep(state.pause())
 
 
-class AsyncClient(_Base):
+class AsyncClient(_Base[httpx.AsyncBaseTransport]):
     """The asyncio twin of :class:`Client` (responses: create, retrieve, cancel, stream;
     tasks: list, get, cancel, follow)."""
 
-    def __init__(
-        self,
-        base_url: str | None = None,
-        token: str | None = None,
-        *,
-        reconnect_timeout: float = 120.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, token, reconnect_timeout)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=self._headers(),
-            timeout=CALL_TIMEOUT,
-            transport=transport,
-        )
+    def _connect(self, options: dict[str, Any]) -> None:
+        self._http = httpx.AsyncClient(**options)
 
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -408,23 +394,15 @@ class AsyncClient(_Base):
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            response = await self._http.request(method, path, **kwargs)
+            return self._answer(await self._http.request(method, path, **kwargs))
         except httpx.TransportError as exc:
             raise UnreachableError(self.base_url) from exc
-        _raise_for(response)
-        return response.json()
 
     async def create(
         self, *, model: str, input: Any, idempotency_key: str | None = None, **fields: Any
     ) -> dict[str, Any]:
-        timeout = CALL_TIMEOUT if fields.get("background") else httpx.Timeout(None, connect=5.0)
-        result: dict[str, Any] = await self.request(
-            "POST",
-            "/v1/responses",
-            json=self._create_body(model, input, fields),
-            headers=self._key(idempotency_key),
-            timeout=timeout,
-        )
+        creating = self._creating(model, input, idempotency_key, fields)
+        result: dict[str, Any] = await self.request(**creating)
         return result
 
     async def retrieve(self, response_id: str) -> dict[str, Any]:
@@ -441,12 +419,8 @@ class AsyncClient(_Base):
     async def tasks(
         self, *, status: str | None = None, limit: int = 20, client_id: str | None = None
     ) -> dict[str, Any]:
-        params: dict[str, Any] = {"limit": limit}
-        if status:
-            params["status"] = status
-        if client_id:
-            params["client_id"] = client_id
-        result: dict[str, Any] = await self.request("GET", "/v1/tasks", params=params)
+        listing = self._listing(limit, status=status, client_id=client_id)
+        result: dict[str, Any] = await self.request(**listing)
         return result
 
     async def task(self, task_id: str) -> dict[str, Any]:
@@ -461,27 +435,17 @@ class AsyncClient(_Base):
         return self._follow(f"/v1/tasks/{task_id}/events", after)
 
     async def _follow(self, path: str, after: int) -> AsyncIterator[dict[str, Any]]:
-        state = _Follow(after, self.reconnect_timeout, self.base_url)
+        state = self._following(after)
         while True:
             try:
-                async with self._http.stream(
-                    "GET",
-                    path,
-                    params=self._stream_params(path, state.after),
-                    headers={"Accept": "text/event-stream"},
-                    timeout=STREAM_TIMEOUT,
-                ) as response:
+                async with self._http.stream(**state.request(path)) as response:
                     if response.status_code >= 400:
                         await response.aread()
-                        _raise_for(response)
-                    state.connected()
-                    parser = _SSE()
+                    state.opened(response)
                     async for line in response.aiter_lines():
-                        event = parser.feed(line)
-                        if event is None or not state.seen(event):
-                            continue
-                        yield event
-                        if event.get("type") in TERMINAL_EVENTS:
+                        for event in state.take(line):
+                            yield event
+                        if state.done:
                             return
             except httpx.TransportError:
                 pass

@@ -1,12 +1,24 @@
-"""Service configuration: one place that reads the environment."""
+"""Service configuration: each setting declared once, read from the environment in one loop.
+
+A setting's declaration (:func:`setting`, on its :class:`Settings` field) holds its
+environment variable, its type (a :class:`Kind`: one parser a type, e.g.
+:func:`parse_duration` for every duration), its default as it is written in the
+environment, its bounds and the help the README's settings table shows (a test checks
+that table against these declarations). :func:`from_env` reads every declared variable
+that is set (and not empty); a bad value raises ``ValueError`` naming the variable.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import socket
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+T = TypeVar("T")
 
 ON_RESTART_POLICIES = ("fail", "retry", "resume")
 
@@ -20,6 +32,169 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"invalid duration {text!r} (use e.g. 30s, 15m, 12h, 7d)")
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated list (``LMSP_ALLOWED_HOSTS``, ``LMSP_TRUSTED_PROXIES``)."""
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+LIMIT_NAMES = ("max_queued", "max_running", "tokens_per_minute", "tokens_per_day")
+
+
+def parse_limits(text: str) -> tuple[tuple[str, int], ...]:
+    """``max_queued=10,tokens_per_day=200000`` (LMSP_DEFAULT_LIMITS): each a known limit
+    and a whole number of at least 1."""
+    found: dict[str, int] = {}
+    for part in _names(text):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in LIMIT_NAMES:
+            known = ", ".join(LIMIT_NAMES)
+            raise ValueError(f"LMSP_DEFAULT_LIMITS: unknown limit {name!r} ({known})")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"LMSP_DEFAULT_LIMITS: {name} must be a whole number of at least 1")
+        found[name] = int(value)
+    return tuple(found.items())
+
+
+def _vet_hosts(value: str, env: str) -> None:
+    """``host[:port]`` entries, comma-separated, ``*`` any: a malformed entry stops the
+    start, saying which."""
+    from lmsp.protocol.outbound import parse_hosts
+
+    parse_hosts(value, env)
+
+
+@dataclass(frozen=True)
+class Kind(Generic[T]):
+    """How one type of setting is read from its text: one parser a type. ``vet``, if
+    any, checks the text first (with the variable's name, for its message)."""
+
+    parse: Callable[[str], T]
+    vet: Callable[[str, str], None] | None = None
+
+
+TEXT = Kind(str)
+SECRET = Kind(str.strip)
+PATH = Kind(lambda v: Path(v).expanduser())
+INT = Kind(int)
+FLOAT = Kind(float)
+DURATION = Kind(parse_duration)
+FLAG = Kind(_flag)
+NAMES = Kind(_names)
+LIMITS = Kind(parse_limits)
+URL = Kind(lambda v: v.rstrip("/"))
+HOSTS = Kind(_names, _vet_hosts)
+HOSTS_TEXT = Kind(str, _vet_hosts)  # kept as written (lmsp.protocol.webhooks reads it)
+ROPE = Kind(lambda v: v == "yarn")  # ``yarn`` (stretch) or ``none``
+
+#: the key of a :class:`Settings` field's metadata that holds its declaration
+DECLARATION = "lmsp.setting"
+#: the bound of the quotas, where 0 is none
+NO_LIMIT = "0 (no limit) or more"
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One setting as declared: its variable, type, default and bounds as written in
+    the environment, and the README's words for it.
+
+    ``least``/``most`` (inclusive) and ``above`` (exclusive) are bounds in the
+    variable's own syntax (``1s``, ``1024``); ``one_of`` the only texts it may be,
+    ``prefixes`` what it must start with. ``says`` is the bound as the error states it
+    where the plain wording (``at least 1``, ``more than 0s``, ``between 5ms and 1s``,
+    ``text or json``) is not it. ``shown`` is the README's default where the default
+    is computed or not ``default`` itself; ``documented=False`` keeps a setting out of
+    the README's table (the test suite's switch, a secret).
+    """
+
+    env: str
+    kind: Kind[T]
+    default: str | None
+    help: str
+    shown: str | None = None
+    flag: str = ""
+    least: str | None = None
+    most: str | None = None
+    above: str | None = None
+    one_of: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+    says: str = ""
+    documented: bool = True
+
+    def read(self, text: str) -> T:
+        """The value of ``text``, or ``ValueError`` saying what the variable must be."""
+        if (self.one_of and text not in self.one_of) or not text.startswith(self.prefixes or ""):
+            raise ValueError(f"{self.env} must be {self.bound()}")
+        if self.kind.vet is not None:
+            self.kind.vet(text, self.env)
+        value = self.kind.parse(text)
+        low = None if self.least is None else self.kind.parse(self.least)
+        high = None if self.most is None else self.kind.parse(self.most)
+        floor = None if self.above is None else self.kind.parse(self.above)
+        if (
+            (low is not None and value < low)  # type: ignore[operator]
+            or (high is not None and value > high)  # type: ignore[operator]
+            or (floor is not None and value <= floor)  # type: ignore[operator]
+        ):
+            raise ValueError(f"{self.env} must be {self.bound()}")
+        return value
+
+    def bound(self) -> str:
+        """What the value must be, as an error says it."""
+        if self.says:
+            return self.says
+        if self.one_of:
+            return " or ".join([", ".join(self.one_of[:-1]), self.one_of[-1]])
+        if self.least is not None and self.most is not None:
+            return f"between {self.least} and {self.most}"
+        if self.above is not None:
+            return f"more than {self.above}"
+        return "0 or more" if self.least == "0" else f"at least {self.least}"
+
+    def value(self) -> T | None:
+        """The default value (None: computed, or unset)."""
+        return None if self.default is None else self.kind.parse(self.default)
+
+    def default_text(self) -> str:
+        """The default as the README's table shows it."""
+        if self.shown is not None:
+            return self.shown
+        return f"`{self.default}`" if self.default else ""
+
+    def row(self) -> str:
+        """This setting's row of the README's settings table."""
+        flag = f"`{self.flag}`" if self.flag else ""
+        cells = [f"`{self.env}`", flag, self.default_text(), self.help]
+        return "|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|"
+
+    def option_help(self, what: str) -> str:
+        """A command-line option's help: ``what`` and where else its value comes from."""
+        return f"{what} ({self.env}; default {self.default_text().strip('`')})."
+
+
+def setting(
+    env: str,
+    kind: Kind[T],
+    default: str | None,
+    help: str,
+    *,
+    factory: Callable[[], T] | None = None,
+    repr: bool = True,
+    **declared: Any,
+) -> T:
+    """A :class:`Settings` field declared by its variable (see :class:`Setting`); its
+    value is ``default`` read as the variable would be, else ``factory()``, else None."""
+    decl = Setting(env, kind, default, help, **declared)
+    meta = {DECLARATION: decl}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta, repr=repr)
+    return cast(T, field(default=decl.value(), metadata=meta, repr=repr))
 
 
 def default_kv_budget() -> int:
@@ -37,118 +212,289 @@ def default_data_dir() -> Path:
 
 @dataclass(frozen=True)
 class Settings:
-    data_dir: Path = field(default_factory=default_data_dir)
-    host: str = "127.0.0.1"
-    port: int = 8430
-    retention: float = 7 * 86400.0
-    # conversations unused this long are deleted; 0: never (PROTOCOL.md 10, the default)
-    conversation_retention: float = 0.0
-    default_on_restart: str = "fail"
-    parallel: int = 4  # sequences decoded together: the best of 1, 2, 4, 8 (docs/performance.md)
-    # sequences more, each taken only by a client with nothing running while the others
-    # are busy: its first request starts at once (PROTOCOL.md 13, docs/operations.md)
-    reserved_sequences: int = 1
-    max_body_bytes: int = 1 << 20
-    max_queue: int = 1024
-    idempotency_ttl: float = 86400.0
-    gc_interval: float = 60.0
-    flush_interval: float = 0.1
-    n_ctx: int = 0  # one sequence's context; 0: the model's trained context (SmolLM2: 8192)
-    # bytes the KV caches of one model's sequences may take together; the context is cut
-    # to fit (docs/operations.md). Default: a quarter of the machine's memory
-    kv_budget: int = field(default_factory=lambda: default_kv_budget())
-    # LMSP_EXACT: batched = solo and resumed = uninterrupted, bit for bit, at a cost
-    # (docs/performance.md); off: llama-server's fast schedule
-    exact: bool = False
-    # LMSP_ROPE_SCALING: a context past the model's trained one (LMSP_N_CTX) is stretched
-    # with YaRN (``yarn``, the default), or not (``none``: positions it never saw)
-    rope_scaling: bool = True
-    keep_alive: float = 300.0
-    max_loaded_models: int = 1
-    enable_test_engine: bool = False
-    sse_ping: float = 15.0
-    cancel_wait: float = 5.0
-    pairing_ttl: float = 600.0
-    max_pending_pairings: int = 64
-    max_pending_pairings_per_source: int = 4  # a peer beyond this machine (not loopback)
-    max_pending_pairings_per_name: int = 4  # one client name, whatever its peer
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    max_connections: int = 1000
-    max_header_bytes: int = 64 * 1024  # the request line and headers, in all
-    max_headers: int = 100  # header fields in one request
-    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the bound ones
-    trusted_proxies: tuple[str, ...] = ()  # peers whose X-Forwarded-* is believed
-    http: str = "auto"  # the HTTP parser: auto (httptools when installed), httptools, h11
-    log_format: str = "text"  # or "json": one JSON object a line
-    kv_cache_bytes: int = 2 << 30  # the durable prefix cache's size; 0 turns it off
-    kv_cache_ttl: float = 7 * 86400.0  # a saved prefix unused this long is deleted
-    # free space the prefix cache leaves on the data directory's disk (None: a tenth of
-    # the disk, at most 4 GiB): it never takes the room durable writes need
-    kv_cache_reserve: int | None = None
-    # untrusted input read in worker processes (lmsp.sandbox): their number, the memory
-    # each may map, the CPU time one file may take to become text and one request's
-    # schemas to compile, and the size of those schemas
-    input_workers: int = 2
-    input_memory: int = 512 << 20
-    file_cpu_time: float = 5.0
-    schema_cpu_time: float = 2.0
-    max_schema_bytes: int = 256 << 10
-    # a crashed engine is started again at most this many times within the window; the
-    # next crash marks its model failed (docs/operations.md)
-    engine_restarts: int = 5
-    engine_restart_window: float = 600.0
-    # POST /v1/embeddings: the most inputs one request may have, and the most tokens one
-    # input may have (also the size of each engine's embedding context)
-    embed_max_inputs: int = 256
-    embed_max_tokens: int = 512
+    """Every setting of the service: each field declared by its variable (:func:`setting`).
+
+    One setting a few lines: the formatter would give each argument a line of its own.
+    """
+
+    # fmt: off
+    data_dir: Path = setting(
+        "LMSP_DATA_DIR", PATH, None,
+        "database, model blobs, prefix cache, `owner.token`",
+        factory=default_data_dir, shown="`~/.local/share/lmsp`", flag="--data-dir")
+    host: str = setting("LMSP_HOST", TEXT, "127.0.0.1", "address to bind", flag="--host")
+    port: int = setting("LMSP_PORT", INT, "8430", "port", flag="--port")
+    retention: float = setting(
+        "LMSP_RETENTION", DURATION, "7d",
+        "keep finished tasks this long (`30s`, `12h`, `7d`)")
+    conversation_retention: float = setting(
+        "LMSP_CONVERSATION_RETENTION", DURATION, "0",
+        "delete conversations unused this long (`30d`); `0`: never, as PROTOCOL.md 10 says")
+    default_on_restart: str = setting(
+        "LMSP_DEFAULT_ON_RESTART", TEXT, "fail",
+        "policy for requests that do not name one",
+        one_of=ON_RESTART_POLICIES, says=f"one of {ON_RESTART_POLICIES}")
+    # 4: the best of 1, 2, 4, 8 (docs/performance.md)
+    parallel: int = setting(
+        "LMSP_PARALLEL", INT, "4",
+        "sequences decoded together in one context (tasks generated at once)",
+        least="1")
+    reserved_sequences: int = setting(
+        "LMSP_RESERVED_SEQUENCES", INT, "1",
+        "sequences more, taken only by a client with nothing running while the others are busy, "
+        "so its first request starts at once (0: none; docs/fair-share.md)",
+        least="0", most="8", says="from 0 to 8")
+    max_body_bytes: int = setting(
+        "LMSP_MAX_BODY_BYTES", INT, "1048576",
+        "request body limit (`413` above)")
+    max_queue: int = setting("LMSP_MAX_QUEUE", INT, "1024", "queued tasks before `429`")
+    idempotency_ttl: float = setting(
+        "LMSP_IDEMPOTENCY_TTL", DURATION, "24h",
+        "how long an `Idempotency-Key` is remembered")
+    gc_interval: float = setting(
+        "LMSP_GC_INTERVAL", DURATION, "1m",
+        "how often a running server deletes what retention and the prefix cache's limits let go")
+    flush_interval: float = setting(
+        "LMSP_FLUSH_INTERVAL", DURATION, "100ms",
+        "how often a generating task logs its new text (5ms to 1s): its first text goes at once, "
+        "then one delta event per interval carries every token since; shorter means finer "
+        "streaming and more CPU a token",
+        least="5ms", most="1s")
+    n_ctx: int = setting(
+        "LMSP_N_CTX", INT, "0",
+        "one sequence's context; `0`: the model's trained context (SmolLM2: 8,192), cut to fit "
+        "`LMSP_KV_BUDGET`",
+        least="0", says="0 (the model's own) or more")
+    kv_budget: int = setting(
+        "LMSP_KV_BUDGET", INT, None,
+        "bytes one model's KV caches (every sequence's) may take; the context is cut to fit "
+        "(docs/operations.md)",
+        factory=default_kv_budget, shown="a quarter of the memory", least="1048576",
+        says="at least 1048576 bytes")
+    exact: bool = setting(
+        "LMSP_EXACT", FLAG, "0",
+        "`1`: batched = solo and resumed = uninterrupted, bit for bit, at a cost "
+        "(docs/performance.md); `0`: llama-server's fast schedule")
+    rope_scaling: bool = setting(
+        "LMSP_ROPE_SCALING", ROPE, "yarn",
+        "a context past the model's trained one stretches its positions with YaRN (by the power "
+        "of two that covers it), unless the model declares its own scaling; `none`: no stretch "
+        "(positions it never saw: noise)",
+        one_of=("yarn", "none"))
+    keep_alive: float = setting("LMSP_KEEP_ALIVE", DURATION, "5m", "unload a model idle this long")
+    max_loaded_models: int = setting(
+        "LMSP_MAX_LOADED_MODELS", INT, "1",
+        "distinct models in memory at once (each in an engine process of its own)",
+        least="1")
+    enable_test_engine: bool = setting(
+        "LMSP_ENABLE_TEST_ENGINE", FLAG, "0",
+        "the deterministic engine (lmsp.engines.deterministic), for the test suite",
+        documented=False)
+    sse_ping: float = setting(
+        "LMSP_SSE_PING", DURATION, "15s",
+        "keep-alive comment line on idle event streams")
+    cancel_wait: float = setting(
+        "LMSP_CANCEL_WAIT", DURATION, "5s",
+        "how long a cancel waits for the runner to stop before answering")
+    pairing_ttl: float = setting(
+        "LMSP_PAIRING_TTL", DURATION, "10m",
+        "how long a pairing request waits for approval",
+        least="1s")
+    max_pending_pairings: int = setting(
+        "LMSP_MAX_PENDING_PAIRINGS", INT, "64",
+        "pairing requests waiting at once, all sources, before `429`",
+        least="1")
+    max_pending_pairings_per_source: int = setting(
+        "LMSP_MAX_PENDING_PAIRINGS_PER_SOURCE", INT, "4",
+        "pairing requests one address beyond this machine may have waiting before `429`",
+        least="1")
+    max_pending_pairings_per_name: int = setting(
+        "LMSP_MAX_PENDING_PAIRINGS_PER_NAME", INT, "4",
+        "pairing requests with one client name waiting before `429`",
+        least="1")
+    header_timeout: float = setting(
+        "LMSP_HEADER_TIMEOUT", DURATION, "10s",
+        "a request's headers must arrive within this (else `408`, closed)",
+        above="0s")
+    body_timeout: float = setting(
+        "LMSP_BODY_TIMEOUT", DURATION, "30s",
+        "a request's body must arrive within this after its headers",
+        above="0s")
+    max_connections: int = setting(
+        "LMSP_MAX_CONNECTIONS", INT, "1000",
+        "open connections; past it idle ones are dropped, then `503`",
+        least="1")
+    max_header_bytes: int = setting(
+        "LMSP_MAX_HEADER_BYTES", INT, "65536",
+        "a request's line and headers in all (`431` above)",
+        least="1024")
+    max_headers: int = setting(
+        "LMSP_MAX_HEADERS", INT, "100",
+        "header fields in one request (`431` above)",
+        least="8")
+    allowed_hosts: tuple[str, ...] = setting(
+        "LMSP_ALLOWED_HOSTS", NAMES, "",
+        "`Host` names answered besides the bound address and `localhost` (others get `421`)")
+    trusted_proxies: tuple[str, ...] = setting(
+        "LMSP_TRUSTED_PROXIES", NAMES, "",
+        "peers whose `X-Forwarded-For`/`-Proto` is believed (none by default)")
+    http: str = setting(
+        "LMSP_HTTP", TEXT, "auto",
+        "HTTP parser: `httptools` (the default when installed) or `h11`",
+        one_of=("auto", "httptools", "h11"))
+    log_format: str = setting(
+        "LMSP_LOG_FORMAT", TEXT, "text",
+        "`json`: one JSON object a log line (time, level, event, ids)",
+        one_of=("text", "json"))
+    kv_cache_bytes: int = setting(
+        "LMSP_KV_CACHE_BYTES", INT, "2147483648",
+        "size of the durable prefix cache (saved KV state of prompt prefixes); `0` turns it off",
+        least="0", says="0 (off) or more")
+    kv_cache_ttl: float = setting(
+        "LMSP_KV_CACHE_TTL", DURATION, "7d",
+        "a saved prompt prefix unused this long is deleted",
+        above="0s")
+    # None: a tenth of the disk, at most 4 GiB
+    kv_cache_reserve: int | None = setting(
+        "LMSP_KV_CACHE_RESERVE", INT, None,
+        "free space the prefix cache never takes",
+        shown="a tenth of the disk (≤ 4 GiB)", least="0", says="0 or more bytes")
+    input_workers: int = setting(
+        "LMSP_INPUT_WORKERS", INT, "2",
+        "worker processes that read schemas and PDFs",
+        least="1")
+    input_memory: int = setting(
+        "LMSP_INPUT_MEMORY", INT, "536870912",
+        "memory of each worker process that reads schemas and PDFs",
+        least="67108864")
+    file_cpu_time: float = setting(
+        "LMSP_FILE_CPU_TIME", DURATION, "5s",
+        "CPU time to read one PDF as text (`400 invalid_file` above)",
+        above="0s")
+    schema_cpu_time: float = setting(
+        "LMSP_SCHEMA_CPU_TIME", DURATION, "2s",
+        "CPU time to compile one request's JSON Schemas (`400 schema_too_complex` above)",
+        above="0s")
+    max_schema_bytes: int = setting(
+        "LMSP_MAX_SCHEMA_BYTES", INT, "262144",
+        "one request's JSON Schemas, as compact JSON (`400 schema_too_complex` above)",
+        least="1")
+    engine_restarts: int = setting(
+        "LMSP_ENGINE_RESTARTS", INT, "5",
+        "a crashed engine is restarted at most this often within the window; the next crash marks"
+        " its model failed",
+        least="0")
+    engine_restart_window: float = setting(
+        "LMSP_ENGINE_RESTART_WINDOW", DURATION, "10m",
+        "the window those restarts are counted in",
+        above="0s")
+    embed_max_inputs: int = setting(
+        "LMSP_EMBED_MAX_INPUTS", INT, "256",
+        "inputs one `POST /v1/embeddings` request may have (`400` above)",
+        least="1")
+    embed_max_tokens: int = setting(
+        "LMSP_EMBED_MAX_TOKENS", INT, "512",
+        "tokens one embedding input may have (`400` above); also the size of each engine's "
+        "embedding context",
+        least="1")
     # engines run on a thread of the API process instead of a process of their own: for
-    # fast in-process tests of the test engine only (no environment variable sets it)
+    # fast in-process tests of the deterministic engine only (no variable sets it)
     in_thread_engines: frozenset[str] = frozenset()
-    # several nodes on one PostgreSQL database (docs/scale-out.md): its URL (None: the
-    # embedded SQLite database of the data directory), this node's id (None: host and
-    # port) and how long a node's lease on its tasks lasts without a renewal
-    database_url: str | None = None
-    node_id: str | None = None
-    lease_ttl: float = 15.0
-    # LMSP_DEFAULT_LIMITS: the limits a new client gets (PROTOCOL.md 13), as
+    database_url: str | None = setting(
+        "LMSP_DATABASE_URL", TEXT, None,
+        "`postgresql://…`: keep the state in PostgreSQL, shared by several nodes "
+        "([docs/scale-out.md](docs/scale-out.md)); unset, the data directory's SQLite",
+        prefixes=("postgresql://", "postgres://"), says="a postgresql:// URL")
+    node_id: str | None = setting(
+        "LMSP_NODE_ID", TEXT, None,
+        "this node's id on a shared database",
+        shown="host:port")
+    lease_ttl: float = setting(
+        "LMSP_LEASE_TTL", DURATION, "15s",
+        "how long a node's lease on its tasks lasts without renewal; past it another node takes "
+        "them over",
+        least="1s")
     # ``(name, value)`` pairs; the owner is never limited
-    default_limits: tuple[tuple[str, int], ...] = ()
-    # the model hub ``lmsp pull`` reads (LMSP_HF_ENDPOINT) and the token for its gated
-    # repositories (HF_TOKEN; never shown: not in this object's repr, never logged)
-    hf_endpoint: str = "https://huggingface.co"
-    hf_token: str | None = field(default=None, repr=False)
-    # webhooks (docs/webhooks.md): the first wait before a failed delivery is tried
-    # again (then doubling), how long it is tried at all, and the hosts beyond loopback
-    # a webhook may name (``host[:port]`` entries; ``*`` any)
-    webhook_retry: float = 5.0
-    webhook_give_up: float = 86400.0
-    webhook_hosts: str = ""
-    # shared work under a hostile client (docs/reliability.md): the most tokens one
-    # embeddings request may have in all, the part of an engine's time embedding batches
-    # may take while sequences generate, and the CPU time one request's files and schemas
-    # may take together (its wall-clock limit counted from its arrival)
-    embed_request_tokens: int = 32768
-    embed_share: float = 1 / 4
-    request_cpu_time: float = 10.0
-    # the most a node's clock may differ from the shared database's before `lmsp doctor`
-    # fails it (everything that ages is judged by the database's clock regardless)
-    max_clock_skew: float = 30.0
-    # MCP tools (docs/tools.md): hosts besides loopback a server_url may name
-    # (LMSP_MCP_HOSTS, host[:port] comma-separated, * for any), the time one MCP request
-    # may take (LMSP_MCP_TIMEOUT), the most characters of a tool result kept and the
-    # most bytes read from a server for one request (LMSP_MCP_MAX_BYTES: its whole
-    # session, the tool list's pages or the call, cut off while they are read)
-    mcp_hosts: tuple[str, ...] = ()
-    mcp_timeout: float = 60.0
-    mcp_max_result: int = 64 * 1024
-    mcp_max_bytes: int = 1 << 20
-    # conversations (docs/conversations.md): the most items one may hold, the most bytes
-    # its stored items may take, and all of one client's conversations together (0: no
-    # limit); past one, an append or a turn is refused (409 conversation_quota_exceeded)
-    conversation_max_items: int = 10_000
-    conversation_max_bytes: int = 32 << 20
-    client_conversation_bytes: int = 1 << 30
+    default_limits: tuple[tuple[str, int], ...] = setting(
+        "LMSP_DEFAULT_LIMITS", LIMITS, "",
+        "limits every new client gets, e.g. `max_queued=50,tokens_per_day=1000000` "
+        "([docs/fair-share.md](docs/fair-share.md))",
+        shown="none")
+    hf_endpoint: str = setting(
+        "LMSP_HF_ENDPOINT", URL, "https://huggingface.co",
+        "the model hub `lmsp pull` reads (its file API); `HF_TOKEN` in the service's environment "
+        "opens gated repositories ([docs/models.md](docs/models.md))",
+        prefixes=("http://", "https://"), says="an http(s):// URL")
+    # never shown: not in this object's repr, never logged (LMSP_HF_ENDPOINT's row names it)
+    hf_token: str | None = setting(
+        "HF_TOKEN", SECRET, None, "the token of the hub's gated repositories",
+        documented=False, repr=False)
+    webhook_retry: float = setting(
+        "LMSP_WEBHOOK_RETRY", DURATION, "5s",
+        "the first wait before a refused webhook delivery is tried again (then doubling, at most "
+        "1 h) ([docs/webhooks.md](docs/webhooks.md))",
+        above="0s")
+    webhook_give_up: float = setting(
+        "LMSP_WEBHOOK_GIVE_UP", DURATION, "24h",
+        "how long after its event a webhook delivery is tried; then it is marked failed",
+        above="0s")
+    webhook_hosts: str = setting(
+        "LMSP_WEBHOOK_HOSTS", HOSTS_TEXT, "",
+        "hosts beyond loopback a webhook URL may name: `host[:port]`, comma-separated; `*` any "
+        "(link-local only by exact entry)")
+    embed_request_tokens: int = setting(
+        "LMSP_EMBED_REQUEST_TOKENS", INT, "32768",
+        "the most tokens all of one embeddings request's inputs may have (`400 "
+        "embedding_budget_exceeded`)",
+        least="1")
+    embed_share: float = setting(
+        "LMSP_EMBED_SHARE", FLOAT, "0.25",
+        "the part of an engine's time embedding batches may take while sequences generate",
+        least="0.01", most="1")
+    request_cpu_time: float = setting(
+        "LMSP_REQUEST_CPU_TIME", DURATION, "10s",
+        "the CPU time all of one request's schemas and PDFs may take together, counted from its "
+        "arrival ([docs/operations.md](docs/operations.md))",
+        above="0s")
+    max_clock_skew: float = setting(
+        "LMSP_MAX_CLOCK_SKEW", DURATION, "30s",
+        "past it, `lmsp doctor` fails a node whose clock is off from the shared database's "
+        "(everything that ages is judged by the database's clock)",
+        above="0s")
+    mcp_hosts: tuple[str, ...] = setting(
+        "LMSP_MCP_HOSTS", HOSTS, "",
+        "hosts besides loopback an MCP tool's `server_url` may name (`host[:port]`, "
+        "comma-separated; `*` any, link-local only by exact entry); else `400 invalid_mcp_server`"
+        " ([docs/tools.md](docs/tools.md))")
+    mcp_timeout: float = setting(
+        "LMSP_MCP_TIMEOUT", DURATION, "60s",
+        "the time one MCP request (a tool list or call) may take; past it the call's item carries"
+        " an error",
+        above="0s")
+    mcp_max_result: int = setting(
+        "LMSP_MCP_MAX_RESULT", INT, "65536",
+        "characters of an MCP tool's result kept (the rest is cut, saying so)",
+        least="1")
+    mcp_max_bytes: int = setting(
+        "LMSP_MCP_MAX_BYTES", INT, "1048576",
+        "bytes read from an MCP server for one request (its session: the tool list's pages, or "
+        "the call), counted as they arrive; past it the request is dropped and fails, saying so "
+        "([docs/tools.md](docs/tools.md))",
+        least="4096")
+    conversation_max_items: int = setting(
+        "LMSP_CONVERSATION_MAX_ITEMS", INT, "10000",
+        "items one conversation may hold (`409 conversation_quota_exceeded` past it; `0`: no "
+        "limit)",
+        least="0", says=NO_LIMIT)
+    conversation_max_bytes: int = setting(
+        "LMSP_CONVERSATION_MAX_BYTES", INT, "33554432",
+        "bytes one conversation's stored items may take (`0`: no limit)",
+        least="0", says=NO_LIMIT)
+    client_conversation_bytes: int = setting(
+        "LMSP_CLIENT_CONVERSATION_BYTES", INT, "1073741824",
+        "bytes all of one client's conversations may take together (`0`: no limit)",
+        least="0", says=NO_LIMIT)
+    # fmt: on
 
     @property
     def node(self) -> str:
@@ -177,271 +523,44 @@ class Settings:
         return replace(self, **clean)  # type: ignore[arg-type]
 
 
-def _flag(value: str) -> bool:
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+#: read by each engine process (which inherits the service's environment), not a field
+THREADS: Setting[int] = Setting(
+    "LMSP_THREADS",
+    INT,
+    "0",
+    "threads llama.cpp uses to evaluate prompts and generate",
+    shown="all CPUs",
+)
 
 
-def _names(value: str) -> tuple[str, ...]:
-    """A comma-separated list (``LMSP_ALLOWED_HOSTS``, ``LMSP_TRUSTED_PROXIES``)."""
-    return tuple(name.strip() for name in value.split(",") if name.strip())
+def engine_threads() -> int:
+    """``LMSP_THREADS`` (0 or unset: every CPU), at least 1."""
+    text = os.environ.get(THREADS.env)
+    return max(1, (THREADS.read(text) if text else 0) or (os.cpu_count() or 1))
 
 
-def from_env(env: dict[str, str] | None = None) -> Settings:
+def declared(name: str) -> Setting[Any]:
+    """The declaration of the :class:`Settings` field ``name``."""
+    return cast(Setting[Any], _fields()[name].metadata[DECLARATION])
+
+
+def declarations() -> list[Setting[Any]]:
+    """Every setting read from the environment: the fields', then the engines' own."""
+    return [f.metadata[DECLARATION] for f in _fields().values() if DECLARATION in f.metadata] + [
+        THREADS
+    ]
+
+
+def _fields() -> dict[str, Field[Any]]:
+    return {f.name: f for f in fields(Settings)}
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Build settings from ``LMSP_*`` variables; invalid values raise ``ValueError``."""
-    env = dict(os.environ if env is None else env)
-    s = Settings()
+    env = os.environ if env is None else env
     changes: dict[str, object] = {}
-    if v := env.get("LMSP_DATA_DIR"):
-        changes["data_dir"] = Path(v).expanduser()
-    if v := env.get("LMSP_HOST"):
-        changes["host"] = v
-    if v := env.get("LMSP_PORT"):
-        changes["port"] = int(v)
-    if v := env.get("LMSP_RETENTION"):
-        changes["retention"] = parse_duration(v)
-    if v := env.get("LMSP_CONVERSATION_RETENTION"):
-        changes["conversation_retention"] = parse_duration(v)
-    if v := env.get("LMSP_DEFAULT_ON_RESTART"):
-        if v not in ON_RESTART_POLICIES:
-            raise ValueError(f"LMSP_DEFAULT_ON_RESTART must be one of {ON_RESTART_POLICIES}")
-        changes["default_on_restart"] = v
-    if v := env.get("LMSP_PARALLEL"):
-        changes["parallel"] = int(v)
-        if int(v) < 1:
-            raise ValueError("LMSP_PARALLEL must be at least 1")
-    if v := env.get("LMSP_RESERVED_SEQUENCES"):
-        changes["reserved_sequences"] = int(v)
-        if not 0 <= int(v) <= 8:
-            raise ValueError("LMSP_RESERVED_SEQUENCES must be from 0 to 8")
-    if v := env.get("LMSP_MAX_BODY_BYTES"):
-        changes["max_body_bytes"] = int(v)
-    if v := env.get("LMSP_MAX_QUEUE"):
-        changes["max_queue"] = int(v)
-    if v := env.get("LMSP_IDEMPOTENCY_TTL"):
-        changes["idempotency_ttl"] = parse_duration(v)
-    if v := env.get("LMSP_GC_INTERVAL"):
-        changes["gc_interval"] = parse_duration(v)
-    if v := env.get("LMSP_N_CTX"):
-        changes["n_ctx"] = int(v)
-        if int(v) < 0:
-            raise ValueError("LMSP_N_CTX must be 0 (the model's own) or more")
-    if v := env.get("LMSP_KV_BUDGET"):
-        changes["kv_budget"] = int(v)
-        if int(v) < 1 << 20:
-            raise ValueError("LMSP_KV_BUDGET must be at least 1048576 bytes")
-    if v := env.get("LMSP_ROPE_SCALING"):
-        if v not in ("yarn", "none"):
-            raise ValueError("LMSP_ROPE_SCALING must be yarn or none")
-        changes["rope_scaling"] = v == "yarn"
-    if v := env.get("LMSP_EXACT"):
-        changes["exact"] = _flag(v)
-    if v := env.get("LMSP_KEEP_ALIVE"):
-        changes["keep_alive"] = parse_duration(v)
-    if v := env.get("LMSP_FLUSH_INTERVAL"):
-        changes["flush_interval"] = flush = float(parse_duration(v))
-        if not 0.005 <= flush <= 1.0:
-            raise ValueError("LMSP_FLUSH_INTERVAL must be between 5ms and 1s")
-    if v := env.get("LMSP_MAX_LOADED_MODELS"):
-        changes["max_loaded_models"] = int(v)
-        if int(v) < 1:
-            raise ValueError("LMSP_MAX_LOADED_MODELS must be at least 1")
-    if v := env.get("LMSP_PAIRING_TTL"):
-        changes["pairing_ttl"] = ttl = parse_duration(v)
-        if ttl < 1:
-            raise ValueError("LMSP_PAIRING_TTL must be at least 1s")
-    if v := env.get("LMSP_MAX_PENDING_PAIRINGS"):
-        changes["max_pending_pairings"] = int(v)
-        if int(v) < 1:
-            raise ValueError("LMSP_MAX_PENDING_PAIRINGS must be at least 1")
-    if v := env.get("LMSP_MAX_PENDING_PAIRINGS_PER_SOURCE"):
-        changes["max_pending_pairings_per_source"] = int(v)
-        if int(v) < 1:
-            raise ValueError("LMSP_MAX_PENDING_PAIRINGS_PER_SOURCE must be at least 1")
-    timeouts = (("LMSP_HEADER_TIMEOUT", "header_timeout"), ("LMSP_BODY_TIMEOUT", "body_timeout"))
-    for name, key in timeouts:
-        if v := env.get(name):
-            changes[key] = seconds = parse_duration(v)
-            if seconds <= 0:
-                raise ValueError(f"{name} must be more than 0s")
-    if v := env.get("LMSP_MAX_PENDING_PAIRINGS_PER_NAME"):
-        changes["max_pending_pairings_per_name"] = int(v)
-        if int(v) < 1:
-            raise ValueError("LMSP_MAX_PENDING_PAIRINGS_PER_NAME must be at least 1")
-    if v := env.get("LMSP_MAX_HEADER_BYTES"):
-        changes["max_header_bytes"] = int(v)
-        if int(v) < 1024:
-            raise ValueError("LMSP_MAX_HEADER_BYTES must be at least 1024")
-    if v := env.get("LMSP_MAX_HEADERS"):
-        changes["max_headers"] = int(v)
-        if int(v) < 8:
-            raise ValueError("LMSP_MAX_HEADERS must be at least 8")
-    if v := env.get("LMSP_ALLOWED_HOSTS"):
-        changes["allowed_hosts"] = _names(v)
-    if v := env.get("LMSP_TRUSTED_PROXIES"):
-        changes["trusted_proxies"] = _names(v)
-    if v := env.get("LMSP_HTTP"):
-        if v not in ("auto", "httptools", "h11"):
-            raise ValueError("LMSP_HTTP must be auto, httptools or h11")
-        changes["http"] = v
-    if v := env.get("LMSP_MAX_CONNECTIONS"):
-        changes["max_connections"] = int(v)
-        if int(v) < 1:
-            raise ValueError("LMSP_MAX_CONNECTIONS must be at least 1")
-    if v := env.get("LMSP_SSE_PING"):
-        changes["sse_ping"] = parse_duration(v)
-    if v := env.get("LMSP_CANCEL_WAIT"):
-        changes["cancel_wait"] = parse_duration(v)
-    if v := env.get("LMSP_DATABASE_URL"):
-        if not v.startswith(("postgresql://", "postgres://")):
-            raise ValueError("LMSP_DATABASE_URL must be a postgresql:// URL")
-        changes["database_url"] = v
-    if v := env.get("LMSP_NODE_ID"):
-        changes["node_id"] = v
-    if v := env.get("LMSP_LEASE_TTL"):
-        changes["lease_ttl"] = ttl = parse_duration(v)
-        if ttl < 1:
-            raise ValueError("LMSP_LEASE_TTL must be at least 1s")
-    if v := env.get("LMSP_LOG_FORMAT"):
-        if v not in ("text", "json"):
-            raise ValueError("LMSP_LOG_FORMAT must be text or json")
-        changes["log_format"] = v
-    if v := env.get("LMSP_KV_CACHE_BYTES"):
-        changes["kv_cache_bytes"] = int(v)
-        if int(v) < 0:
-            raise ValueError("LMSP_KV_CACHE_BYTES must be 0 (off) or more")
-    if v := env.get("LMSP_KV_CACHE_TTL"):
-        changes["kv_cache_ttl"] = ttl = parse_duration(v)
-        if ttl <= 0:
-            raise ValueError("LMSP_KV_CACHE_TTL must be more than 0s")
-    if v := env.get("LMSP_KV_CACHE_RESERVE"):
-        changes["kv_cache_reserve"] = int(v)
-        if int(v) < 0:
-            raise ValueError("LMSP_KV_CACHE_RESERVE must be 0 or more bytes")
-    for name, key, least in (
-        ("LMSP_INPUT_WORKERS", "input_workers", 1),
-        ("LMSP_INPUT_MEMORY", "input_memory", 64 << 20),
-        ("LMSP_MAX_SCHEMA_BYTES", "max_schema_bytes", 1),
-    ):
-        if v := env.get(name):
-            changes[key] = int(v)
-            if int(v) < least:
-                raise ValueError(f"{name} must be at least {least}")
-    for name, key in (
-        ("LMSP_FILE_CPU_TIME", "file_cpu_time"),
-        ("LMSP_SCHEMA_CPU_TIME", "schema_cpu_time"),
-    ):
-        if v := env.get(name):
-            changes[key] = seconds = parse_duration(v)
-            if seconds <= 0:
-                raise ValueError(f"{name} must be more than 0s")
-    if v := env.get("LMSP_ENGINE_RESTARTS"):
-        changes["engine_restarts"] = int(v)
-        if int(v) < 0:
-            raise ValueError("LMSP_ENGINE_RESTARTS must be 0 or more")
-    if v := env.get("LMSP_ENGINE_RESTART_WINDOW"):
-        changes["engine_restart_window"] = window = parse_duration(v)
-        if window <= 0:
-            raise ValueError("LMSP_ENGINE_RESTART_WINDOW must be more than 0s")
-    for name, key in (
-        ("LMSP_EMBED_MAX_INPUTS", "embed_max_inputs"),
-        ("LMSP_EMBED_MAX_TOKENS", "embed_max_tokens"),
-    ):
-        if v := env.get(name):
-            changes[key] = int(v)
-            if int(v) < 1:
-                raise ValueError(f"{name} must be at least 1")
-    if v := env.get("LMSP_ENABLE_TEST_ENGINE"):
-        changes["enable_test_engine"] = _flag(v)
-    if v := env.get("LMSP_DEFAULT_LIMITS"):
-        changes["default_limits"] = parse_limits(v)
-    if v := env.get("LMSP_HF_ENDPOINT"):
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("LMSP_HF_ENDPOINT must be an http(s):// URL")
-        changes["hf_endpoint"] = v.rstrip("/")
-    if v := env.get("HF_TOKEN"):
-        changes["hf_token"] = v.strip()
-    if v := env.get("LMSP_WEBHOOK_RETRY"):
-        changes["webhook_retry"] = seconds = parse_duration(v)
-        if seconds <= 0:
-            raise ValueError("LMSP_WEBHOOK_RETRY must be more than 0s")
-    if v := env.get("LMSP_WEBHOOK_GIVE_UP"):
-        changes["webhook_give_up"] = seconds = parse_duration(v)
-        if seconds <= 0:
-            raise ValueError("LMSP_WEBHOOK_GIVE_UP must be more than 0s")
-    if v := env.get("LMSP_WEBHOOK_HOSTS"):
-        from lmsp.protocol.webhooks import parse_hosts
-
-        parse_hosts(v)  # a malformed entry stops the start, saying which
-        changes["webhook_hosts"] = v
-    _shared_work(env, changes)
-    _conversations(env, changes)
-    if v := env.get("LMSP_MAX_CLOCK_SKEW"):
-        changes["max_clock_skew"] = skew = parse_duration(v)
-        if skew <= 0:
-            raise ValueError("LMSP_MAX_CLOCK_SKEW must be more than 0s")
-    if v := env.get("LMSP_MCP_HOSTS"):
-        from lmsp.protocol.outbound import parse_hosts as parse_outbound
-
-        parse_outbound(v, "LMSP_MCP_HOSTS")  # a malformed entry stops the start, saying which
-        changes["mcp_hosts"] = _names(v)
-    if v := env.get("LMSP_MCP_TIMEOUT"):
-        changes["mcp_timeout"] = seconds = parse_duration(v)
-        if seconds <= 0:
-            raise ValueError("LMSP_MCP_TIMEOUT must be more than 0s")
-    if v := env.get("LMSP_MCP_MAX_RESULT"):
-        changes["mcp_max_result"] = int(v)
-        if int(v) < 1:
-            raise ValueError("LMSP_MCP_MAX_RESULT must be at least 1")
-    if v := env.get("LMSP_MCP_MAX_BYTES"):
-        changes["mcp_max_bytes"] = int(v)
-        if int(v) < 4096:
-            raise ValueError("LMSP_MCP_MAX_BYTES must be at least 4096")
-    return s.with_overrides(**changes)
-
-
-LIMIT_NAMES = ("max_queued", "max_running", "tokens_per_minute", "tokens_per_day")
-
-
-def parse_limits(text: str) -> tuple[tuple[str, int], ...]:
-    """``max_queued=10,tokens_per_day=200000`` (LMSP_DEFAULT_LIMITS): each a known limit
-    and a whole number of at least 1."""
-    found: dict[str, int] = {}
-    for part in _names(text):
-        name, _, value = part.partition("=")
-        name = name.strip()
-        if name not in LIMIT_NAMES:
-            known = ", ".join(LIMIT_NAMES)
-            raise ValueError(f"LMSP_DEFAULT_LIMITS: unknown limit {name!r} ({known})")
-        if not value.strip().isdigit() or int(value) < 1:
-            raise ValueError(f"LMSP_DEFAULT_LIMITS: {name} must be a whole number of at least 1")
-        found[name] = int(value)
-    return tuple(found.items())
-
-
-def _shared_work(env: dict[str, str], changes: dict[str, object]) -> None:
-    """The limits that keep one client's work from starving the others."""
-    if v := env.get("LMSP_EMBED_REQUEST_TOKENS"):
-        changes["embed_request_tokens"] = int(v)
-        if int(v) < 1:
-            raise ValueError("LMSP_EMBED_REQUEST_TOKENS must be at least 1")
-    if v := env.get("LMSP_EMBED_SHARE"):
-        changes["embed_share"] = share = float(v)
-        if not 0.01 <= share <= 1:
-            raise ValueError("LMSP_EMBED_SHARE must be between 0.01 and 1")
-    if v := env.get("LMSP_REQUEST_CPU_TIME"):
-        changes["request_cpu_time"] = seconds = parse_duration(v)
-        if seconds <= 0:
-            raise ValueError("LMSP_REQUEST_CPU_TIME must be more than 0s")
-
-
-def _conversations(env: dict[str, str], changes: dict[str, object]) -> None:
-    """The quotas of conversations (0: no limit)."""
-    for name, key in (
-        ("LMSP_CONVERSATION_MAX_ITEMS", "conversation_max_items"),
-        ("LMSP_CONVERSATION_MAX_BYTES", "conversation_max_bytes"),
-        ("LMSP_CLIENT_CONVERSATION_BYTES", "client_conversation_bytes"),
-    ):
-        if v := env.get(name):
-            changes[key] = int(v)
-            if int(v) < 0:
-                raise ValueError(f"{name} must be 0 (no limit) or more")
+    for name, spec in _fields().items():
+        decl = spec.metadata.get(DECLARATION)
+        if decl is not None and (text := env.get(decl.env)):
+            changes[name] = decl.read(text)
+    return Settings().with_overrides(**changes)

@@ -92,115 +92,121 @@ class _Callback(Collector):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.write_transactions = Counter(
-            "lmsp_write_transactions", "Write transactions committed by the writer.", registry=r
-        )
-        self.write_failures = Counter(
-            "lmsp_write_transaction_failures",
-            "Write transactions rolled back (a full disk, an error).",
-            registry=r,
-        )
-        self.jobs_per_transaction = Histogram(
-            "lmsp_write_jobs_per_transaction",
-            "Jobs committed together in one transaction (group commit).",
-            buckets=_JOBS,
-            registry=r,
-        )
-        self.commit_latency = Histogram(
-            "lmsp_write_commit_seconds",
-            "Time from BEGIN to the end of COMMIT of a write transaction.",
-            buckets=_COMMIT,
-            registry=r,
-        )
-        self.events_written = Counter(
-            "lmsp_events_written", "Task events committed to the event log.", registry=r
-        )
-        self.prompt_tokens = Counter(
-            "lmsp_prompt_tokens", "Prompt tokens of the tasks run.", ["model"], registry=r
-        )
-        self.cached_tokens = Counter(
-            "lmsp_cached_prompt_tokens",
-            "Prompt tokens taken from a cache instead of evaluated.",
-            ["model"],
-            registry=r,
-        )
-        self.generated_tokens = Counter(
-            "lmsp_generated_tokens", "Tokens generated.", ["model"], registry=r
-        )
-        self.ttft = Histogram(
-            "lmsp_time_to_first_token_seconds",
-            "From the start of a task's generation (model ready) to its first token.",
-            ["model"],
-            buckets=_TTFT,
-            registry=r,
-        )
-        self.token_rate = Histogram(
-            "lmsp_tokens_per_second",
-            "Generation speed of each finished sequence (after its first token).",
-            ["model"],
-            buckets=_RATE,
-            registry=r,
-        )
-        self.recoveries = Counter(
-            "lmsp_recovered_tasks",
-            "Tasks found unfinished at startup, by on_restart policy and outcome.",
-            ["policy", "outcome"],
-            registry=r,
-        )
-        self.model_loads = Counter(
-            "lmsp_model_loads", "Models loaded (one context each).", ["model"], registry=r
-        )
-        self.model_unloads = Counter(
-            "lmsp_model_unloads", "Models unloaded.", ["model"], registry=r
-        )
-        self.engine_crashes = Counter(
-            "lmsp_engine_crashes",
-            "Engine processes that ended unasked (a segfault, kill -9, out of memory).",
-            ["model"],
-            registry=r,
-        )
-        self.engine_restarts = Counter(
-            "lmsp_engine_restarts",
-            "Engine processes started again after a crash.",
-            ["model"],
-            registry=r,
-        )
-        self.embedded_inputs = Counter(
-            "lmsp_embedding_inputs", "Inputs embedded (POST /v1/embeddings).", ["model"], registry=r
-        )
-        self.embedded_tokens = Counter(
-            "lmsp_embedding_tokens", "Tokens of the inputs embedded.", ["model"], registry=r
-        )
-        self.embedding_yields = Counter(
-            "lmsp_embedding_yields",
-            "Turns an embedding request gave way to generating sequences (LMSP_EMBED_SHARE).",
-            ["model"],
-            registry=r,
-        )
-        self.embeddings_abandoned = Counter(
-            "lmsp_embedding_abandoned",
-            "Embedding requests whose client went away before the answer (cancelled).",
-            ["model"],
-            registry=r,
-        )
-        self.http_requests = Counter(
-            "lmsp_http_requests",
-            "HTTP requests answered, by route template, method and status.",
-            ["method", "route", "status"],
-            registry=r,
-        )
-        self.http_latency = Histogram(
-            "lmsp_http_request_seconds",
-            "Time to answer an HTTP request (for a stream: until it ends).",
-            ["method", "route"],
-            buckets=_LATENCY,
-            registry=r,
-        )
+        self._writer_figures()
+        self._generation_figures()
+        self._service_figures()
+        self._http_figures()
         self._live: dict[str, Sequence] = {}
         self._lock = threading.Lock()
-        running = Gauge("lmsp_running_sequences", "Sequences being generated now.", registry=r)
+        running = Gauge(
+            "lmsp_running_sequences", "Sequences being generated now.", registry=self.registry
+        )
         running.set_function(lambda: len(self._live))
+
+    def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def _histogram(
+        self, name: str, doc: str, buckets: tuple[float, ...], *labels: str
+    ) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+    def _writer_figures(self) -> None:
+        count, spread = self._counter, self._histogram
+        self.write_transactions = count(
+            "lmsp_write_transactions", "Write transactions committed by the writer."
+        )
+        self.write_failures = count(
+            "lmsp_write_transaction_failures",
+            "Write transactions rolled back (a full disk, an error).",
+        )
+        self.jobs_per_transaction = spread(
+            "lmsp_write_jobs_per_transaction",
+            "Jobs committed together in one transaction (group commit).",
+            _JOBS,
+        )
+        self.commit_latency = spread(
+            "lmsp_write_commit_seconds",
+            "Time from BEGIN to the end of COMMIT of a write transaction.",
+            _COMMIT,
+        )
+        self.events_written = count(
+            "lmsp_events_written", "Task events committed to the event log."
+        )
+
+    def _generation_figures(self) -> None:
+        count, spread = self._counter, self._histogram
+        self.prompt_tokens = count("lmsp_prompt_tokens", "Prompt tokens of the tasks run.", "model")
+        self.cached_tokens = count(
+            "lmsp_cached_prompt_tokens",
+            "Prompt tokens taken from a cache instead of evaluated.",
+            "model",
+        )
+        self.generated_tokens = count("lmsp_generated_tokens", "Tokens generated.", "model")
+        self.ttft = spread(
+            "lmsp_time_to_first_token_seconds",
+            "From the start of a task's generation (model ready) to its first token.",
+            _TTFT,
+            "model",
+        )
+        self.token_rate = spread(
+            "lmsp_tokens_per_second",
+            "Generation speed of each finished sequence (after its first token).",
+            _RATE,
+            "model",
+        )
+
+    def _service_figures(self) -> None:
+        """Startup recovery, models, their engines and embeddings."""
+        count = self._counter
+        self.recoveries = count(
+            "lmsp_recovered_tasks",
+            "Tasks found unfinished at startup, by on_restart policy and outcome.",
+            "policy",
+            "outcome",
+        )
+        self.model_loads = count("lmsp_model_loads", "Models loaded (one context each).", "model")
+        self.model_unloads = count("lmsp_model_unloads", "Models unloaded.", "model")
+        self.engine_crashes = count(
+            "lmsp_engine_crashes",
+            "Engine processes that ended unasked (a segfault, kill -9, out of memory).",
+            "model",
+        )
+        self.engine_restarts = count(
+            "lmsp_engine_restarts", "Engine processes started again after a crash.", "model"
+        )
+        self.embedded_inputs = count(
+            "lmsp_embedding_inputs", "Inputs embedded (POST /v1/embeddings).", "model"
+        )
+        self.embedded_tokens = count(
+            "lmsp_embedding_tokens", "Tokens of the inputs embedded.", "model"
+        )
+        self.embedding_yields = count(
+            "lmsp_embedding_yields",
+            "Turns an embedding request gave way to generating sequences (LMSP_EMBED_SHARE).",
+            "model",
+        )
+        self.embeddings_abandoned = count(
+            "lmsp_embedding_abandoned",
+            "Embedding requests whose client went away before the answer (cancelled).",
+            "model",
+        )
+
+    def _http_figures(self) -> None:
+        self.http_requests = self._counter(
+            "lmsp_http_requests",
+            "HTTP requests answered, by route template, method and status.",
+            "method",
+            "route",
+            "status",
+        )
+        self.http_latency = self._histogram(
+            "lmsp_http_request_seconds",
+            "Time to answer an HTTP request (for a stream: until it ends).",
+            _LATENCY,
+            "method",
+            "route",
+        )
 
     # -- the writer ---------------------------------------------------------------------
     def transaction(self, jobs: int, seconds: float, events: int) -> None:

@@ -174,3 +174,34 @@ def test_m008_turns_copied_histories_into_references(
     assert stored["r_c"][1] is None and stored["r_c"][0]["lmsp_history"] == [a_in]
     context = plain_all(response_store.context_of(conn, "r_b"))
     assert context == [a_in, a_out, b_in, b_out]
+
+
+OLD = Path(__file__).with_name("old")
+
+
+def test_a_database_the_old_code_wrote_upgrades_without_running_a_step_again(
+    tmp_path: Path,
+) -> None:
+    """A data directory from before the paired steps (the old code migrated it to m016
+    and wrote rows: tests/store/old/m016.sql): opening it runs m017 and m018 only, the
+    schema ends as a blank one's, the rows are there, and m018 counted the conversation."""
+    path = tmp_path / "lmsp.db"
+    raw = sqlite3.connect(path)
+    raw.executescript((OLD / "m016.sql").read_text())
+    raw.close()
+    db = Database(path)
+    db.close()
+    conn = connect(path)
+    ledger = dict(conn.execute("SELECT name, applied_at FROM _migrations").fetchall())
+    assert sorted(ledger) == [name for name, _ in MIGRATIONS]
+    assert {n for n, at in ledger.items() if at != 1700000000} == {
+        "m017_webhook_updated_at",
+        "m018_conversation_sizes",
+    }
+    assert dump_schema(conn) == EXPECTED.read_text()
+    assert conn.execute("SELECT updated_at FROM webhooks").fetchone()[0] == 1700000100
+    items = [r[0] for r in conn.execute("SELECT item FROM conversation_items")]
+    size = conn.execute("SELECT item_count, item_bytes FROM conversations").fetchone()
+    assert tuple(size) == (2, sum(len(item.encode()) for item in items))
+    assert conn.execute("SELECT count(*) FROM task_events").fetchone()[0] == 2
+    assert migrate(conn) == []

@@ -120,8 +120,8 @@ def _command_hint() -> str | None:
 
 @main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), help=DATA_DIR_HELP)
-@click.option("--host", help="Address to bind (LMSP_HOST; default 127.0.0.1).")
-@click.option("--port", type=int, help="Port (LMSP_PORT; default 8430).")
+@click.option("--host", help=config.declared("host").option_help("Address to bind"))
+@click.option("--port", type=int, help=config.declared("port").option_help("Port"))
 def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     """Run the service in the foreground.
 
@@ -202,7 +202,8 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
 @main.command(short_help="Delete expired finished work and orphan blobs (server stopped).")
 @click.option("--data-dir", type=click.Path(path_type=Path), help=DATA_DIR_HELP)
 @click.option(
-    "--retention", help="Keep finished work this long: 30s, 12h, 7d (LMSP_RETENTION; default 7d)."
+    "--retention",
+    help=config.declared("retention").option_help("Keep finished work this long: 30s, 12h, 7d"),
 )
 def gc(data_dir: Path | None, retention: str | None) -> None:
     """Delete finished tasks, events and responses past the retention period, model

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from lmsp.cli.models import models
-from lmsp.cli.remote import connect, print_json, remote_options, table, when
+from lmsp.cli.remote import ask, connect, print_json, remote_options, table, when
 from lmsp.cli.safe import clean
 
 
@@ -59,10 +59,10 @@ def logs(errors_only: bool, limit: int, url: str | None, token: str | None, as_j
     code, param, client and its user agent. The whole log goes to the service's stderr
     (LMSP_LOG_FORMAT=json for JSON lines)."""
     del errors_only  # the refusals are the one log kept here: --errors says so
-    with connect(url, token) as api:
-        result = api.request("GET", "/v1/refusals", params={"limit": limit})
-    if as_json:
-        print_json(result)
+    result = ask(
+        url, token, as_json, lambda api: api.request("GET", "/v1/refusals", params={"limit": limit})
+    )
+    if result is None:
         return
     rows = [
         [

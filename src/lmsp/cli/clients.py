@@ -5,9 +5,8 @@ from __future__ import annotations
 import click
 
 from lmsp.cli.remote import (
-    connect,
+    ask,
     note,
-    print_json,
     remote_options,
     scopes_option,
     split_scopes,
@@ -15,6 +14,7 @@ from lmsp.cli.remote import (
     when,
 )
 from lmsp.cli.safe import clean
+from lmsp.client import Client
 
 
 @click.group("clients")
@@ -26,10 +26,8 @@ def clients() -> None:
 @remote_options
 def list_clients(url: str | None, token: str | None, as_json: bool) -> None:
     """Every client, revoked ones too."""
-    with connect(url, token) as api:
-        rows = api.clients()
-    if as_json:
-        print_json(rows)
+    rows = ask(url, token, as_json, Client.clients)
+    if rows is None:
         return
     table(
         None,
@@ -57,10 +55,8 @@ def add(
     name: str, scopes: tuple[str, ...], url: str | None, token: str | None, as_json: bool
 ) -> None:
     """Create a client; its token is printed once and never again."""
-    with connect(url, token) as api:
-        created = api.add_client(name, split_scopes(scopes))
-    if as_json:
-        print_json(created)
+    created = ask(url, token, as_json, lambda api: api.add_client(name, split_scopes(scopes)))
+    if created is None:
         return
     click.echo(created["token"])
     note(f"client {created['id']} ({name}): {' '.join(created['scopes'])}")  # note() cleans
@@ -75,11 +71,8 @@ def revoke(client_id: str, url: str | None, token: str | None, as_json: bool) ->
 
     Its token stops working at once and its queued and running tasks are cancelled;
     its finished tasks stay."""
-    with connect(url, token) as api:
-        revoked = api.revoke_client(client_id)
-    if as_json:
-        print_json(revoked)
-    else:
+    revoked = ask(url, token, as_json, lambda api: api.revoke_client(client_id))
+    if revoked is not None:
         cancelled = len(revoked.get("cancelled_tasks") or [])
         click.echo(
             f"revoked {revoked['id']} ({clean(revoked['name'])}); cancelled {cancelled} task(s)"

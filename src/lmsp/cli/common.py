@@ -33,7 +33,7 @@ URL_HELP = (
 )
 TOKEN_HELP = "Bearer token (LMSP_TOKEN; default: the data directory's owner token)."
 JSON_HELP = "Print JSON, for scripts."
-DATA_DIR_HELP = "Data directory (LMSP_DATA_DIR; default ~/.local/share/lmsp)."
+DATA_DIR_HELP = config.declared("data_dir").option_help("Data directory")
 
 #: the hint a "cannot reach" error gives when no process holds the data directory
 START_HINT = "is it running? start it with `lmsp serve`"

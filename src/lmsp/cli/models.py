@@ -29,9 +29,9 @@ from rich.progress import (
 )
 
 from lmsp.cli.errors import CliError
-from lmsp.cli.remote import connect, print_json, remote_options, size, table
+from lmsp.cli.remote import ask, connect, print_json, remote_options, size, table
 from lmsp.cli.safe import clean
-from lmsp.client import APIError
+from lmsp.client import APIError, Client
 from lmsp.gguf import NotGGUF, check_structure
 from lmsp.store.blobs import hash_file
 
@@ -75,10 +75,8 @@ def _context(model: dict[str, Any]) -> str:
 def list_models(url: str | None, token: str | None, as_json: bool) -> None:
     """List models: size, quantization, the context the service runs each at (and the
     trained one when it differs), capabilities, status, whether loaded, and digest."""
-    with connect(url, token) as api:
-        data = api.models()
-    if as_json:
-        print_json(data)
+    data = ask(url, token, as_json, Client.models)
+    if data is None:
         return
     rows = []
     for m in data:
@@ -157,12 +155,9 @@ def add_model(path: Path, model_id: str, url: str | None, token: str | None, as_
 def remove_model(model_id: str, url: str | None, token: str | None, as_json: bool) -> None:
     """Delete a model (refused while unfinished tasks use it); its blob goes too unless
     another model names the same file."""
-    with connect(url, token) as api:
-        result = api.request("DELETE", f"/v1/models/{model_id}")
-    if as_json:
-        print_json(result)
-        return
-    click.echo(f"deleted {clean(model_id)}")
+    gone = ask(url, token, as_json, lambda api: api.request("DELETE", f"/v1/models/{model_id}"))
+    if gone is not None:
+        click.echo(f"deleted {clean(model_id)}")
 
 
 @models.command("verify", short_help="Recompute models' SHA-256 and record the outcome.")
@@ -235,10 +230,9 @@ def set_defaults(
     changes.update({name: None for name in unset})
     if not changes:
         raise click.UsageError("name at least one default to set (or --unset)")
-    with connect(url, token) as api:
-        model = api.request("PATCH", f"/v1/models/{model_id}", json={"defaults": changes})
-    if as_json:
-        print_json(model)
+    path, body = f"/v1/models/{model_id}", {"defaults": changes}
+    model = ask(url, token, as_json, lambda api: api.request("PATCH", path, json=body))
+    if model is None:
         return
     shown = ", ".join(f"{k}={v}" for k, v in sorted(model["defaults"].items())) or "none"
     click.echo(clean(f"{model['id']}: defaults {shown}"))

@@ -12,16 +12,16 @@ import click
 from rich.text import Text
 
 from lmsp.cli.remote import (
-    connect,
+    ask,
     console,
     note,
-    print_json,
     remote_options,
     scopes_option,
     split_scopes,
     table,
 )
 from lmsp.cli.safe import clean
+from lmsp.client import Client
 
 
 @click.group("pair")
@@ -38,10 +38,8 @@ def _expires_in(stamp: int) -> str:
 @remote_options
 def list_requests(url: str | None, token: str | None, as_json: bool) -> None:
     """Pending pairing requests."""
-    with connect(url, token) as api:
-        pending = api.pairings()
-    if as_json:
-        print_json(pending)
+    pending = ask(url, token, as_json, Client.pairings)
+    if pending is None:
         return
     if not pending:
         click.echo("no pending pairing requests")
@@ -90,11 +88,10 @@ def approve(
     """Approve the request showing CODE, like ABCD-EFGH (as `lmsp pair ls` lists it).
 
     Without --scopes the client gets every scope it asked for."""
-    with connect(url, token) as api:
-        decided = api.approve_pairing(code, split_scopes(scopes) or None)
-    if as_json:
-        print_json(decided)
-    else:
+    decided = ask(
+        url, token, as_json, lambda api: api.approve_pairing(code, split_scopes(scopes) or None)
+    )
+    if decided is not None:
         granted = " ".join(decided["granted_scopes"])
         name = clean(decided["client_name"])
         click.echo(f"approved {decided['user_code']} ({name}): {clean(granted)}")
@@ -107,11 +104,8 @@ def approve(
 @remote_options
 def deny(code: str, url: str | None, token: str | None, as_json: bool) -> None:
     """Deny the request showing CODE."""
-    with connect(url, token) as api:
-        decided = api.deny_pairing(code)
-    if as_json:
-        print_json(decided)
-    else:
+    decided = ask(url, token, as_json, lambda api: api.deny_pairing(code))
+    if decided is not None:
         click.echo(f"denied {decided['user_code']} ({clean(decided['client_name'])})")
 
 
@@ -120,10 +114,8 @@ def deny(code: str, url: str | None, token: str | None, as_json: bool) -> None:
 @remote_options
 def clear(source: str | None, url: str | None, token: str | None, as_json: bool) -> None:
     """Deny every pending request (or those of one source), freeing their slots."""
-    with connect(url, token) as api:
-        denied = api.clear_pairings(source)
-    if as_json:
-        print_json(denied)
+    denied = ask(url, token, as_json, lambda api: api.clear_pairings(source))
+    if denied is None:
         return
     where = f" from {clean(source)}" if source else ""
     click.echo(f"denied {len(denied)} pending pairing request(s){where}")

@@ -39,9 +39,8 @@ def _prompt(seq: dict[str, Any]) -> str:
     return f"{seq['prompt_read']:,}/{total:,} read{speed}"
 
 
-def render(state: dict[str, Any]) -> Group:
-    """The four tables of ``lmsp ps``."""
-    names = {c["id"]: c["name"] for c in state["clients"]}
+def _tables(state: dict[str, Any], names: dict[str, str]) -> list[Table | str]:
+    """Models, engines that failed, sequences and the queue: always shown."""
     models = [
         [
             m["model"],
@@ -55,10 +54,7 @@ def render(state: dict[str, Any]) -> Group:
     ]
     sequences = [
         [
-            s["task_id"],
-            s["model"],
-            names.get(s["client_id"], s["client_id"]),
-            s["status"],
+            *_task(s, names),
             _prompt(s),
             s["output_tokens"],
             "-" if s["tokens_per_second"] is None else f"{s['tokens_per_second']:.1f}",
@@ -67,24 +63,42 @@ def render(state: dict[str, Any]) -> Group:
         ]
         for s in state["sequences"]
     ]
-    waiting = [
-        [
-            w["task_id"],
-            w["model"],
-            names.get(w["client_id"], w["client_id"]),
-            w["status"],
-            when(w["created_at"]),
-            w["reason"],
-        ]
-        for w in state.get("waiting", [])
-    ]
     queue = state["queue"]
-    clients = [
-        [c["name"], c["id"], c["running"], c["queued"], when(c["last_used_at"])]
-        for c in state["clients"]
-    ]
     oldest = when(queue["oldest_created_at"]) if queue["queued"] else "-"
-    nodes = [
+    failed = [e for e in state.get("engines", []) if e["state"] == "failed"]
+    return [
+        _table("Models loaded", ["MODEL", "PID", "RESTARTS", "DIGEST", "MEMORY", "STATE"], models),
+        *(escape(clean(f"Failed: {e['model']}: {e['error']}")) for e in failed),
+        _table(
+            f"Sequences ({len(sequences)} of {state['parallel']} at once)",
+            [*TASK, "PROMPT", "OUTPUT", "TOKENS/S", "STARTED", "WHY SLOWER"],
+            sequences,
+        ),
+        f"Queue: {queue['queued']} task(s) waiting, oldest since {oldest}",
+    ]
+
+
+#: the columns :func:`_task` fills
+TASK = ["TASK", "MODEL", "CLIENT", "STATUS"]
+
+
+def _task(row: dict[str, Any], names: dict[str, str]) -> list[Any]:
+    """A sequence's or a waiting task's first cells: task, model, client, status."""
+    client = names.get(row["client_id"], row["client_id"])
+    return [row["task_id"], row["model"], client, row["status"]]
+
+
+def _waiting(state: dict[str, Any], names: dict[str, str]) -> list[Table]:
+    """The first tasks of the queue and why each waits (none: no table)."""
+    rows = [
+        [*_task(w, names), when(w["created_at"]), w["reason"]] for w in state.get("waiting", [])
+    ]
+    return [_table("Waiting", [*TASK, "SINCE", "WHY"], rows)] if rows else []
+
+
+def _nodes(state: dict[str, Any]) -> list[Table]:
+    """A database nodes share: every node, its lease and its unfinished tasks."""
+    rows = [
         [
             n["id"] + (" (this node)" if n["id"] == state.get("node") else ""),
             n["address"],
@@ -98,7 +112,13 @@ def render(state: dict[str, Any]) -> Group:
         ]
         for n in state.get("nodes", [])
     ]
-    pulling = [
+    columns = ["NODE", "ADDRESS", "STATE", "EPOCH", "LEASE", "SKEW", "UNFINISHED", "TASKS"]
+    return [_table("Nodes", columns, rows)] if rows else []
+
+
+def _pulls(state: dict[str, Any]) -> list[Table]:
+    """Models being pulled from the hub."""
+    rows = [
         [
             p["task_id"],
             p["model"],
@@ -109,52 +129,27 @@ def render(state: dict[str, Any]) -> Group:
         ]
         for p in state.get("pulls", [])
     ]
-    failed = [e for e in state.get("engines", []) if e["state"] == "failed"]
+    return [_table("Pulls", ["TASK", "MODEL", "STATUS", "DONE", "OF", "%"], rows)] if rows else []
+
+
+def render(state: dict[str, Any]) -> Group:
+    """The tables of ``lmsp ps``: models, sequences, the queue (and the first tasks
+    waiting), clients with unfinished work, and the nodes and pulls when there are any."""
+    names = {c["id"]: c["name"] for c in state["clients"]}
+    clients = [
+        [c["name"], c["id"], c["running"], c["queued"], when(c["last_used_at"])]
+        for c in state["clients"]
+    ]
     return Group(
-        _table("Models loaded", ["MODEL", "PID", "RESTARTS", "DIGEST", "MEMORY", "STATE"], models),
-        *(escape(clean(f"Failed: {e['model']}: {e['error']}")) for e in failed),
-        _table(
-            f"Sequences ({len(sequences)} of {state['parallel']} at once)",
-            [
-                "TASK",
-                "MODEL",
-                "CLIENT",
-                "STATUS",
-                "PROMPT",
-                "OUTPUT",
-                "TOKENS/S",
-                "STARTED",
-                "WHY SLOWER",
-            ],
-            sequences,
-        ),
-        f"Queue: {queue['queued']} task(s) waiting, oldest since {oldest}",
-        *(  # the first of them, and why each waits
-            [_table("Waiting", ["TASK", "MODEL", "CLIENT", "STATUS", "SINCE", "WHY"], waiting)]
-            if waiting
-            else []
-        ),
+        *_tables(state, names),
+        *_waiting(state, names),
         _table(
             "Clients with unfinished work",
             ["CLIENT", "ID", "RUNNING", "QUEUED", "LAST SEEN"],
             clients,
         ),
-        *(  # a database nodes share: every node, its lease and its unfinished tasks
-            [
-                _table(
-                    "Nodes",
-                    ["NODE", "ADDRESS", "STATE", "EPOCH", "LEASE", "SKEW", "UNFINISHED", "TASKS"],
-                    nodes,
-                )
-            ]
-            if nodes
-            else []
-        ),
-        *(  # models being pulled from the hub
-            [_table("Pulls", ["TASK", "MODEL", "STATUS", "DONE", "OF", "%"], pulling)]
-            if pulling
-            else []
-        ),
+        *_nodes(state),
+        *_pulls(state),
     )
 
 

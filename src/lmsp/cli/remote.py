@@ -21,6 +21,7 @@ from lmsp.cli.safe import clean, clean_json
 from lmsp.client import APIError, Client, ClientError, UnreachableError
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def remote_options(func: F) -> F:
@@ -55,6 +56,17 @@ def connect(url: str | None, token: str | None) -> Iterator[Client]:
     where = target(url, token)
     with handled(where), Client(where.url, where.token) as api:
         yield api
+
+
+def ask(url: str | None, token: str | None, as_json: bool, call: Callable[[Client], T]) -> T | None:
+    """What ``call`` gets from the service; with ``--json`` it is printed as it came and
+    the answer is None: the command has nothing to add."""
+    with connect(url, token) as api:
+        answer = call(api)
+    if as_json:
+        print_json(answer)
+        return None
+    return answer
 
 
 def console() -> Console:

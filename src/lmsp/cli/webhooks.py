@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from lmsp.cli.remote import connect, note, print_json, remote_options, table, when
+from lmsp.cli.remote import ask, connect, note, print_json, remote_options, table, when
 from lmsp.protocol.webhooks import EVENTS
 
 EVENT_OPTION = click.option(
@@ -58,10 +58,8 @@ def add(
 @remote_options
 def list_webhooks(url: str | None, token: str | None, as_json: bool) -> None:
     """Your webhooks (an admin token: every client's)."""
-    with connect(url, token) as api:
-        rows: list[dict[str, Any]] = api.request("GET", "/v1/webhooks")["data"]
-    if as_json:
-        print_json(rows)
+    rows = ask(url, token, as_json, lambda api: api.request("GET", "/v1/webhooks")["data"])
+    if rows is None:
         return
     table(
         None,
@@ -104,12 +102,9 @@ def update(
         body["event_types"] = list(events)
     if description is not None:
         body["name"] = description
-    with connect(url, token) as api:
-        changed: dict[str, Any] = api.request(
-            "POST", f"/v1/webhook_endpoints/{webhook_id}", json=body
-        )
-    if as_json:
-        print_json(changed)
+    path = f"/v1/webhook_endpoints/{webhook_id}"
+    changed = ask(url, token, as_json, lambda api: api.request("POST", path, json=body))
+    if changed is None:
         return
     note(f"webhook {changed['id']} → {changed['url']}: {' '.join(changed['event_types'])}")
 
@@ -143,11 +138,8 @@ def _show_secret(answer: dict[str, Any], secret: str, said: str, as_json: bool) 
 @remote_options
 def remove(webhook_id: str, url: str | None, token: str | None, as_json: bool) -> None:
     """Remove a webhook (its pending deliveries are not sent)."""
-    with connect(url, token) as api:
-        gone = api.request("DELETE", f"/v1/webhooks/{webhook_id}")
-    if as_json:
-        print_json(gone)
-    else:
+    gone = ask(url, token, as_json, lambda api: api.request("DELETE", f"/v1/webhooks/{webhook_id}"))
+    if gone is not None:
         click.echo(f"removed {webhook_id}")
 
 

@@ -168,8 +168,14 @@ class GrammarBudget:
             request=request_seconds,
         )
 
-    def _key(self, grammar: str | None, schemas: list[dict[str, Any]]) -> tuple[str, str] | Outcome:
-        """The cache key and the schemas' compact JSON, or the refusal of their size."""
+    def _lookup(
+        self, grammar: str | None, schemas: list[dict[str, Any]]
+    ) -> tuple[str, str] | Outcome:
+        """The outcome known without a compile (nothing to check, the refusal of the
+        schemas' size, a cached outcome), else the cache key and the schemas' compact
+        JSON to compile."""
+        if not schemas and grammar is None:
+            return OK
         try:
             shown = json.dumps(schemas, separators=(",", ":"), ensure_ascii=False).encode()
         except RecursionError:
@@ -177,7 +183,7 @@ class GrammarBudget:
         if len(shown) > self.max_bytes:
             return Outcome("too_complex", limit="bytes", problem=str(len(shown)))
         key = hashlib.sha256(shown + b"\0" + (grammar or "").encode()).hexdigest()
-        return key, shown.decode()
+        return self._known(key) or (key, shown.decode())
 
     def _known(self, key: str) -> Outcome | None:
         with self._done_lock:
@@ -198,15 +204,10 @@ class GrammarBudget:
         """:meth:`check`, blocking, from a thread that is not the event loop's (the
         runner's: an MCP loop's schemas and turn grammars), under the same budget and
         cache; it waits for a free worker, outside the API's fair queue."""
-        if not schemas and grammar is None:
-            return OK
-        found = self._key(grammar, schemas)
+        found = self._lookup(grammar, schemas)
         if isinstance(found, Outcome):
             return found
         key, shown = found
-        known = self._known(key)
-        if known is not None:
-            return known
         self.compiles += 1
         try:
             result = self.sandbox.call(compile_job, grammar, shown, cpu_seconds=self.cpu_seconds)
@@ -231,15 +232,10 @@ class GrammarBudget:
         """The outcome of checking ``schemas`` and compiling ``grammar`` (the output's
         grammar, built from them; ``None`` when the output is free text); a compile is
         charged to ``ticket``, its request's budget (:mod:`lmsp.fairgate`)."""
-        if not schemas and grammar is None:
-            return OK
-        found = self._key(grammar, schemas)
+        found = self._lookup(grammar, schemas)
         if isinstance(found, Outcome):
             return found
         key, shown = found
-        known = self._known(key)
-        if known is not None:
-            return known
         waiting = self._pending.get(key)
         if waiting is not None:
             return await asyncio.shield(waiting)

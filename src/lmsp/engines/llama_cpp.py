@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from lmsp.config import engine_threads
 from lmsp.engines import markers
 from lmsp.engines.base import (
     Constraint,
@@ -96,10 +96,6 @@ FAST_TAG = TAG + "; fast"
 SPLIT_KV_CELLS = 192
 
 
-def _threads() -> int:
-    return max(1, int(os.environ.get("LMSP_THREADS", "0")) or (os.cpu_count() or 1))
-
-
 def _context_of(meta: Mapping[str, Any], n_ctx: int, options: LoadOptions) -> int:
     """One sequence's context for a model of these GGUF metadata (see
     :func:`lmsp.engines.base.context_size`): its KV bytes a token (K and V, 16-bit, every
@@ -162,8 +158,8 @@ class LlamaTokenizer:
             model_path=str(path),
             # the tokenizer's own context holds nothing (0 would make llama.cpp refuse it)
             n_ctx=n_ctx if n_ctx > 0 else 512,
-            n_threads=_threads(),
-            n_threads_batch=_threads(),
+            n_threads=engine_threads(),
+            n_threads_batch=engine_threads(),
             vocab_only=vocab_only,
             verbose=False,
         )
@@ -255,7 +251,7 @@ class LlamaModel(LlamaTokenizer):
         layout = EXACT if options.exact else FAST
         self.yarn_from = yarn_base(self.meta, self.n_ctx, options)
         self.context = LlamaContext(
-            path, self.n_ctx, options.sequences, _threads(), layout, yarn_from=self.yarn_from
+            path, self.n_ctx, options.sequences, engine_threads(), layout, yarn_from=self.yarn_from
         )
         self.tag = TAG if options.exact else FAST_TAG
         if self.yarn_from:  # saved cells hold positions rotated for this context only
@@ -428,7 +424,7 @@ class LlamaModel(LlamaTokenizer):
         """Embeddings, in a context of their own made on first use (:mod:`lmsp.engines.
         llama_embed`); a model that cannot embed is refused each time it is asked."""
         if self._embedder is None:
-            self._embedder = LlamaEmbedder(self.context.model, self.embed_tokens, _threads())
+            self._embedder = LlamaEmbedder(self.context.model, self.embed_tokens, engine_threads())
         return self._embedder.embed(inputs, max_tokens)
 
     def figures(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from lmsp.ids import now as _now
-from lmsp.store.sql import POSTGRES, Conn, Row
+from lmsp.store.sql import POSTGRES, Conn, Row, where
 
 GENESIS = "0" * 64
 #: the advisory lock that orders appends from several PostgreSQL nodes ("lmsa")
@@ -90,19 +90,9 @@ def page(
     action: str | None = None,
 ) -> list[Row]:
     """Rows oldest first, after the id ``after``, of one target or action if given."""
-    clauses = ["id > ?"]
-    args: list[Any] = [after or 0]
-    if target is not None:
-        clauses.append("target = ?")
-        args.append(target)
-    if action is not None:
-        clauses.append("action = ?")
-        args.append(action)
+    clause, args = where(("id > ?", after or 0), ("target = ?", target), ("action = ?", action))
     return list(
-        conn.execute(
-            f"SELECT * FROM audit_log WHERE {' AND '.join(clauses)} ORDER BY id LIMIT ?",
-            (*args, limit),
-        )
+        conn.execute(f"SELECT * FROM audit_log{clause} ORDER BY id LIMIT ?", (*args, limit))
     )
 
 

@@ -301,18 +301,7 @@ def import_model(
             def job(conn: Conn) -> bool:
                 if models.get(conn, model_id) is not None:
                     return False
-                models.add(
-                    conn,
-                    model_id=model_id,
-                    engine="llama_cpp",
-                    digest=digest,
-                    size_bytes=size,
-                    fmt="gguf",
-                    owned_by="user",
-                    metadata=meta,
-                    defaults=defaults,
-                )
-                models.set_status(conn, model_id, "ready", verified=True)  # hashed just now
+                models.add_hashed_gguf(conn, model_id, digest, size, meta, defaults)
                 return True
 
             try:

@@ -236,28 +236,31 @@ def append(
     return out
 
 
-def item(conn: Conn, conversation_id: str, item_id: str) -> Item:
-    row = conn.execute(
-        "SELECT item FROM conversation_items WHERE conversation_id = ? AND id = ?",
-        (conversation_id, item_id),
-    ).fetchone()
+#: the item of a conversation, by its id
+_THE_ITEM = " FROM conversation_items WHERE conversation_id = ? AND id = ?"
+
+
+def _one_item(conn: Conn, sql: str, conversation_id: str, item_id: str) -> str:
+    """The stored text of the item ``sql`` finds (and returns); ``404`` when the
+    conversation has no such item."""
+    row = conn.execute(sql, (conversation_id, item_id)).fetchone()
     if row is None:
         raise LmspError("not_found", f"No item with id {item_id!r} in this conversation.")
-    found: Item = json.loads(row[0])
+    text: str = row[0]
+    return text
+
+
+def item(conn: Conn, conversation_id: str, item_id: str) -> Item:
+    found: Item = json.loads(_one_item(conn, "SELECT item" + _THE_ITEM, conversation_id, item_id))
     return found
 
 
 def delete_item(conn: Conn, conversation_id: str, item_id: str) -> None:
-    gone = conn.execute(
-        "DELETE FROM conversation_items WHERE conversation_id = ? AND id = ? RETURNING item",
-        (conversation_id, item_id),
-    ).fetchone()
-    if gone is None:
-        raise LmspError("not_found", f"No item with id {item_id!r} in this conversation.")
+    gone = _one_item(conn, f"DELETE{_THE_ITEM} RETURNING item", conversation_id, item_id)
     conn.execute(
         "UPDATE conversations SET updated_at = ?, item_count = item_count - 1,"
         " item_bytes = item_bytes - ? WHERE id = ?",
-        (clock_now(conn), len(gone[0].encode()), conversation_id),
+        (clock_now(conn), len(gone.encode()), conversation_id),
     )
 
 

@@ -93,6 +93,30 @@ def add(
     )
 
 
+def add_hashed_gguf(
+    conn: Conn,
+    model_id: str,
+    digest: str,
+    size_bytes: int,
+    metadata: dict[str, Any],
+    defaults: dict[str, float | int] | None = None,
+) -> None:
+    """A user's GGUF file, hashed as it was written to the blob store (imported or
+    pulled), as a ``ready`` model verified now."""
+    add(
+        conn,
+        model_id=model_id,
+        engine="llama_cpp",
+        digest=digest,
+        size_bytes=size_bytes,
+        fmt="gguf",
+        owned_by="user",
+        metadata=metadata,
+        defaults=defaults,
+    )
+    set_status(conn, model_id, "ready", verified=True)
+
+
 def add_once(conn: Conn, *, model_id: str, **fields: Any) -> None:
     """Register a model unless one with this id exists (first-start registration)."""
     if get(conn, model_id) is None:

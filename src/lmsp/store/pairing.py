@@ -85,36 +85,24 @@ def create(
     it for such a peer: hosts elsewhere can never take every slot from this machine's
     agents), or ``max_pending`` in all are waiting."""
     waiting = pending(conn, now)
-    named = [r for r in waiting if same_name(r["client_name"], client_name)]
-    if max_per_name is not None and len(named) >= max_per_name:
-        raise _refuse(
-            named,
-            now,
-            f"{max_per_name} pairing requests named {client_name.strip()!r} are waiting for"
-            " approval already; retry later.",
-        )
-    mine = [r for r in waiting if r["source"] == source]
-    if max_per_source is not None and len(mine) >= max_per_source:
-        raise _refuse(
-            mine,
-            now,
-            f"{max_per_source} pairing requests from this address are waiting for approval"
-            " already; retry later.",
-        )
-    remote = [r for r in waiting if is_remote(r["source"] or "")]
-    if max_remote is not None and len(remote) >= max_remote:
-        raise _refuse(
-            remote,
-            now,
-            f"{max_remote} pairing requests from beyond this machine are waiting for approval"
-            " already; retry later.",
-        )
-    if len(waiting) >= max_pending:
-        raise _refuse(
-            waiting,
-            now,
-            f"{max_pending} pairing requests are waiting for approval already; retry later.",
-        )
+    limits = (  # the requests a limit counts, the limit, which requests it says
+        (
+            [r for r in waiting if same_name(r["client_name"], client_name)],
+            max_per_name,
+            f" named {client_name.strip()!r}",
+        ),
+        ([r for r in waiting if r["source"] == source], max_per_source, " from this address"),
+        (
+            [r for r in waiting if is_remote(r["source"] or "")],
+            max_remote,
+            " from beyond this machine",
+        ),
+        (waiting, max_pending, ""),
+    )
+    for counted, limit, which in limits:
+        if limit is not None and len(counted) >= limit:
+            said = f"{limit} pairing requests{which} are waiting for approval already"
+            raise _refuse(counted, now, f"{said}; retry later.")
     code = new_user_code()
     while conn.execute("SELECT 1 FROM pairing_requests WHERE user_code = ?", (code,)).fetchone():
         code = new_user_code()

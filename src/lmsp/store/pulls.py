@@ -226,17 +226,7 @@ def finish(
             conn, task_id, "model_exists", f"A model {pull.model_id!r} exists meanwhile."
         )
         return "exists"
-    models.add(
-        conn,
-        model_id=pull.model_id,
-        engine="llama_cpp",
-        digest=digest,
-        size_bytes=size,
-        fmt="gguf",
-        owned_by="user",
-        metadata=metadata,
-    )
-    models.set_status(conn, pull.model_id, "ready", verified=True)  # hashed as it came
+    models.add_hashed_gguf(conn, pull.model_id, digest, size, metadata)  # hashed as it came
     events.append(
         conn,
         task_id,

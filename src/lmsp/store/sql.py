@@ -54,6 +54,15 @@ class Conn(Protocol):
     def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /) -> Cursor: ...
 
 
+def where(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """`` WHERE a AND b`` of the conditions whose value is given, and their arguments in
+    order (``""`` and none when no value is). A condition is its SQL and its value: None
+    leaves it out (a filter not asked for), a tuple fills several placeholders."""
+    given = [(sql, value) for sql, value in conditions if value is not None]
+    args = [v for _, value in given for v in (value if isinstance(value, tuple) else (value,))]
+    return (f" WHERE {' AND '.join(sql for sql, _ in given)}" if given else ""), args
+
+
 def clock_sql(conn: Conn) -> str:
     """An SQL expression for the database's clock in seconds since the epoch (a float):
     leases are judged by one clock, the database's, never a node's."""

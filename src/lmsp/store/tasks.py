@@ -18,7 +18,7 @@ from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_
 from lmsp.store import conversations, events, fairness, snapshots, webhooks
 from lmsp.store import usage as ledger
 from lmsp.store.nodes import Node
-from lmsp.store.sql import Conn, Row, clock_now, skip_locked
+from lmsp.store.sql import Conn, Row, clock_now, skip_locked, where
 
 log = logging.getLogger(__name__)
 
@@ -454,18 +454,11 @@ def page(
 ) -> list[Row]:
     """Tasks newest first: of one client (or all), in one status (or any), before a
     queue position (the list's cursor)."""
-    clauses: list[str] = []
-    args: list[Any] = []
-    for clause, value in (("client_id = ?", client_id), ("status = ?", status)):
-        if value is not None:
-            clauses.append(clause)
-            args.append(value)
-    if before_seq is not None:
-        clauses.append("seq < ?")
-        args.append(before_seq)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    clause, args = where(
+        ("client_id = ?", client_id), ("status = ?", status), ("seq < ?", before_seq)
+    )
     return list(
-        conn.execute(f"SELECT * FROM tasks {where} ORDER BY seq DESC LIMIT ?", (*args, limit))
+        conn.execute(f"SELECT * FROM tasks{clause} ORDER BY seq DESC LIMIT ?", (*args, limit))
     )
 
 

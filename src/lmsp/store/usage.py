@@ -18,7 +18,7 @@ import json
 import time
 from typing import Any
 
-from lmsp.store.sql import Conn, Row
+from lmsp.store.sql import Conn, Row, where
 
 GROUPS = ("day", "model")
 COLUMNS = ("requests", "input_tokens", "cached_tokens", "output_tokens")
@@ -112,23 +112,16 @@ def summary(
 ) -> list[dict[str, Any]]:
     """The ledger summed per client and per ``group_by`` (``day``, ``model``), over the
     days from ``since``'s to ``until``'s (Unix times; UTC days, both included)."""
-    clauses: list[str] = []
-    args: list[Any] = []
-    if client_id is not None:
-        clauses.append("u.client_id = ?")
-        args.append(client_id)
-    if since is not None:
-        clauses.append("u.day >= ?")
-        args.append(day_of(since))
-    if until is not None:
-        clauses.append("u.day <= ?")
-        args.append(day_of(until))
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    clause, args = where(
+        ("u.client_id = ?", client_id),
+        ("u.day >= ?", None if since is None else day_of(since)),
+        ("u.day <= ?", None if until is None else day_of(until)),
+    )
     keys = ["u.client_id", *(f"u.{name}" for name in GROUPS if name in group_by)]
     sums = ", ".join(f"sum(u.{name}) AS {name}" for name in COLUMNS)
     rows = conn.execute(
         f"SELECT {', '.join(keys)}, c.name AS client_name, {sums} FROM usage_daily u"
-        f" LEFT JOIN clients c ON c.id = u.client_id {where}"
+        f" LEFT JOIN clients c ON c.id = u.client_id{clause}"
         f" GROUP BY {', '.join(keys)}, c.name ORDER BY {', '.join(keys)}",
         args,
     )

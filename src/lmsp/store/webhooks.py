@@ -35,7 +35,7 @@ from typing import Any
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
-from lmsp.store.sql import Conn, Row, clock_sql, skip_locked
+from lmsp.store.sql import Conn, Row, clock_sql, skip_locked, where
 
 #: webhooks one client may have
 MAX_PER_CLIENT = 32
@@ -160,15 +160,11 @@ def newest_first(conn: Conn, client_id: str | None, after: Row | None, limit: in
     """A client's webhooks (``None``: every client's), newest first (``created_at`` is
     in seconds: ties in id order), those after the webhook ``after`` (a cursor); at
     most ``limit``."""
-    where: list[str] = []
-    args: list[Any] = []
-    if client_id is not None:
-        where.append("client_id = ?")
-        args.append(client_id)
-    if after is not None:
-        where.append("(created_at < ? OR (created_at = ? AND id < ?))")
-        args += [after["created_at"], after["created_at"], after["id"]]
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    cursor = None if after is None else (after["created_at"], after["created_at"], after["id"])
+    clause, args = where(
+        ("client_id = ?", client_id),
+        ("(created_at < ? OR (created_at = ? AND id < ?))", cursor),
+    )
     return list(
         conn.execute(
             f"SELECT * FROM webhooks{clause} ORDER BY created_at DESC, id DESC LIMIT ?",
