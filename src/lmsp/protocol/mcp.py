@@ -23,9 +23,6 @@ from lmsp.protocol import outbound
 from lmsp.protocol.tools import McpTool, Tool, ToolFilter
 
 MCP = "mcp"
-#: the stored request's key for the header values, taken out before the request is
-#: stored (kept apart, never shown: :mod:`lmsp.store.mcp_headers`)
-HEADERS_KEY = "lmsp_mcp_headers"
 REDACTED = "[redacted]"
 LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_HEADERS = 32
