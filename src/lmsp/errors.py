@@ -31,7 +31,8 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
 
 
 def unsupported(param: str, message: str) -> LmspError:
-    """A field lmsp cannot honour: refused (``400 unsupported_parameter``), never ignored."""
+    """``400 unsupported_parameter``: a well-formed value lmsp cannot honour (PROTOCOL.md
+    section 4: refused, never silently ignored)."""
     return LmspError("unsupported_parameter", message, param=param)
 
 

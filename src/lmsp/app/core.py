@@ -23,6 +23,7 @@ from lmsp.engines.host import ModelHost
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.metrics import Metrics
 from lmsp.outbound.deliverer import Deliverer
+from lmsp.protocol.request import CreateRequest
 from lmsp.runner import recovery
 from lmsp.runner.runner import Runner
 from lmsp.sandbox import Sandbox
@@ -109,7 +110,7 @@ class Core(ABC):
 
     @abstractmethod
     async def create(
-        self, client: Client, request: dict[str, Any], key: idempotency.Key | None
+        self, client: Client, given: CreateRequest, key: idempotency.Key | None
     ) -> response_store.Created:
         """Persist a response and its task: the create use case
         (:class:`lmsp.app.service.Service`), which compaction calls back for the

@@ -6,17 +6,15 @@ A response is its client's: another client's id is ``404``; ``admin`` sees every
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from lmsp import errors
 from lmsp.app import models, tasks
 from lmsp.app.core import Core
-from lmsp.protocol import items
+from lmsp.protocol.request import CreateRequest
 from lmsp.runner.plan import messages_of, tools_of
 from lmsp.store import idempotency
-from lmsp.store import models as model_store
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
@@ -117,22 +115,15 @@ async def forget(core: Core, response_id: str, client_id: str) -> None:
     await core.db.write(lambda c: response_store.delete(c, response_id, client_id))
 
 
-async def count_prompt(
-    core: Core, client: Client, model: str, prompt: dict[str, Any], param: str
-) -> int:
-    """The tokens of ``prompt`` (its ``input`` items, named ``param`` in errors, with its
-    ``instructions`` and ``tools``), counted with the model's own tokenizer and chat
-    template as the context check of a create counts them."""
-    record = await models.resolve(core, model, client)
-    prompt["input"] = await asyncio.to_thread(
-        items.normalize,
-        prompt["input"],
-        capabilities=model_store.capabilities(record),
-        param=param,
-    )
-    size = await core.read(core.host.prompt_size, record, messages_of(prompt), tools_of(prompt))
+async def count_prompt(core: Core, client: Client, prompt: CreateRequest) -> int:
+    """The tokens of ``prompt`` (its input items, with its ``instructions`` and
+    ``tools``), counted with its model's own tokenizer and chat template as the context
+    check of a create counts them."""
+    record = await models.resolve(core, prompt.model, client)
+    shown = messages_of(prompt, prompt.input)
+    size = await core.read(core.host.prompt_size, record, shown, tools_of(prompt))
     if size is None:
         raise errors.LmspError(
-            "model_load_failed", f"The tokenizer of {model!r} cannot be read now."
+            "model_load_failed", f"The tokenizer of {prompt.model!r} cannot be read now."
         )
     return size[0]
