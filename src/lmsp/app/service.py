@@ -292,8 +292,7 @@ class Service:
         request.update(objects.sampling_used(request, record.defaults))
         # schemas and grammar compiled once, in a worker, under their budget
         await toolcheck.check_grammar(self.grammars, request, param, ticket)
-        engine = self.host.engines.get(record.engine)
-        if engine is not None and not engine.constrains:
+        if not self.host.constrains(record):
             toolcheck.refuse_constraints(request, model, param)
         # every input item checked, and each file read as text once, before any write
         request["input"] = await asyncio.to_thread(

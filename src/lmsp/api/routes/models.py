@@ -12,12 +12,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.routes.deps import service
 from lmsp.api.schemas import MinP, Penalty, RepeatPenalty, Temperature, TopK, TopP
+from lmsp.app import remote_models
 from lmsp.store import audit, blobs, models
 from lmsp.store.clients import Client
 from lmsp.store.models import ModelRecord
@@ -59,6 +60,23 @@ class ChangeModel(BaseModel):
     defaults: ModelDefaults
 
 
+class RemoteUpstream(BaseModel):
+    """Where a remote model is served (docs/remote-engines.md): an OpenAI-compatible
+    upstream's base URL, the model id it serves the model under, the environment
+    variable holding its API key (never the key), and how many of lmsp's sequences may
+    stream from it at once (at most its own sequences ÷ the nodes sharing it)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=2048)]
+    upstream_model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    api_key_env: (
+        Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+        | None
+    ) = None
+    inflight: Annotated[int, Field(ge=1, le=1024)] = 4
+
+
 class ImportModel(BaseModel):
     """``POST /v1/models``: a local file to copy into the blob store under a new id.
     ``digest`` (optional, ``sha256:<hex>``) is what the caller hashed: the import fails
@@ -70,6 +88,8 @@ class ImportModel(BaseModel):
     path: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     defaults: ModelDefaults | None = None
+    #: a remote model: ``path`` is then its tokenizer (a GGUF)
+    remote: RemoteUpstream | None = None
 
 
 def render(request: Request, record: ModelRecord) -> dict[str, Any]:
@@ -90,6 +110,7 @@ def render(request: Request, record: ModelRecord) -> dict[str, Any]:
         "verified_at": record.verified_at,
         "metadata": record.metadata,
         "defaults": record.defaults,
+        "remote": record.remote,
     }
 
 
@@ -116,16 +137,32 @@ async def get_model(model_id: str, request: Request, client: ModelReader) -> dic
 async def import_model(body: ImportModel, request: Request, client: ModelWriter) -> JSONResponse:
     svc = service(request)
     defaults = None if body.defaults is None else _set(body.defaults.given())
-    record = await asyncio.to_thread(
-        blobs.import_model,
-        svc.db,
-        svc.settings.blobs_dir,
-        body.id,
-        Path(body.path),
-        body.digest,
-        defaults=defaults,
-    )
-    change = {"digest": record.digest, "size_bytes": record.size_bytes}
+    if body.remote is not None:
+        given = body.remote.model_dump()
+        record = await asyncio.to_thread(
+            remote_models.add_remote,
+            svc.db,
+            svc.settings.blobs_dir,
+            body.id,
+            Path(body.path),
+            given,
+            defaults,
+        )
+    else:
+        record = await asyncio.to_thread(
+            blobs.import_model,
+            svc.db,
+            svc.settings.blobs_dir,
+            body.id,
+            Path(body.path),
+            body.digest,
+            defaults=defaults,
+        )
+    change = {
+        "digest": record.digest,
+        "size_bytes": record.size_bytes,
+        "remote": body.remote is not None,
+    }
     await svc.db.write(lambda c: audit.record(c, client.id, "model.added", body.id, change))
     return JSONResponse(render(request, record), 201, headers={"Location": f"/v1/models/{body.id}"})
 
