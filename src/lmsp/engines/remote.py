@@ -131,6 +131,7 @@ class RemoteBackend:
     def serve(self, channel: Channel, alive: Callable[[], bool]) -> None:
         """Serve ``channel`` until :class:`Shutdown` or the API process is gone."""
         self._channel = channel
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line a request
         asyncio.run(self._serve(channel, alive))
 
     async def _serve(self, channel: Channel, alive: Callable[[], bool]) -> None:
@@ -242,7 +243,7 @@ class RemoteBackend:
             pieces: list[Piece] = []
             for i, token in enumerate(tokens):
                 if not 0 <= token < tokenizer.n_vocab:  # never given to llama.cpp
-                    raise UpstreamLost(f"the upstream sent token {token}, not in the vocabulary")
+                    raise UpstreamLost(f"it sent token {token}, not in the vocabulary")
                 if token in tokenizer.eog:
                     continue
                 raw = bytes(tokenizer.llm.detokenize([token]))

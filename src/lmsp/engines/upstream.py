@@ -106,7 +106,7 @@ def _raise_for(response: httpx.Response, body: bytes) -> None:
     except (ValueError, AttributeError):
         pass
     if response.status_code >= 500:
-        raise UpstreamLost(f"the upstream answered {response.status_code}: {text}")
+        raise UpstreamLost(f"it answered {response.status_code}: {text}")
     raise UpstreamRefused(f"the upstream refused the request ({response.status_code}): {text}")
 
 
@@ -194,6 +194,13 @@ def parse_chunk(dialect: str, data: dict[str, Any]) -> Chunk:
     return Chunk(tokens=[int(t) for t in choice.get("token_ids") or []], stop=stop, cached=cached)
 
 
+def _read_chunk(dialect: str, payload: str) -> Chunk:
+    try:
+        return parse_chunk(dialect, json.loads(payload))
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise UpstreamLost(f"it sent a chunk that cannot be read ({type(exc).__name__})") from exc
+
+
 async def stream(
     client: httpx.AsyncClient,
     spec: RemoteSpec,
@@ -218,18 +225,16 @@ async def stream(
                 if payload == "[DONE]":
                     ended = True
                     break
-                chunk = parse_chunk(spec.dialect, json.loads(payload))
+                chunk = _read_chunk(spec.dialect, payload)
                 if chunk.stop is not None:
                     ended = True
                 yield chunk
                 if ended and spec.dialect == "llama-server":
                     break
     except httpx.TransportError as exc:
-        raise UpstreamLost(f"the upstream {spec.url} broke off: {type(exc).__name__}") from exc
-    except ValueError as exc:
-        raise UpstreamLost(f"the upstream {spec.url} sent what is not JSON") from exc
+        raise UpstreamLost(f"{type(exc).__name__}: {exc}") from exc
     if not ended:
-        raise UpstreamLost(f"the upstream {spec.url} ended its stream before the answer did")
+        raise UpstreamLost("its stream ended before the answer did")
 
 
 async def embed(
@@ -240,7 +245,7 @@ async def embed(
     try:
         response = await client.post("/v1/embeddings", json=body)
     except httpx.TransportError as exc:
-        raise UpstreamLost(f"the upstream {spec.url} broke off: {type(exc).__name__}") from exc
+        raise UpstreamLost(f"{type(exc).__name__}: {exc}") from exc
     _raise_for(response, response.content)
     data = sorted(response.json()["data"], key=lambda d: d["index"])
     return [[float(x) for x in d["embedding"]] for d in data]
@@ -312,44 +317,77 @@ def probe(
     cannot be reached and :class:`UpstreamRefused` when it is of no use."""
     upstream = Probe(spec)
     try:
-        props = upstream.get("/props")
-        dialect = "llama-server" if props.status_code == 200 and "n_ctx" in props.text else "openai"
-        found: dict[str, Any] = {"dialect": dialect}
-        if dialect == "llama-server":
-            info = props.json()
-            settings = info.get("default_generation_settings") or {}
-            found["n_ctx"] = int(settings.get("n_ctx") or 0)
-            found["slots"] = int(info.get("total_slots") or 0)
-            found["priority"] = False
-        else:
-            listed = upstream.get("/v1/models")
-            _raise_for(listed, listed.content)
-            entry = next(
-                (m for m in listed.json().get("data", []) if m.get("id") == spec.upstream_model),
-                None,
-            )
-            if entry is None:
-                raise UpstreamRefused(f"the upstream serves no model {spec.upstream_model!r}")
-            found["n_ctx"] = int(entry.get("max_model_len") or 0)
-            found["slots"] = 0
-            found["priority"] = False
-        upstream.spec = replace(spec, capabilities=found)  # its requests in its dialect
-        check(upstream, dialect)
-        first = _completion_ids(dialect, upstream.complete(dialect, sample, n=16))
-        if not first:
-            raise UpstreamRefused("the upstream does not take a prompt as token ids")
-        found["token_ids"] = True
-        found["streamed_ids"] = True
-        again = _completion_ids(dialect, upstream.complete(dialect, sample, n=16))
-        found["deterministic"] = again == first
-        grammar = upstream.complete(dialect, sample, n=1, **_grammar_probe(dialect))
-        found["grammar"] = grammar.status_code == 200
-        found["logprobs"] = dialect == "llama-server" or _logprobs_probe(upstream, sample)
-        emb = upstream.post("/v1/embeddings", {"model": spec.upstream_model, "input": [sample[:8]]})
-        found["embeddings"] = emb.status_code == 200
-        return found
+        return _probe(upstream, spec, sample, check)
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise UpstreamRefused(f"it answers what cannot be read ({type(exc).__name__})") from exc
     finally:
         upstream.close()
+
+
+def _probe(
+    upstream: Probe, spec: RemoteSpec, sample: list[int], check: Callable[[Probe, str], None]
+) -> dict[str, Any]:
+    found = _limits(upstream, spec)
+    dialect = found["dialect"]
+    upstream.spec = replace(spec, capabilities=found)  # its requests in its dialect
+    check(upstream, dialect)
+    first = _completion_ids(dialect, upstream.complete(dialect, sample, n=16))
+    if not first:
+        raise UpstreamRefused("it does not take a prompt as token ids")
+    found["token_ids"] = True
+    streamed = _streamed_ids(upstream, sample)  # (a token inside a character may be missing)
+    found["streamed_ids"] = bool(streamed) and set(streamed) <= set(first)
+    if not found["streamed_ids"]:
+        raise UpstreamRefused("it does not stream the ids of the tokens it generates")
+    again = _completion_ids(dialect, upstream.complete(dialect, sample, n=16))
+    found["deterministic"] = again == first
+    grammar = upstream.complete(dialect, sample, n=1, **_grammar_probe(dialect))
+    found["grammar"] = grammar.status_code == 200
+    found["logprobs"] = dialect == "llama-server" or _logprobs_probe(upstream, sample)
+    emb = upstream.post("/v1/embeddings", {"model": spec.upstream_model, "input": [sample[:8]]})
+    found["embeddings"] = emb.status_code == 200
+    return found
+
+
+def _limits(upstream: Probe, spec: RemoteSpec) -> dict[str, Any]:
+    """The dialect, one sequence's context and the number of slots."""
+    props = upstream.get("/props")
+    if props.status_code == 200 and "n_ctx" in props.text:
+        info = props.json()
+        settings = info.get("default_generation_settings") or {}
+        return {
+            "dialect": "llama-server",
+            "n_ctx": int(settings.get("n_ctx") or 0),
+            "slots": int(info.get("total_slots") or 0),
+            "priority": False,
+        }
+    listed = upstream.get("/v1/models")
+    _raise_for(listed, listed.content)
+    entry = next(
+        (m for m in listed.json().get("data", []) if m.get("id") == spec.upstream_model), None
+    )
+    if entry is None:
+        raise UpstreamRefused(f"it serves no model {spec.upstream_model!r}")
+    n_ctx = int(entry.get("max_model_len") or 0)
+    return {"dialect": "openai", "n_ctx": n_ctx, "slots": 0, "priority": False}
+
+
+def _streamed_ids(upstream: Probe, sample: list[int]) -> list[int]:
+    """The ids of a streamed 4-token greedy completion, as :func:`stream` reads them."""
+    spec = upstream.spec
+    path, body = completion_body(spec, sample, Sampling(temperature=0.0), 4)
+    found: list[int] = []
+    try:
+        with upstream.client.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                return []
+            for line in response.iter_lines():
+                payload = line[5:].strip() if line.startswith("data:") else ""
+                if payload and payload != "[DONE]":
+                    found += _read_chunk(spec.dialect, payload).tokens
+    except httpx.HTTPError as exc:
+        raise UpstreamLost(f"{spec.url}{path} broke off: {exc}") from exc
+    return found
 
 
 def _grammar_probe(dialect: str) -> dict[str, Any]:
