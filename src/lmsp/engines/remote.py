@@ -204,6 +204,12 @@ class RemoteBackend:
     # -- one sequence --------------------------------------------------------------------
     async def _generate(self, client: httpx.AsyncClient, message: Submit) -> None:
         assert self._gate is not None
+        if message.grammar is not None and message.resume:
+            # an upstream's grammar starts at the start of what it generates: fed a
+            # resume's tokens as prompt it would constrain the rest as a whole answer
+            why = "A constrained answer cannot be continued mid-grammar on a remote upstream."
+            self._send(Error(message.id, "engine_error", why))
+            return
         try:
             async with self._gate:
                 self.streams += 1
