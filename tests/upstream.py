@@ -78,7 +78,7 @@ class Upstream:
             "top_p": 1.0,
             "min_p": 0.0,
             "repeat_penalty": 1.0,
-            "repeat_last_n": -1,
+            "repeat_last_n": 2048,
             "return_tokens": True,
             "cache_prompt": False,
         }

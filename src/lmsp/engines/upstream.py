@@ -138,7 +138,8 @@ def completion_body(
             "mirostat": 0,
             "seed": sampling.seed & 0xFFFFFFFF,
             "repeat_penalty": sampling.repeat_penalty,
-            "repeat_last_n": -1,
+            # the penalties' history: the whole context (llama-server refuses -1)
+            "repeat_last_n": int(spec.capabilities.get("n_ctx") or 4096),
             "presence_penalty": sampling.presence_penalty,
             "frequency_penalty": sampling.frequency_penalty,
             "n_probs": max(1, sampling.top_logprobs) if sampling.logprobs else 0,
