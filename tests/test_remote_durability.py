@@ -101,7 +101,7 @@ def test_an_upstream_killed_mid_generation_under_fail_fails_naming_it_and_keeps_
     assert done["error"]["code"] == "engine_crashed"
     assert upstream.url in done["error"]["message"]
     kept = output_text(done)
-    assert kept and expected.startswith(kept)
+    assert kept and expected.startswith(kept) and len(kept) < len(expected)  # cut mid-answer
 
 
 def test_an_upstream_killed_mid_generation_under_resume_ends_with_the_greedy_answer(

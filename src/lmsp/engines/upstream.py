@@ -216,7 +216,8 @@ async def stream(
     path, body = completion_body(spec, tokens, sampling, max_tokens, grammar)
     ended = False
     try:
-        async with client.stream("POST", path, json=body) as response:
+        response = await _open(client, path, body)
+        try:
             if response.status_code >= 400:
                 _raise_for(response, await response.aread())
             async for line in response.aiter_lines():
@@ -232,10 +233,24 @@ async def stream(
                 yield chunk
                 if ended and spec.dialect == "llama-server":
                     break
+        finally:
+            await response.aclose()  # a cancel closes the stream: the upstream stops
     except httpx.TransportError as exc:
         raise UpstreamLost(f"{type(exc).__name__}: {exc}") from exc
     if not ended:
         raise UpstreamLost("its stream ended before the answer did")
+
+
+async def _open(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> httpx.Response:
+    """The streamed response to ``body``, sent again once when the connection it went on
+    was closed by the upstream before it answered (a kept-alive connection it had let go:
+    nothing of the request was done)."""
+    request = client.build_request("POST", path, json=body)
+    try:
+        return await client.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        request = client.build_request("POST", path, json=body)
+        return await client.send(request, stream=True)
 
 
 async def embed(
@@ -258,7 +273,12 @@ class Probe:
 
     def __init__(self, spec: RemoteSpec, timeout: float = 30.0) -> None:
         self.spec = spec
-        self.client = httpx.Client(base_url=spec.url, headers=spec.headers(), timeout=timeout)
+        self.client = httpx.Client(
+            base_url=spec.url,
+            headers=spec.headers(),
+            timeout=timeout,
+            limits=httpx.Limits(max_keepalive_connections=0),  # a few requests, each anew
+        )
 
     def close(self) -> None:
         self.client.close()
