@@ -75,9 +75,9 @@ class RemoteTokenizer(LlamaTokenizer):
     def __init__(self, path: Path, spec: RemoteSpec) -> None:
         super().__init__(path, 0)
         self.n_ctx = int(spec.capabilities.get("n_ctx") or 0) or self.n_ctx
-        vocab = self.llm._model.vocab
         import llama_cpp
 
+        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)}
         self.eog |= self.stop_ids
 
