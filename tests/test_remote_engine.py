@@ -11,6 +11,7 @@ sequence number, and its text is the upstream's own greedy answer to the same to
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -220,3 +221,32 @@ def test_a_tokenizer_that_differs_from_the_upstreams_is_refused_and_nothing_writ
         assert conn.execute("SELECT count(*) FROM models WHERE id = ?", (MODEL,)).fetchone()[0] == 0
     finally:
         conn.close()
+
+
+def test_embeddings_of_a_remote_model_are_the_upstreams_own(lmsp: Server, tmp_path: Path) -> None:
+    """An upstream started with ``--embeddings`` is probed as able to embed; lmsp's
+    ``POST /v1/embeddings`` on the remote model sends the inputs as token ids and gives
+    back the upstream's vectors, L2-normalised."""
+    upstream = Upstream(
+        tmp_path / "llama-server-embed.log", extra=("--embeddings", "--pooling", "last")
+    ).start()
+    texts = ["The keeper lit the lamp.", "Gulls circled the harbour at dawn."]
+    try:
+        with lmsp.client(timeout=300) as http:
+            added = add(http, upstream)
+            assert added["remote"]["capabilities"]["embeddings"] is True
+            answer = http.post("/v1/embeddings", json={"model": MODEL, "input": texts})
+            assert answer.status_code == 200, answer.text
+            vectors = [d["embedding"] for d in answer.json()["data"]]
+        tokenizer = LlamaTokenizer(bundled_model_path(), 0)
+        try:
+            ids = [tokenizer.text_tokens(text) for text in texts]
+        finally:
+            tokenizer.close()
+        for got, tokens in zip(vectors, ids, strict=True):
+            own = upstream.embedding(tokens)
+            norm = math.sqrt(sum(x * x for x in own))
+            assert len(got) == len(own)
+            assert max(abs(a - b / norm) for a, b in zip(got, own, strict=True)) < 1e-5
+    finally:
+        upstream.stop()

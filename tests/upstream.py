@@ -41,7 +41,9 @@ class Upstream:
     """A ``llama-server`` on the bundled model, on a free loopback port kept across
     restarts (a killed upstream comes back at the same URL)."""
 
-    def __init__(self, log: Path, parallel: int = 2, n_ctx: int = 2048) -> None:
+    def __init__(
+        self, log: Path, parallel: int = 2, n_ctx: int = 2048, extra: tuple[str, ...] = ()
+    ) -> None:
         self.server = llama_server.LlamaServer(
             binary(),
             bundled_model_path(),
@@ -49,7 +51,7 @@ class Upstream:
             parallel=parallel,
             n_ctx=n_ctx,
             log=log,
-            extra=("--slots", "--metrics"),
+            extra=("--slots", "--metrics", *extra),
         )
         self.url = self.server.url
 
@@ -95,3 +97,10 @@ class Upstream:
     def busy(self) -> int:
         """How many of its slots are generating now."""
         return sum(1 for slot in self.slots() if slot.get("is_processing"))
+
+    def embedding(self, tokens: list[int]) -> list[float]:
+        """The upstream's own embedding of ``tokens`` (started with ``--embeddings``)."""
+        body = {"input": [tokens], "model": "m", "encoding_format": "float"}
+        answer = httpx.post(f"{self.url}/v1/embeddings", json=body, timeout=120)
+        answer.raise_for_status()
+        return [float(x) for x in answer.json()["data"][0]["embedding"]]
