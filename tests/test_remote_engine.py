@@ -250,3 +250,31 @@ def test_embeddings_of_a_remote_model_are_the_upstreams_own(lmsp: Server, tmp_pa
             assert max(abs(a - b / norm) for a, b in zip(got, own, strict=True)) < 1e-5
     finally:
         upstream.stop()
+
+
+def test_logprobs_of_a_remote_model_come_from_the_upstream(
+    lmsp: Server, upstream: Upstream
+) -> None:
+    """``top_logprobs`` on a remote model: each token's entry and its alternatives are
+    the upstream's (``n_probs``), their text decoded here; greedy, the chosen token is
+    the most likely one."""
+    with lmsp.client(timeout=300) as http:
+        add(http, upstream)
+        body = {
+            "model": MODEL,
+            "input": PROMPT,
+            "temperature": 0,
+            "max_output_tokens": 16,
+            "top_logprobs": 3,
+        }
+        done = http.post("/v1/responses", json=body).json()
+    assert done["status"] in ("completed", "incomplete"), done
+    part = done["output"][0]["content"][0]
+    entries = part["logprobs"]
+    assert len(entries) == done["usage"]["output_tokens"]
+    assert "".join(e["token"] for e in entries) == part["text"]
+    for entry in entries:
+        assert len(entry["top_logprobs"]) == 3
+        assert entry["logprob"] <= 0
+        assert entry["top_logprobs"][0]["token"] == entry["token"]
+        assert entry["top_logprobs"][0]["logprob"] == entry["logprob"]

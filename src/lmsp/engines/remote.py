@@ -253,7 +253,10 @@ class RemoteBackend:
                 if token in tokenizer.eog:
                     continue
                 raw = bytes(tokenizer.llm.detokenize([token]))
-                entry = _logprob(chunk.logprobs, i) if message.sampling.logprobs else None
+                entry = None
+                if message.sampling.logprobs:
+                    top = message.sampling.top_logprobs
+                    entry = _logprob(tokenizer.llm, chunk.logprobs, i, token, top)
                 pieces.append(Piece(token, decoder.feed(raw), entry))
             if pieces or first:
                 cached = (chunk.cached or 0) if first else None
@@ -311,18 +314,23 @@ class RemoteBackend:
         self._send(Embeddings(message.id, vectors))
 
 
-def _logprob(entries: list[dict[str, Any]] | None, index: int) -> dict[str, Any] | None:
-    """llama-server's ``completion_probabilities`` entry in lmsp's shape."""
+def _logprob(
+    llm: Any, entries: list[dict[str, Any]] | None, index: int, token: int, top: int
+) -> dict[str, Any] | None:
+    """llama-server's ``completion_probabilities`` entry of ``token`` in lmsp's shape:
+    each token's text and bytes decoded here (as lmsp's own engine gives them), the
+    ``top`` most likely of the upstream's list."""
     if not entries or index >= len(entries):
         return None
     entry = entries[index]
 
-    def shaped(e: dict[str, Any]) -> dict[str, Any]:
-        data = bytes(e.get("bytes") or str(e.get("token", "")).encode())
+    def shaped(tok: int, logprob: Any) -> dict[str, Any]:
+        data = bytes(llm.detokenize([tok]))
         text = data.decode("utf-8", errors="replace")
-        return {"token": text, "logprob": float(e.get("logprob", 0.0)), "bytes": list(data)}
+        return {"token": text, "logprob": float(logprob), "bytes": list(data)}
 
-    return {**shaped(entry), "top_logprobs": [shaped(e) for e in entry.get("top_logprobs", [])]}
+    best = [shaped(int(e["id"]), e["logprob"]) for e in entry.get("top_logprobs", [])[:top]]
+    return {**shaped(token, entry["logprob"]), "top_logprobs": best}
 
 
 class RemoteEngine:
