@@ -1,4 +1,5 @@
-"""``lmsp models ls | add PATH --id NAME | rm NAME | verify [NAME] | set NAME --temperature …``.
+"""``lmsp models ls | add PATH --id NAME | add --id NAME --remote URL … | show NAME | rm NAME |
+verify [NAME] | set NAME --temperature …``.
 
 Every command talks to the running service over HTTP. ``add`` names a file on the
 service's machine: the service copies it into its blob store while hashing it. The
@@ -6,7 +7,9 @@ command first hashes the file itself with a progress bar and sends that digest a
 so the import fails (``digest_mismatch``) rather than registering a file that changed
 while it was read; the service's copy then shows as a second, indeterminate bar.
 ``verify`` asks the service to recompute each model's full SHA-256 and prints the
-outcome; it exits with status 1 if any model is corrupt.
+outcome; it exits with status 1 if any model is corrupt. ``add --remote`` adds a model an
+upstream serves (docs/remote-engines.md), ``show`` prints one model and a remote one's
+upstream and capabilities.
 """
 
 from __future__ import annotations
@@ -153,16 +156,7 @@ def add_model(
             "api_key_env": api_key_env,
             "inflight": inflight,
         }
-        body = {"id": model_id, "path": str(tokenizer.resolve()), "remote": remote}
-        added = ask(
-            url,
-            token,
-            as_json,
-            lambda api: api.request("POST", "/v1/models", json=body, timeout=NO_TIMEOUT),
-        )
-        if added is not None:
-            caps = (added.get("remote") or {}).get("capabilities") or {}
-            click.echo(clean(f"added {added['id']}: {upstream} ({_caps(caps)})"))
+        _add_remote(model_id, tokenizer, remote, url, token, as_json)
         return
     if path is None:
         raise click.UsageError("give the PATH of a GGUF file, or --remote URL")
@@ -195,6 +189,28 @@ def add_model(
         print_json(model)
         return
     click.echo(f"added {model['id']}: {model['digest']} ({size(model['size_bytes'])})")
+
+
+def _add_remote(
+    model_id: str,
+    tokenizer: Path,
+    remote: dict[str, Any],
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Add a remote model: the service checks the tokenizer against the upstream and
+    probes what it can do before it writes anything."""
+    body = {"id": model_id, "path": str(tokenizer.resolve()), "remote": remote}
+    added = ask(
+        url,
+        token,
+        as_json,
+        lambda api: api.request("POST", "/v1/models", json=body, timeout=NO_TIMEOUT),
+    )
+    if added is not None:
+        caps = (added.get("remote") or {}).get("capabilities") or {}
+        click.echo(clean(f"added {added['id']}: {remote['url']} ({_caps(caps)})"))
 
 
 def _caps(caps: dict[str, Any]) -> str:
