@@ -17,7 +17,7 @@ def test_a_missing_llama_server_skips_saying_how_to_build_it_or_fails_when_requi
 ) -> None:
     monkeypatch.setattr(upstream.llama_server, "binary_path", lambda v: tmp_path / "none")
     monkeypatch.setattr(upstream, "REQUIRED", False)
-    with pytest.raises(pytest.skip.Exception, match="bench/llama_server.py"):
+    with pytest.raises(pytest.skip.Exception, match=r"bench/llama_server\.py"):
         upstream.binary()
     monkeypatch.setattr(upstream, "REQUIRED", True)
     with pytest.raises(pytest.fail.Exception, match="LMSP_REQUIRE_LLAMA_SERVER=1"):
