@@ -14,6 +14,7 @@ capabilities.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,8 @@ def add_remote(
     tokenizer = _local_tokenizer(tokenizer_path)
     try:
         sample = tokenizer.raw_tokens(SAMPLES[0])
-        capabilities = probe(spec, sample, _checker(tokenizer))
+        found = [probe(spec.at(url), sample, _checker(tokenizer)) for url in spec.urls]
+        capabilities = combined(found)
     except UpstreamLost as exc:
         raise errors.invalid(
             f"The upstream could not be reached: {exc}", "remote.url", code="upstream_unreachable"
@@ -102,13 +104,31 @@ def add_remote(
     slots = int(capabilities.get("slots") or 0)
     if slots and spec.inflight > slots:
         raise errors.invalid(
-            f"inflight {spec.inflight} is more than the upstream's {slots} sequences "
+            f"inflight {spec.inflight} is more than the upstreams' {slots} sequences "
             "(llama-server's -np): its extra requests would only wait there.",
             "remote.inflight",
         )
-    stored = RemoteSpec(
-        spec.url, spec.upstream_model, spec.api_key_env, spec.inflight, capabilities
-    ).stored()
+    stored = replace(spec, capabilities=capabilities).stored()
     return blobs.import_model(
         db, blobs_dir, model_id, tokenizer_path, defaults=defaults, remote=stored
     )
+
+
+def combined(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a model's upstreams can all do: the least context, every slot, each ability
+    only if every replica has it; replicas of different kinds are refused."""
+    first = found[0]
+    if any(f["dialect"] != first["dialect"] for f in found):
+        raise UpstreamRefused("its replicas are not all the same kind of server")
+    out: dict[str, Any] = {}
+    for name, value in first.items():
+        values = [f.get(name) for f in found]
+        if isinstance(value, bool):
+            out[name] = all(bool(v) for v in values)
+        elif name == "slots":
+            out[name] = sum(int(v or 0) for v in values)
+        elif name == "n_ctx":
+            out[name] = min(int(v or 0) for v in values)
+        else:
+            out[name] = value
+    return out

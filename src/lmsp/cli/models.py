@@ -121,6 +121,9 @@ def _bar() -> Progress:
 )
 @click.option("--id", "model_id", required=True, help="The id to serve the model under.")
 @click.option("--remote", "upstream", help="A remote model: its upstream's base URL.")
+@click.option(
+    "--replica", "replicas", multiple=True, help="Another upstream of the same model (repeat)."
+)
 @click.option("--upstream-model", help="The model id the upstream serves it under.")
 @click.option(
     "--tokenizer",
@@ -134,6 +137,7 @@ def add_model(
     path: Path | None,
     model_id: str,
     upstream: str | None,
+    replicas: tuple[str, ...],
     upstream_model: str | None,
     tokenizer: Path | None,
     api_key_env: str | None,
@@ -145,13 +149,14 @@ def add_model(
     """Import a local GGUF file (copied into the service's blob store while hashed), or
     with --remote add a model an upstream serves (llama-server, vLLM, SGLang:
     docs/remote-engines.md), checked against it before anything is written."""
-    if upstream is not None or upstream_model is not None or tokenizer is not None:
+    if upstream is not None or upstream_model or tokenizer is not None or replicas:
         if path is not None:
             raise click.UsageError("a remote model takes --tokenizer, not a PATH")
         if upstream is None or upstream_model is None or tokenizer is None:
             raise click.UsageError("--remote, --upstream-model and --tokenizer go together")
         remote = {
             "url": upstream,
+            "replicas": list(replicas),
             "upstream_model": upstream_model,
             "api_key_env": api_key_env,
             "inflight": inflight,
@@ -241,6 +246,7 @@ def show_model(model_id: str, url: str | None, token: str | None, as_json: bool)
     if remote:
         rows += [
             ("upstream", remote["url"]),
+            ("replicas", ", ".join(remote.get("replicas") or []) or "-"),
             ("upstream model", remote["upstream_model"]),
             ("api key from", remote.get("api_key_env") or "-"),
             ("inflight", str(remote.get("inflight"))),

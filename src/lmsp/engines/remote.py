@@ -8,7 +8,10 @@ Here a ``Submit`` is a streamed completion of the upstream with the prompt (and 
 resume's tokens) as token ids, at most ``inflight`` at once; a ``Cancel`` closes that
 stream (the upstream stops generating and frees its slot); an ``Embed`` is a
 ``/v1/embeddings`` request. Text is decoded here from the ids, with the model's own
-tokenizer (the record's blob: a GGUF read without its weights).
+tokenizer (the record's blob: a GGUF read without its weights). A model may have several
+upstream replicas: a sequence goes to the one its prompt's start hashes to (its prefix is
+cached there) unless that one is busier than the least-loaded (:meth:`RemoteBackend.
+route`).
 
 An upstream that breaks off (refused, reset, killed mid-stream) is an engine crash:
 every sequence still open is told so (``engine_crashed``, naming the upstream) after
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import threading
@@ -60,6 +64,11 @@ log = logging.getLogger("lmsp.engine")
 
 #: how long a (re)started remote engine waits for its upstream to answer, backing off
 RECONNECT_FOR = 120.0
+#: the prompt tokens whose hash picks a replica (the start an agent's turns share)
+AFFINITY_TOKENS = 32
+#: how many more sequences than the least-loaded replica the prefix's own may have
+#: before a sequence goes to the least-loaded one instead
+AFFINITY_SLACK = 1
 
 
 def spec_of(options: LoadOptions | None) -> RemoteSpec:
@@ -82,17 +91,17 @@ class RemoteTokenizer(LlamaTokenizer):
         self.eog |= self.stop_ids
 
 
-def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> None:
-    """Until the upstream answers ``/health`` (or ``/v1/models``) with a 200, backing off
-    from 0.1 s to 5 s; :class:`EngineError` ``model_load_failed`` after ``patience``."""
+def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> list[str]:
+    """The model's upstreams that answer ``/health`` (or ``/v1/models``) with a 200, once
+    one does: tried again, backing off from 0.1 s to 5 s; :class:`EngineError`
+    ``model_load_failed`` when none has after ``patience``."""
     path = "/health" if spec.dialect == "llama-server" else "/v1/models"
     deadline = time.monotonic() + patience
     pause = 0.1
     while True:
-        with contextlib.suppress(httpx.HTTPError):
-            answer = httpx.get(spec.url + path, headers=spec.headers(), timeout=5.0)
-            if answer.status_code == 200:
-                return
+        live = [url for url in spec.urls if _answers(url + path, spec.headers())]
+        if live:
+            return live
         if time.monotonic() + pause > deadline:
             raise EngineError(
                 "model_load_failed", f"The upstream {spec.url} did not answer in {patience:.0f} s."
@@ -101,14 +110,31 @@ def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> None:
         pause = min(5.0, pause * 2)
 
 
+def _answers(url: str, headers: dict[str, str]) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url, headers=headers, timeout=5.0).status_code == 200
+    return False
+
+
+def affinity(prompt: list[int], urls: tuple[str, ...]) -> str:
+    """The upstream a prompt's prefix belongs to: the first :data:`AFFINITY_TOKENS`
+    tokens hashed (the same on every node and after a restart), so an agent's turns,
+    which share their start, land where that prefix is cached."""
+    head = ",".join(str(t) for t in prompt[:AFFINITY_TOKENS]).encode()
+    number = int.from_bytes(hashlib.sha256(head).digest()[:8], "big")
+    return urls[number % len(urls)]
+
+
 class RemoteBackend:
     """A remote model in its engine process: it serves the channel itself
     (:meth:`serve`), one asyncio task per sequence."""
 
     max_step_tokens = 0
 
-    def __init__(self, path: Path, spec: RemoteSpec) -> None:
+    def __init__(self, path: Path, spec: RemoteSpec, live: list[str] | None = None) -> None:
         self.spec = spec
+        self.live = live or [spec.url]  # the upstreams that answered when it started
+        self.load = {url: 0 for url in self.live}  # sequences on each, waiting ones too
         self.tokenizer = RemoteTokenizer(path, spec)
         self.n_ctx = self.tokenizer.n_ctx
         self.sequences = max(1, spec.inflight)
@@ -155,23 +181,40 @@ class RemoteBackend:
         threading.Thread(target=read, name="lmsp-remote-read", daemon=True).start()
         headers = self.spec.headers()
         limits = httpx.Limits(max_connections=self.sequences + 4)
-        async with httpx.AsyncClient(
-            base_url=self.spec.url, headers=headers, timeout=self.spec.timeout(), limits=limits
-        ) as client:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {
+                url: await stack.enter_async_context(
+                    httpx.AsyncClient(
+                        base_url=url, headers=headers, timeout=self.spec.timeout(), limits=limits
+                    )
+                )
+                for url in self.live
+            }
             while True:
                 message = await inbox.get()
                 if message is None or isinstance(message, Shutdown):
                     break
-                self._handle(client, message)
+                self._handle(clients, message)
             for task in list(self._tasks.values()):
                 task.cancel()
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
-    def _handle(self, client: httpx.AsyncClient, message: Any) -> None:
+    def route(self, prompt: list[int]) -> str:
+        """The upstream a sequence goes to: its prefix's (:func:`affinity`) unless that
+        one has more than :data:`AFFINITY_SLACK` sequences over the least-loaded one."""
+        least = min(self.live, key=lambda url: (self.load[url], self.live.index(url)))
+        preferred = affinity(prompt, self.spec.urls)
+        if preferred in self.load and self.load[preferred] <= self.load[least] + AFFINITY_SLACK:
+            return preferred
+        return least
+
+    def _handle(self, clients: dict[str, httpx.AsyncClient], message: Any) -> None:
         if isinstance(message, Submit):
-            self._start(message.id, self._generate(client, message))
+            url = self.route(message.prompt)
+            self._start(message.id, self._generate(clients[url], url, message), url)
         elif isinstance(message, Embed):
-            self._start(message.id, self._embed(client, message))
+            url = min(self.live, key=lambda u: self.load[u])
+            self._start(message.id, self._embed(clients[url], url, message), url)
         elif isinstance(message, Cancel):
             task = self._tasks.get(message.id)
             if task is not None:
@@ -182,16 +225,22 @@ class RemoteBackend:
                 "streams": self.streams,
                 "cancelled": self.cancelled,
                 "refilled": self.refilled,
-                "upstream": self.spec.url,
+                "upstreams": dict(self.load),
             }
             self._send(StatsReply(message.id, figures))
         else:
             log.warning("remote engine: an unknown message %s was ignored", type(message).__name__)
 
-    def _start(self, sid: int, work: Any) -> None:
+    def _start(self, sid: int, work: Any, url: str) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks[sid] = task
-        task.add_done_callback(lambda _: self._tasks.pop(sid, None))
+        self.load[url] += 1
+
+        def ended(_: Any) -> None:
+            self._tasks.pop(sid, None)
+            self.load[url] -= 1
+
+        task.add_done_callback(ended)
 
     def _send(self, message: Any) -> None:
         assert self._channel is not None
@@ -202,7 +251,7 @@ class RemoteBackend:
                 os._exit(0)  # the API process is gone: nothing here is worth finishing
 
     # -- one sequence --------------------------------------------------------------------
-    async def _generate(self, client: httpx.AsyncClient, message: Submit) -> None:
+    async def _generate(self, client: httpx.AsyncClient, url: str, message: Submit) -> None:
         assert self._gate is not None
         if message.grammar is not None and message.resume:
             # an upstream's grammar starts at the start of what it generates: fed a
@@ -213,7 +262,7 @@ class RemoteBackend:
         try:
             async with self._gate:
                 self.streams += 1
-                reason = await self._pieces(client, message)
+                reason = await self._pieces(client, url, message)
         except asyncio.CancelledError:
             self.cancelled += 1
             self._send(Done(message.id, CANCELLED))
@@ -222,7 +271,7 @@ class RemoteBackend:
             self._send(Error(message.id, "engine_error", str(exc)))
             return
         except UpstreamLost as exc:
-            self._lost(message.id, str(exc))
+            self._lost(message.id, url, str(exc))
             return
         except Exception as exc:  # a bug here: this sequence fails, the engine goes on
             log.exception("remote engine: a sequence failed")
@@ -232,7 +281,7 @@ class RemoteBackend:
             return
         self._send(Done(message.id, reason))
 
-    async def _pieces(self, client: httpx.AsyncClient, message: Submit) -> str:
+    async def _pieces(self, client: httpx.AsyncClient, url: str, message: Submit) -> str:
         """Stream one completion, sending its pieces as they come; why it ended."""
         tokenizer = self.tokenizer
         decoder = Utf8Stream()
@@ -242,7 +291,12 @@ class RemoteBackend:
         seen = 0  # tokens the upstream generated that this side has accounted for
         context = list(message.prompt) + list(message.resume)
         async for chunk in upstream.stream(
-            client, self.spec, context, message.sampling, message.max_tokens, message.grammar
+            client,
+            self.spec.at(url),
+            context,
+            message.sampling,
+            message.max_tokens,
+            message.grammar,
         ):
             tokens = self._filled(chunk, seen)
             seen = seen + len(tokens) if chunk.predicted is None else chunk.predicted
@@ -283,20 +337,22 @@ class RemoteBackend:
         self.refilled += 1
         return ids
 
-    def _lost(self, sid: int, why: str) -> None:
-        """The upstream broke off: every open sequence hears it (naming the upstream),
-        then the engine exits as a crashed one does (see the module docstring)."""
+    def _lost(self, sid: int, url: str, why: str) -> None:
+        """An upstream broke off: every open sequence hears it (naming the upstream),
+        then the engine exits as a crashed one does (see the module docstring); it
+        starts again with the upstreams that answer then."""
         self.lost += 1
-        message = f"The upstream {self.spec.url} of this model broke off ({why})."
+        message = f"The upstream {url} of this model broke off ({why})."
         log.warning("remote engine: %s", message)
         for other in [sid, *(t for t in self._tasks if t != sid)]:
             self._send(Error(other, "engine_crashed", message))
         os._exit(UPSTREAM_LOST)
 
     # -- embeddings ------------------------------------------------------------------------
-    async def _embed(self, client: httpx.AsyncClient, message: Embed) -> None:
+    async def _embed(self, client: httpx.AsyncClient, url: str, message: Embed) -> None:
         try:
-            rows = await upstream.embed(client, self.spec, [list(i) for i in message.inputs])
+            inputs = [list(i) for i in message.inputs]
+            rows = await upstream.embed(client, self.spec.at(url), inputs)
         except asyncio.CancelledError:
             self._send(Done(message.id, CANCELLED))
             return
@@ -304,7 +360,7 @@ class RemoteBackend:
             self._send(Error(message.id, "model_cannot_embed", str(exc)))
             return
         except UpstreamLost as exc:
-            self._lost(message.id, str(exc))
+            self._lost(message.id, url, str(exc))
             return
         raw = np.asarray(rows, dtype=np.float64)
         norms = np.linalg.norm(raw, axis=1, keepdims=True)
@@ -341,8 +397,7 @@ class RemoteEngine:
 
     def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> RemoteBackend:
         spec = spec_of(options)
-        wait_for(spec)
-        return RemoteBackend(path, spec)
+        return RemoteBackend(path, spec, wait_for(spec))
 
     def tokenizer(
         self, path: Path, n_ctx: int, options: LoadOptions | None = None

@@ -48,6 +48,8 @@ class RemoteSpec:
     api_key_env: str | None = None
     inflight: int = 4
     capabilities: dict[str, Any] = field(default_factory=dict)
+    #: more upstreams serving the same model (replicas: least-loaded, prefix affinity)
+    replicas: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, stored: dict[str, Any]) -> RemoteSpec:
@@ -57,16 +59,27 @@ class RemoteSpec:
             api_key_env=stored.get("api_key_env"),
             inflight=int(stored.get("inflight", 4)),
             capabilities=dict(stored.get("capabilities") or {}),
+            replicas=tuple(str(u).rstrip("/") for u in stored.get("replicas") or ()),
         )
 
     def stored(self) -> dict[str, Any]:
         return {
             "url": self.url,
+            "replicas": list(self.replicas),
             "upstream_model": self.upstream_model,
             "api_key_env": self.api_key_env,
             "inflight": self.inflight,
             "capabilities": self.capabilities,
         }
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every upstream of the model, the first one first."""
+        return (self.url, *self.replicas)
+
+    def at(self, url: str) -> RemoteSpec:
+        """The same model at one of its upstreams only."""
+        return replace(self, url=url, replicas=())
 
     @property
     def dialect(self) -> str:

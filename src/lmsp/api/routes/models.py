@@ -60,6 +60,9 @@ class ChangeModel(BaseModel):
     defaults: ModelDefaults
 
 
+Url = Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=2048)]
+
+
 class RemoteUpstream(BaseModel):
     """Where a remote model is served (docs/remote-engines.md): an OpenAI-compatible
     upstream's base URL, the model id it serves the model under, the environment
@@ -68,7 +71,10 @@ class RemoteUpstream(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=2048)]
+    url: Url
+    #: more upstreams serving the same model: a sequence goes to its prompt prefix's
+    #: replica unless another is less loaded (docs/remote-engines.md)
+    replicas: Annotated[list[Url], Field(max_length=16)] = []
     upstream_model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     api_key_env: (
         Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
