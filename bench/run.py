@@ -38,6 +38,9 @@
     over function tools (goal: <= 1.0x).
 (p) a long conversation (bench/conversations.py): /healthz p99 while another client's
     turns run on a conversation filled to its quota (goal: 100 ms), each turn's time.
+(r) a remote model (bench/remote.py): lmsp in front of llama-server against llama-server
+    used directly: 8-stream throughput (goal: >= 0.97x), time to first text (goal: +5 ms at
+    most), the upstream's slot free after a cancel (goal: 100 ms).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -570,6 +573,7 @@ def main() -> None:
             "sharedwork",
             "mcp",
             "conversations",
+            "remote",
         ],
         default=None,
     )
@@ -639,6 +643,10 @@ def main() -> None:
                 bench_conversations(2, 400, 3000, table, n_ctx=2048)
             else:
                 bench_conversations(table=table)
+        if args.only in (None, "remote"):
+            from bench.remote import bench_remote
+
+            bench_remote(work, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

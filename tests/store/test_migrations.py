@@ -183,7 +183,7 @@ def test_a_database_the_old_code_wrote_upgrades_without_running_a_step_again(
     tmp_path: Path,
 ) -> None:
     """A data directory from before the paired steps (the old code migrated it to m016
-    and wrote rows: tests/store/old/m016.sql): opening it runs m017 and m018 only, the
+    and wrote rows: tests/store/old/m016.sql): opening it runs m017 to m019 only, the
     schema ends as a blank one's, the rows are there, and m018 counted the conversation."""
     path = tmp_path / "lmsp.db"
     raw = sqlite3.connect(path)
@@ -197,6 +197,7 @@ def test_a_database_the_old_code_wrote_upgrades_without_running_a_step_again(
     assert {n for n, at in ledger.items() if at != 1700000000} == {
         "m017_webhook_updated_at",
         "m018_conversation_sizes",
+        "m019_remote_models",
     }
     assert dump_schema(conn) == EXPECTED.read_text()
     assert conn.execute("SELECT updated_at FROM webhooks").fetchone()[0] == 1700000100

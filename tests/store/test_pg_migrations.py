@@ -128,14 +128,18 @@ def test_a_database_the_old_code_wrote_upgrades_without_running_a_step_again(
     pg_url: str,
 ) -> None:
     """A database from before the paired steps (the old code migrated it to p016 and
-    wrote rows: tests/store/old/p016.sql, pg_dump's): p017 and p018 run, nothing
+    wrote rows: tests/store/old/p016.sql, pg_dump's): p017 to p019 run, nothing
     else, the schema ends as a blank one's, the rows are there, and p018 counted the
     conversation."""
     script = (HERE / "old" / "p016.sql").read_text()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(script)  # type: ignore[call-overload]
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        assert pg_schema.migrate(conn) == ["p017_webhook_updated_at", "p018_conversation_sizes"]
+        assert pg_schema.migrate(conn) == [
+            "p017_webhook_updated_at",
+            "p018_conversation_sizes",
+            "p019_remote_models",
+        ]
         names = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name")]
         assert names == sorted(name for name, _ in pg_schema.MIGRATIONS)
         assert conn.execute("SELECT updated_at FROM webhooks").fetchone() == (1700000100,)

@@ -17,6 +17,7 @@ SHIPPED_SQLITE = [
     "m008_history_by_reference", "m009_nodes", "m010_node_clock", "m011_model_aliases",
     "m012_webhooks", "m013_conversations", "m014_model_pulls", "m015_mcp_headers",
     "m016_fair_share", "m017_webhook_updated_at", "m018_conversation_sizes",
+    "m019_remote_models",
 ]  # fmt: skip
 SHIPPED_POSTGRES = ["p001_schema"] + ["p" + name[1:] for name in SHIPPED_SQLITE[8:]]
 

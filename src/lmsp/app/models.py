@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lmsp import errors
+from lmsp.app import remote_models
 from lmsp.app.core import Core
 from lmsp.store import aliases, audit, blobs, models
 from lmsp.store.clients import Client
@@ -62,6 +63,7 @@ def shown(core: Core, record: ModelRecord) -> dict[str, Any]:
         "verified_at": record.verified_at,
         "metadata": record.metadata,
         "defaults": record.defaults,
+        "remote": record.remote,
     }
 
 
@@ -86,20 +88,27 @@ async def import_model(
     path: Path,
     digest: str | None,
     defaults: Defaults | None,
+    remote: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Copy a local file into the blob store as a new model (``digest``: what the
-    caller hashed; ``digest_mismatch`` if the file read differs), audited."""
+    caller hashed; ``digest_mismatch`` if the file read differs), audited. A ``remote``
+    model (:mod:`lmsp.app.remote_models`: another server runs it) keeps ``path`` as its
+    tokenizer."""
     given = None if defaults is None else {k: v for k, v in defaults.items() if v is not None}
-    record = await asyncio.to_thread(
-        blobs.import_model,
-        core.db,
-        core.settings.blobs_dir,
-        model_id,
-        path,
-        digest,
-        defaults=given,
-    )
-    change = {"digest": record.digest, "size_bytes": record.size_bytes}
+    blobs_dir = core.settings.blobs_dir
+    if remote is not None:
+        record = await asyncio.to_thread(
+            remote_models.add_remote, core.db, blobs_dir, model_id, path, remote, given
+        )
+    else:
+        record = await asyncio.to_thread(
+            blobs.import_model, core.db, blobs_dir, model_id, path, digest, defaults=given
+        )
+    change = {
+        "digest": record.digest,
+        "size_bytes": record.size_bytes,
+        "remote": remote is not None,
+    }
     await core.db.write(lambda c: audit.record(c, actor.id, "model.added", model_id, change))
     return await core.read(shown, core, record)
 

@@ -187,8 +187,7 @@ class Service(Core):
         sampling = stored_request.sampling_used(given, record.defaults)
         # schemas and grammar compiled once, in a worker, under their budget
         given = await toolcheck.check_grammar(self.grammars, given, param, ticket)
-        engine = self.host.engines.get(record.engine)
-        if engine is not None and not engine.constrains:
+        if not self.host.constrains(record):
             toolcheck.refuse_constraints(given, record.id, param)
         # every input item checked (once), and each file read as text once, before any write
         checked = given.input

@@ -1,4 +1,5 @@
-"""``lmsp models ls | add PATH --id NAME | rm NAME | verify [NAME] | set NAME --temperature …``.
+"""``lmsp models ls | add PATH --id NAME | add --id NAME --remote URL … | show NAME | rm NAME |
+verify [NAME] | set NAME --temperature …``.
 
 Every command talks to the running service over HTTP. ``add`` names a file on the
 service's machine: the service copies it into its blob store while hashing it. The
@@ -6,7 +7,9 @@ command first hashes the file itself with a progress bar and sends that digest a
 so the import fails (``digest_mismatch``) rather than registering a file that changed
 while it was read; the service's copy then shows as a second, indeterminate bar.
 ``verify`` asks the service to recompute each model's full SHA-256 and prints the
-outcome; it exits with status 1 if any model is corrupt.
+outcome; it exits with status 1 if any model is corrupt. ``add --remote`` adds a model an
+upstream serves (docs/remote-engines.md), ``show`` prints one model and a remote one's
+upstream and capabilities.
 """
 
 from __future__ import annotations
@@ -112,12 +115,56 @@ def _bar() -> Progress:
     )
 
 
-@models.command("add", short_help="Import a local GGUF file into the blob store.")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@models.command("add", short_help="Import a local GGUF file, or add a remote model.")
+@click.argument(
+    "path", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
 @click.option("--id", "model_id", required=True, help="The id to serve the model under.")
+@click.option("--remote", "upstream", help="A remote model: its upstream's base URL.")
+@click.option(
+    "--replica", "replicas", multiple=True, help="Another upstream of the same model (repeat)."
+)
+@click.option("--upstream-model", help="The model id the upstream serves it under.")
+@click.option(
+    "--tokenizer",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A remote model's tokenizer: a GGUF file of the same model.",
+)
+@click.option("--api-key-env", help="The environment variable holding the upstream's key.")
+@click.option("--inflight", type=int, default=4, show_default=True, help="Streams at once.")
 @remote_options
-def add_model(path: Path, model_id: str, url: str | None, token: str | None, as_json: bool) -> None:
-    """Import a local GGUF file (copied into the service's blob store while hashed)."""
+def add_model(
+    path: Path | None,
+    model_id: str,
+    upstream: str | None,
+    replicas: tuple[str, ...],
+    upstream_model: str | None,
+    tokenizer: Path | None,
+    api_key_env: str | None,
+    inflight: int,
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Import a local GGUF file (copied into the service's blob store while hashed), or
+    with --remote add a model an upstream serves (llama-server, vLLM, SGLang:
+    docs/remote-engines.md), checked against it before anything is written."""
+    if upstream is not None or upstream_model or tokenizer is not None or replicas:
+        if path is not None:
+            raise click.UsageError("a remote model takes --tokenizer, not a PATH")
+        if upstream is None or upstream_model is None or tokenizer is None:
+            raise click.UsageError("--remote, --upstream-model and --tokenizer go together")
+        remote = {
+            "url": upstream,
+            "replicas": list(replicas),
+            "upstream_model": upstream_model,
+            "api_key_env": api_key_env,
+            "inflight": inflight,
+        }
+        _add_remote(model_id, tokenizer, remote, url, token, as_json)
+        return
+    if path is None:
+        raise click.UsageError("give the PATH of a GGUF file, or --remote URL")
     source = path.resolve()
     file_size = source.stat().st_size
     # what the service would refuse is refused before a byte is hashed or copied
@@ -147,6 +194,66 @@ def add_model(path: Path, model_id: str, url: str | None, token: str | None, as_
         print_json(model)
         return
     click.echo(f"added {model['id']}: {model['digest']} ({size(model['size_bytes'])})")
+
+
+def _add_remote(
+    model_id: str,
+    tokenizer: Path,
+    remote: dict[str, Any],
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Add a remote model: the service checks the tokenizer against the upstream and
+    probes what it can do before it writes anything."""
+    body = {"id": model_id, "path": str(tokenizer.resolve()), "remote": remote}
+    added = ask(
+        url,
+        token,
+        as_json,
+        lambda api: api.request("POST", "/v1/models", json=body, timeout=NO_TIMEOUT),
+    )
+    if added is not None:
+        caps = (added.get("remote") or {}).get("capabilities") or {}
+        click.echo(clean(f"added {added['id']}: {remote['url']} ({_caps(caps)})"))
+
+
+def _caps(caps: dict[str, Any]) -> str:
+    flags = ("token_ids", "streamed_ids", "grammar", "logprobs", "embeddings", "deterministic")
+    shown = [f"{name}={'yes' if caps.get(name) else 'no'}" for name in flags]
+    return ", ".join([f"{caps.get('dialect', '?')}", f"context {caps.get('n_ctx', '?')}", *shown])
+
+
+@models.command("show", short_help="One model: its record, and a remote one's upstream.")
+@click.argument("model_id")
+@remote_options
+def show_model(model_id: str, url: str | None, token: str | None, as_json: bool) -> None:
+    """One model: size, format, context, status, digest; for a remote model its upstream
+    and what the upstream was found able to do when the model was added."""
+    model = ask(url, token, as_json, lambda api: api.request("GET", f"/v1/models/{model_id}"))
+    if model is None:
+        return
+    rows = [
+        ("id", model["id"]),
+        ("format", model["format"]),
+        ("size", size(model["size_bytes"])),
+        ("context", _context(model)),
+        ("status", model.get("status", "ready")),
+        ("loaded", "yes" if model["loaded"] else "no"),
+        ("digest", model["digest"]),
+    ]
+    remote = model.get("remote")
+    if remote:
+        rows += [
+            ("upstream", remote["url"]),
+            ("replicas", ", ".join(remote.get("replicas") or []) or "-"),
+            ("upstream model", remote["upstream_model"]),
+            ("api key from", remote.get("api_key_env") or "-"),
+            ("inflight", str(remote.get("inflight"))),
+        ]
+        caps = remote.get("capabilities") or {}
+        rows += [(f"capability {name}", str(value)) for name, value in sorted(caps.items())]
+    table(None, ["FIELD", "VALUE"], [(k, clean(str(v))) for k, v in rows])
 
 
 @models.command("rm", short_help="Delete a model (refused while tasks use it).")

@@ -27,6 +27,7 @@ from lmsp.engines.deterministic import DeterministicEngine
 from lmsp.engines.host import ModelHost
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_cpp import LlamaEngine
+from lmsp.engines.remote import RemoteEngine
 from lmsp.metrics import Metrics
 from lmsp.runner import recovery
 from lmsp.store import models
@@ -55,7 +56,7 @@ class HeadStart:
 
 
 def engines() -> dict[str, Engine]:
-    return {"llama_cpp": LlamaEngine(), "test": DeterministicEngine()}
+    return {"llama_cpp": LlamaEngine(), "test": DeterministicEngine(), "remote": RemoteEngine()}
 
 
 def head_start(settings: Settings, lock: datadir.DataDirLock | None = None) -> HeadStart:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -191,6 +191,8 @@ class LoadOptions:
     embed_share: float = 1 / 4  # ``LMSP_EMBED_SHARE``: embeddings' time while generating
     # ``LMSP_ROPE_SCALING``: a context past the model's trained one is stretched with YaRN
     rope_scaling: bool = True
+    #: a remote model's upstream (its record's ``remote``: :mod:`lmsp.engines.remote`)
+    remote: dict[str, Any] | None = None
 
 
 def context_size(
@@ -205,6 +207,22 @@ def context_size(
     return max(256, size // 256 * 256)
 
 
+@runtime_checkable
+class Serving(Protocol):
+    """A loaded model that serves the engine's channel itself instead of being stepped
+    by :class:`lmsp.engines.core.EngineCore` (a remote upstream's:
+    :mod:`lmsp.engines.remote`)."""
+
+    n_ctx: int
+    sequences: int
+
+    def serve(self, channel: Any, alive: Callable[[], bool]) -> None: ...
+
+    def memory_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class Engine(Protocol):
     """An engine kind (llama.cpp, the test engine). It must pickle (a plain class): an
     engine process receives it and calls :meth:`load` there."""
@@ -212,7 +230,7 @@ class Engine(Protocol):
     name: str
     constrains: bool  # holds output to a grammar (tools, JSON schemas)
 
-    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Backend:
+    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Backend | Serving:
         """Load the model, in the engine process. ``n_ctx``: one sequence's context;
         ``options``: how many sequences run together and where saved prefixes live."""
         ...

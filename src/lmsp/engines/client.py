@@ -59,6 +59,9 @@ from lmsp.engines.protocol import (
 )
 from lmsp.engines.worker import EngineSpec, process_main, serve
 
+#: the exit status of a remote engine whose upstream broke off (lmsp.engines.remote)
+UPSTREAM_LOST = 75
+
 log = logging.getLogger("lmsp")
 
 #: the longest a model may take to load before its engine is given up
@@ -118,6 +121,8 @@ class Stream(Generation):
                 self._ready_pieces.extend(item.pieces)
                 continue
             self._ended = True
+            if isinstance(item, Error) and item.code == "engine_crashed":
+                raise EngineCrashed(item.message)  # a remote engine's upstream broke off
             if isinstance(item, Error):
                 raise EngineError(item.code, item.message)
             if isinstance(item, _Crashed):
@@ -467,6 +472,8 @@ class EngineClient:
                 return f"killed by signal {signal.Signals(-code).name}"
             except ValueError:
                 return f"killed by signal {-code}"
+        if code == UPSTREAM_LOST:
+            return "its upstream broke off"
         return f"exited with status {code}"
 
     def _crash_message(self) -> str:

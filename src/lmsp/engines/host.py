@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from lmsp.engines.base import Engine, EngineCrashed, EngineError, LoadOptions, Tokenizer
 from lmsp.engines.client import EngineClient
+from lmsp.engines.remote import constrains as remote_constrains
 from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size, model_path
@@ -571,7 +572,16 @@ class ModelHost:
             embed_tokens=self.embed_tokens,
             embed_share=self.embed_share,
             rope_scaling=self.rope_scaling,
+            remote=record.remote,
         )
+
+    def constrains(self, record: ModelRecord) -> bool:
+        """Whether ``record``'s engine holds output to a grammar (tools, JSON schemas): a
+        remote model's when its upstream was found to run llguidance grammars."""
+        engine = self.engines.get(record.engine)
+        if engine is None:
+            return True  # no such engine here: the task says so when it runs
+        return engine.constrains or remote_constrains(record.remote)
 
     def _locked_tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
         """The model's shared tokenizer (one thread at a time); ``model_load_failed``

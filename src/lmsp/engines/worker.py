@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lmsp.engines.base import EngineError, LoadOptions
+from lmsp.engines.base import EngineError, LoadOptions, Serving
 from lmsp.engines.batch import ExactSteps, FastSteps
 from lmsp.engines.core import EngineCore
 from lmsp.engines.protocol import Channel, Error, Ready
@@ -96,6 +96,9 @@ def serve(channel: Channel, spec: EngineSpec, alive: Any = lambda: True) -> None
     try:
         memory = int(backend.memory_bytes())
         channel.send([Ready(os.getpid(), backend.n_ctx, backend.sequences, memory)])
+        if isinstance(backend, Serving):  # it serves the channel itself (a remote upstream)
+            backend.serve(channel, alive)
+            return
         policy = ExactSteps() if spec.options.exact else FastSteps()
         share = EmbedShare(spec.options.embed_share)
         EngineCore(backend, channel, policy, alive=alive, share=share).run()

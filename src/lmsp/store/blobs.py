@@ -20,7 +20,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from lmsp import errors
 from lmsp.datadir import ensure_private_dir
@@ -259,10 +259,12 @@ def import_model(
     expected_digest: str | None = None,
     progress: Progress | None = None,
     defaults: dict[str, float | int] | None = None,
+    remote: dict[str, Any] | None = None,
 ) -> ModelRecord:
     """``POST /v1/models``: copy a local GGUF file into the blob store while hashing it,
-    then write its record. Errors are :class:`lmsp.errors.LmspError` with the protocol's
-    statuses (400, 409, 507); no message names a path.
+    then write its record (with ``remote``: a remote model, the file its tokenizer).
+    Errors are :class:`lmsp.errors.LmspError` with the protocol's statuses (400, 409,
+    507); no message names a path.
 
     The file is opened once (:func:`open_source`); its header and size are read from
     that descriptor, at most that many bytes are copied, and the private copy's whole
@@ -301,7 +303,7 @@ def import_model(
             def job(conn: Conn) -> bool:
                 if models.get(conn, model_id) is not None:
                     return False
-                models.add_hashed_gguf(conn, model_id, digest, size, meta, defaults)
+                models.add_hashed_gguf(conn, model_id, digest, size, meta, defaults, remote)
                 return True
 
             try:

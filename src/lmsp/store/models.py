@@ -26,6 +26,10 @@ class ModelRecord:
     #: sampling defaults (``temperature``, ``top_p``, ``top_k``, ``min_p``,
     #: ``presence_penalty``, ``frequency_penalty``, ``repeat_penalty``)
     defaults: dict[str, float | int] = field(default_factory=dict)
+    #: a model served by a remote upstream (engine ``remote``): ``url``,
+    #: ``upstream_model``, ``api_key_env``, ``inflight``, ``capabilities`` (what the
+    #: upstream was found able to do when the model was added); ``None``: lmsp runs it
+    remote: dict[str, Any] | None = None
 
     @property
     def hex(self) -> str:
@@ -45,12 +49,18 @@ def _record(row: Row) -> ModelRecord:
         status=row["status"],
         verified_at=None if row["verified_at"] is None else int(row["verified_at"]),
         defaults=json.loads(row["defaults"]),
+        remote=None if row["remote"] is None else json.loads(row["remote"]),
     )
 
 
 def capabilities(record: ModelRecord) -> tuple[str, ...]:
     """What a model can take and do: text completion (no engine here has vision)."""
     return ("completion",)
+
+
+def set_remote(conn: Conn, model_id: str, remote: dict[str, Any]) -> None:
+    """Name the upstream that serves ``model_id`` and what it was found able to do."""
+    conn.execute("UPDATE models SET remote = ? WHERE id = ?", (json.dumps(remote), model_id))
 
 
 def all_models(conn: Conn) -> list[ModelRecord]:
@@ -100,13 +110,15 @@ def add_hashed_gguf(
     size_bytes: int,
     metadata: dict[str, Any],
     defaults: dict[str, float | int] | None = None,
+    remote: dict[str, Any] | None = None,
 ) -> None:
     """A user's GGUF file, hashed as it was written to the blob store (imported or
-    pulled), as a ``ready`` model verified now."""
+    pulled), as a ``ready`` model verified now; with ``remote``, a remote model whose
+    tokenizer the file is."""
     add(
         conn,
         model_id=model_id,
-        engine="llama_cpp",
+        engine="llama_cpp" if remote is None else "remote",
         digest=digest,
         size_bytes=size_bytes,
         fmt="gguf",
@@ -115,6 +127,8 @@ def add_hashed_gguf(
         defaults=defaults,
     )
     set_status(conn, model_id, "ready", verified=True)
+    if remote is not None:
+        set_remote(conn, model_id, remote)
 
 
 def add_once(conn: Conn, *, model_id: str, **fields: Any) -> None:

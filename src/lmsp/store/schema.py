@@ -558,6 +558,15 @@ STEPS: tuple[Step, ...] = (
             WHERE conversation_id IS NOT NULL;
         """,
     ),
+    # a model served by a remote upstream (llama-server, vLLM, SGLang): where it is,
+    # how it is reached, and what it was found able to do when added (JSON; NULL for a
+    # model lmsp runs itself). Its blob is its tokenizer.
+    step(
+        "m019_remote_models",
+        """
+        ALTER TABLE models ADD COLUMN remote TEXT;
+        """,
+    ),
 )
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp.api.auth import require
 from lmsp.api.routes.deps import deleted, service
@@ -53,6 +53,29 @@ class ChangeModel(BaseModel):
     defaults: ModelDefaults
 
 
+Url = Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=2048)]
+
+
+class RemoteUpstream(BaseModel):
+    """Where a remote model is served (docs/remote-engines.md): an OpenAI-compatible
+    upstream's base URL, the model id it serves the model under, the environment
+    variable holding its API key (never the key), and how many of lmsp's sequences may
+    stream from it at once (at most its own sequences ÷ the nodes sharing it)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    url: Url
+    #: more upstreams serving the same model: a sequence goes to its prompt prefix's
+    #: replica unless another is less loaded (docs/remote-engines.md)
+    replicas: Annotated[list[Url], Field(max_length=16)] = []
+    upstream_model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    api_key_env: (
+        Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+        | None
+    ) = None
+    inflight: Annotated[int, Field(ge=1, le=1024)] = 4
+
+
 class ImportModel(BaseModel):
     """``POST /v1/models``: a local file to copy into the blob store under a new id.
     ``digest`` (optional, ``sha256:<hex>``) is what the caller hashed: the import fails
@@ -64,6 +87,8 @@ class ImportModel(BaseModel):
     path: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     defaults: ModelDefaults | None = None
+    #: a remote model: ``path`` is then its tokenizer (a GGUF)
+    remote: RemoteUpstream | None = None
 
 
 @router.get("")
@@ -79,8 +104,9 @@ async def get_model(model_id: str, request: Request, client: ModelReader) -> dic
 @router.post("", status_code=201)
 async def import_model(body: ImportModel, request: Request, client: ModelWriter) -> JSONResponse:
     defaults = None if body.defaults is None else body.defaults.given()
+    remote = None if body.remote is None else body.remote.model_dump()
     shown = await models.import_model(
-        service(request), client, body.id, Path(body.path), body.digest, defaults
+        service(request), client, body.id, Path(body.path), body.digest, defaults, remote
     )
     return JSONResponse(shown, 201, headers={"Location": f"/v1/models/{body.id}"})
 

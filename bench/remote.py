@@ -1,0 +1,150 @@
+"""(r) A remote model against its upstream used directly (docs/remote-engines.md).
+
+    .venv/bin/python bench/run.py --only remote      (a part of ``make bench``)
+
+One ``llama-server`` (built by :mod:`bench.llama_server`) on the bundled GGUF with 8
+slots; one ``lmsp serve`` with a remote model on it. Measured, interleaved, median of
+``reps``: the aggregate tokens/s of 8 concurrent greedy streams through lmsp (every
+event persisted) ÷ the same 8 streams sent to the upstream directly (goal ≥ 0.97), the
+time to first text of one stream through lmsp minus the upstream's own (goal ≤ 5 ms),
+and how long after lmsp answers a cancel the upstream's slot is free (goal ≤ 100 ms).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from bench import llama_server
+from bench.clients import Side, lmsp_stream, median
+from bench.compare import (
+    SUBJECTS,
+    concurrent,
+    llama_side,
+    messages_for,
+    num,
+    quick,
+    threads,
+)
+from tests.helpers import Server
+
+from lmsp.bootstrap import bundled_model_path
+
+MODEL = "remote-bench"
+STREAMS = 8
+
+
+def remote_side(server: Server) -> Side:
+    def pid() -> int:
+        assert server.proc is not None
+        return server.proc.pid
+
+    return Side(
+        "lmsp (remote)",
+        server.url,
+        {"Authorization": f"Bearer {server.token}"},
+        lambda http, messages, max_tokens, **extra: lmsp_stream(
+            http, messages, max_tokens, model=MODEL, **extra
+        ),
+        "/healthz",
+        pid,
+    )
+
+
+def slot_free_after_cancel(server: Server, upstream: str) -> float:
+    """Seconds from lmsp's answer to a cancel until no upstream slot is processing."""
+    with server.client(timeout=300) as http:
+        body = {
+            "model": MODEL,
+            "input": messages_for(SUBJECTS[1]),
+            "background": True,
+            "temperature": 0,
+            "max_output_tokens": 2000,
+        }
+        rid = http.post("/v1/responses", json=body).json()["id"]
+        with http.stream("GET", f"/v1/responses/{rid}", params={"stream": "true"}) as stream:
+            deltas = 0
+            for line in stream.iter_lines():
+                deltas += "output_text.delta" in line
+                if deltas >= 8:
+                    break
+        http.post(f"/v1/responses/{rid}/cancel")
+        answered = time.perf_counter()
+        while time.perf_counter() - answered < 10:
+            slots = httpx.get(f"{upstream}/slots", timeout=10).json()
+            if not any(s.get("is_processing") for s in slots):
+                return time.perf_counter() - answered
+            time.sleep(0.002)
+    return math.nan
+
+
+def bench_remote(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) -> None:
+    reps = 1 if quick() else 3
+    tokens = 24 if quick() else 128
+    binary = llama_server.ensure_built()
+    upstream = llama_server.LlamaServer(
+        binary,
+        bundled_model_path(),
+        threads=threads(),
+        parallel=STREAMS,
+        n_ctx=2048,
+        log=work / "llama-server-remote.log",
+        extra=("--slots",),
+    ).start()
+    server = Server(work / "lmsp-remote", env={"LMSP_PARALLEL": str(STREAMS)})
+    try:
+        server.start()
+        with server.client(timeout=600) as http:
+            remote = {"url": upstream.url, "upstream_model": "smollm2", "inflight": STREAMS}
+            body = {"id": MODEL, "path": str(bundled_model_path()), "remote": remote}
+            added = http.post("/v1/models", json=body)
+            added.raise_for_status()
+        lm, ll = remote_side(server), llama_side(upstream, "llama-server direct")
+        rates: dict[str, list[float]] = {lm.name: [], ll.name: []}
+        firsts: dict[str, list[float]] = {lm.name: [], ll.name: []}
+        for _ in range(reps):
+            for side in (lm, ll):
+                with side.client() as http:
+                    one = side.stream(http, messages_for(SUBJECTS[0]), 16)
+                if one.first is not None:
+                    firsts[side.name].append(one.first)
+                rates[side.name].append(concurrent(side, STREAMS, tokens).rate)
+        freed = [slot_free_after_cancel(server, upstream.url) for _ in range(reps)]
+    finally:
+        server.stop()
+        upstream.stop()
+    rate = {k: median(v) for k, v in rates.items()}
+    first = {k: median(v) if v else math.nan for k, v in firsts.items()}
+    throughput = rate[lm.name] / rate[ll.name] if rate[ll.name] else math.nan
+    overhead = (first[lm.name] - first[ll.name]) * 1000
+    rows = [
+        [
+            f"{STREAMS} streams x {tokens} tokens (tok/s)",
+            num(rate[lm.name]),
+            num(rate[ll.name]),
+            num(throughput, ".3f"),
+            ">= 0.97",
+        ],
+        [
+            "time to first text (ms)",
+            num(first[lm.name], ".1f", 1000),
+            num(first[ll.name], ".1f", 1000),
+            f"+{num(overhead, '.1f')} ms",
+            "<= +5 ms",
+        ],
+        [
+            "slot free after a cancel (ms)",
+            num(median(freed), ".1f", 1000),
+            "",
+            "",
+            "<= 100 ms",
+        ],
+    ]
+    table(
+        "(r) a remote model (lmsp in front of llama-server) against llama-server directly",
+        ["what", "lmsp remote", "upstream direct", "ratio", "goal"],
+        rows,
+    )

@@ -1,0 +1,134 @@
+"""Adding a remote model: a model an upstream (llama-server, vLLM, SGLang) serves, with
+lmsp's control plane in front (docs/remote-engines.md).
+
+Before anything is written: the tokenizer file is read (a GGUF, its vocabulary only),
+the upstream is probed for what it can do (:func:`lmsp.engines.upstream.probe`), and its
+``/tokenize`` must give the same tokens as the local tokenizer on a set of samples
+(plain, accented, CJK and emoji text, the chat template's special tokens) — prompts go
+to the upstream as token ids and text comes back decoded from ids, so a tokenizer that
+differs would change every answer. Any problem is a ``400`` naming it; only then is the
+tokenizer copied into the blob store and the record written, with the upstream and its
+capabilities.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from lmsp import errors
+from lmsp.engines.llama_cpp import LlamaTokenizer
+from lmsp.engines.upstream import Probe, RemoteSpec, UpstreamLost, UpstreamRefused, probe
+from lmsp.store import blobs, models
+from lmsp.store.db import Database
+from lmsp.store.models import ModelRecord
+
+log = logging.getLogger(__name__)
+
+#: texts both tokenizers must agree on (raw prompts: special tokens read as such)
+SAMPLES = (
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "  Leading spaces, tabs\tand\nnew lines; numbers 12345 and 3.14159.",
+    "Accents: café, naïve, Ærøskøbing. Greek: αβγ. Cyrillic: привет.",
+    "CJK: 日本語のテキスト, 中文文本. Emoji: 🙂🚀👍🏽.",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    'def f(x):\n    return {"a": [1, 2, 3], "b": None}  # code',
+)
+
+
+def _local_tokenizer(path: Path) -> LlamaTokenizer:
+    source, _ = blobs.open_source(path)  # the same refusal as an import for a bad path
+    source.close()
+    try:
+        return LlamaTokenizer(path, 0)
+    except Exception as exc:  # its words (paths) go to the log only
+        log.info("reading a tokenizer failed: %s", exc)
+        raise errors.invalid(
+            "The tokenizer is not a GGUF file whose vocabulary can be read.", "tokenizer"
+        ) from None
+
+
+def _checker(tokenizer: LlamaTokenizer) -> Any:
+    def check(upstream: Probe, dialect: str) -> None:
+        for i, text in enumerate(SAMPLES):
+            local = tokenizer.raw_tokens(text)
+            remote = upstream.tokenize(dialect, text)
+            if local != remote:
+                at = next(
+                    (k for k, (a, b) in enumerate(zip(local, remote, strict=False)) if a != b),
+                    min(len(local), len(remote)),
+                )
+                raise errors.invalid(
+                    f"The tokenizer does not match the upstream's: sample {i + 1} of "
+                    f"{len(SAMPLES)} differs at token {at} (local {local[at : at + 4]}, "
+                    f"upstream {remote[at : at + 4]}). Give the tokenizer of the model the "
+                    "upstream serves.",
+                    "tokenizer",
+                    code="tokenizer_mismatch",
+                )
+
+    return check
+
+
+def add_remote(
+    db: Database,
+    blobs_dir: Path,
+    model_id: str,
+    tokenizer_path: Path,
+    given: dict[str, Any],
+    defaults: dict[str, float | int] | None = None,
+) -> ModelRecord:
+    """``POST /v1/models`` with ``remote``: probe, check, then import (see the module
+    docstring). ``given``: ``url``, ``upstream_model``, ``api_key_env``, ``inflight``."""
+    if models.get(db.reader(), model_id) is not None:
+        raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
+    spec = RemoteSpec.of(given)
+    tokenizer = _local_tokenizer(tokenizer_path)
+    try:
+        sample = tokenizer.raw_tokens(SAMPLES[0])
+        found = [probe(spec.at(url), sample, _checker(tokenizer)) for url in spec.urls]
+        capabilities = combined(found)
+    except UpstreamLost as exc:
+        raise errors.invalid(
+            f"The upstream could not be reached: {exc}", "remote.url", code="upstream_unreachable"
+        ) from None
+    except UpstreamRefused as exc:
+        raise errors.invalid(
+            f"The upstream is of no use here: {exc}", "remote.url", code="upstream_refused"
+        ) from None
+    finally:
+        tokenizer.close()
+    slots = int(capabilities.get("slots") or 0)
+    if slots and spec.inflight > slots:
+        raise errors.invalid(
+            f"inflight {spec.inflight} is more than the upstreams' {slots} sequences "
+            "(llama-server's -np): its extra requests would only wait there.",
+            "remote.inflight",
+        )
+    stored = replace(spec, capabilities=capabilities).stored()
+    return blobs.import_model(
+        db, blobs_dir, model_id, tokenizer_path, defaults=defaults, remote=stored
+    )
+
+
+def combined(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a model's upstreams can all do: the least context, every slot, each ability
+    only if every replica has it; replicas of different kinds are refused."""
+    first = found[0]
+    if any(f["dialect"] != first["dialect"] for f in found):
+        raise UpstreamRefused("its replicas are not all the same kind of server")
+    out: dict[str, Any] = {}
+    for name, value in first.items():
+        values = [f.get(name) for f in found]
+        if isinstance(value, bool):
+            out[name] = all(bool(v) for v in values)
+        elif name == "slots":
+            out[name] = sum(int(v or 0) for v in values)
+        elif name == "n_ctx":
+            out[name] = min(int(v or 0) for v in values)
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,208 @@
+"""A remote model's durability against a real upstream (``llama-server`` on loopback,
+:mod:`tests.upstream`): an upstream killed (``kill -9``) mid-generation is an engine
+crash, handled per ``on_restart`` — ``fail`` keeps the committed text and names the
+upstream, ``resume`` continues by token ids once the upstream is back and ends with the
+uninterrupted greedy answer, ``retry`` starts over with a reset event; ``kill -9`` of
+lmsp itself recovers as for a local model; a cancel closes the upstream's stream and
+frees its slot; a JSON schema on an upstream without grammar support is refused."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import Server, open_db, seeded_data_dir, task_log
+from tests.test_remote_engine import MODEL, add, decoded, output_text, prompt_tokens, sse
+from tests.upstream import Upstream
+
+pytestmark = pytest.mark.slow
+
+#: a prompt the bundled model answers at length (it counts on and on)
+LONG = "Count from 1 to 300, one number per line."
+TOKENS = 160
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> Iterator[Upstream]:
+    server = Upstream(tmp_path / "llama-server.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def lmsp(tmp_path: Path, blob_cache: Path) -> Iterator[Server]:
+    server = Server(seeded_data_dir(tmp_path / "data", blob_cache), env={"LMSP_PARALLEL": "2"})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def start(http: httpx.Client, policy: str, tokens: int = TOKENS) -> str:
+    body = {
+        "model": MODEL,
+        "input": LONG,
+        "background": True,
+        "temperature": 0,
+        "max_output_tokens": tokens,
+        "on_restart": policy,
+    }
+    created = http.post("/v1/responses", json=body)
+    assert created.status_code == 202, created.text
+    rid: str = created.json()["id"]
+    return rid
+
+
+def after_deltas(http: httpx.Client, rid: str, count: int) -> list[dict[str, Any]]:
+    """The response's events until ``count`` text deltas have been committed."""
+    seen: list[dict[str, Any]] = []
+    with http.stream("GET", f"/v1/responses/{rid}", params={"stream": "true"}) as stream:
+        for event in sse(stream):
+            seen.append(event)
+            if sum(e["type"] == "response.output_text.delta" for e in seen) >= count:
+                break
+    return seen
+
+
+def final(http: httpx.Client, rid: str, deadline: float = 300) -> dict[str, Any]:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        response: dict[str, Any] = http.get(f"/v1/responses/{rid}").json()
+        if response["status"] not in ("queued", "in_progress"):
+            return response
+        time.sleep(0.2)
+    raise AssertionError(f"{rid} did not finish")
+
+
+def greedy_text(upstream: Upstream, tokens: int = TOKENS) -> str:
+    return decoded(upstream.greedy(prompt_tokens(LONG), tokens))
+
+
+def test_an_upstream_killed_mid_generation_under_fail_fails_naming_it_and_keeps_the_text(
+    lmsp: Server, upstream: Upstream
+) -> None:
+    with lmsp.client(timeout=300) as http:
+        add(http, upstream)
+        rid = start(http, "fail")
+        after_deltas(http, rid, 5)
+        upstream.kill()
+        done = final(http, rid)
+        upstream.start()
+        expected = greedy_text(upstream)
+    assert done["status"] == "failed", done
+    assert done["error"]["code"] == "engine_crashed"
+    assert upstream.url in done["error"]["message"]
+    kept = output_text(done)
+    assert kept and expected.startswith(kept) and len(kept) < len(expected)  # cut mid-answer
+
+
+def test_an_upstream_killed_mid_generation_under_resume_ends_with_the_greedy_answer(
+    lmsp: Server, upstream: Upstream
+) -> None:
+    with lmsp.client(timeout=300) as http:
+        add(http, upstream)
+        rid = start(http, "resume")
+        after_deltas(http, rid, 5)
+        upstream.kill()
+        time.sleep(1.0)  # the engine sees its upstream gone and waits for it
+        upstream.start()
+        done = final(http, rid)
+        expected = greedy_text(upstream)
+    assert done["status"] in ("completed", "incomplete"), done
+    assert output_text(done) == expected
+    conn = open_db(lmsp.data_dir)
+    try:
+        row = conn.execute("SELECT id FROM tasks WHERE response_id = ?", (rid,)).fetchone()
+        events = task_log(conn, row[0])
+    finally:
+        conn.close()
+    resumed = [e for e in events if e["type"] == "response.in_progress" and e.get("resumed")]
+    assert resumed, "the task was not resumed: the kill came too late"
+
+
+def test_an_upstream_killed_mid_generation_under_retry_resets_then_completes(
+    lmsp: Server, upstream: Upstream
+) -> None:
+    with lmsp.client(timeout=300) as http:
+        add(http, upstream)
+        rid = start(http, "retry")
+        after_deltas(http, rid, 5)
+        upstream.kill()
+        time.sleep(1.0)
+        upstream.start()
+        done = final(http, rid)
+        expected = greedy_text(upstream)
+    assert done["status"] in ("completed", "incomplete"), done
+    assert output_text(done) == expected
+    conn = open_db(lmsp.data_dir)
+    try:
+        row = conn.execute("SELECT id FROM tasks WHERE response_id = ?", (rid,)).fetchone()
+        events = task_log(conn, row[0])
+    finally:
+        conn.close()
+    assert any(e.get("reset") for e in events), [e["type"] for e in events]
+
+
+def test_lmsp_killed_mid_generation_on_a_remote_model_resumes_per_policy(
+    lmsp: Server, upstream: Upstream
+) -> None:
+    with lmsp.client(timeout=300) as http:
+        add(http, upstream)
+        rid = start(http, "resume")
+        after_deltas(http, rid, 5)
+    lmsp.kill()
+    lmsp.start()
+    with lmsp.client(timeout=300) as http:
+        done = final(http, rid)
+    assert done["status"] in ("completed", "incomplete"), done
+    assert output_text(done) == greedy_text(upstream)
+
+
+def test_a_cancel_closes_the_upstream_stream_and_frees_its_slot(
+    lmsp: Server, upstream: Upstream
+) -> None:
+    with lmsp.client(timeout=300) as http:
+        add(http, upstream)
+        rid = start(http, "fail", tokens=1500)
+        after_deltas(http, rid, 5)
+        assert upstream.busy() == 1
+        cancelled = http.post(f"/v1/responses/{rid}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        began = time.monotonic()
+        while upstream.busy() and time.monotonic() - began < 10:
+            time.sleep(0.01)
+        freed = time.monotonic() - began
+        assert upstream.busy() == 0  # the upstream stopped generating: its slot is free
+        assert final(http, rid)["status"] == "cancelled"
+    print(f"slot free {freed * 1000:.0f} ms after the cancel's answer")
+
+
+def test_a_json_schema_on_an_upstream_without_grammars_is_refused_and_writes_nothing(
+    lmsp: Server, upstream: Upstream
+) -> None:
+    with lmsp.client(timeout=300) as http:
+        add(http, upstream)
+        conn = open_db(lmsp.data_dir)
+        before = conn.execute("SELECT count(*) FROM responses").fetchone()[0]
+        conn.close()
+        schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+        fmt = {"type": "json_schema", "name": "x", "schema": schema}
+        body = {"model": MODEL, "input": "hi", "background": True, "text": {"format": fmt}}
+        refused = http.post("/v1/responses", json=body)
+        tool = {"type": "function", "name": "f", "parameters": schema}
+        tools = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "tools": [tool]})
+    assert refused.status_code == 400, refused.text
+    assert tools.status_code == 400, tools.text
+    conn = open_db(lmsp.data_dir)
+    try:
+        assert conn.execute("SELECT count(*) FROM responses").fetchone()[0] == before
+    finally:
+        conn.close()
