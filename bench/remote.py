@@ -1,4 +1,4 @@
-"""(r) A remote model against its upstream used directly (docs/remote-engines.md).
+"""(s) A remote model against its upstream used directly (docs/remote-engines.md).
 
     .venv/bin/python bench/run.py --only remote      (a part of ``make bench``)
 
@@ -144,7 +144,7 @@ def bench_remote(work: Path, table: Callable[[str, list[str], list[list[str]]], 
         ],
     ]
     table(
-        "(r) a remote model (lmsp in front of llama-server) against llama-server directly",
+        "(s) a remote model (lmsp in front of llama-server) against llama-server directly",
         ["what", "lmsp remote", "upstream direct", "ratio", "goal"],
         rows,
     )

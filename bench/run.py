@@ -38,7 +38,7 @@
     over function tools (goal: <= 1.0x).
 (p) a long conversation (bench/conversations.py): /healthz p99 while another client's
     turns run on a conversation filled to its quota (goal: 100 ms), each turn's time.
-(r) a remote model (bench/remote.py): lmsp in front of llama-server against llama-server
+(s) a remote model (bench/remote.py): lmsp in front of llama-server against llama-server
     used directly: 8-stream throughput (goal: >= 0.97x), time to first text (goal: +5 ms at
     most), the upstream's slot free after a cancel (goal: 100 ms).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
