@@ -18,7 +18,7 @@ from lmsp import datadir, errors
 from lmsp.api.refusals import Refusals
 from lmsp.api.sessions import ConsoleSessions
 from lmsp.api.tokens import TokenCache
-from lmsp.app import compaction, embedwork, fitting, toolcheck
+from lmsp.app import compaction, embedwork, fitting, toolcheck, toolresults
 from lmsp.app.broker import Broker
 from lmsp.app.files import FileReader
 from lmsp.cluster.nodes import Membership
@@ -304,11 +304,11 @@ class Service:
             compaction_key=self.compaction_key,
         )
         names = item_names or []
-        await self.files.read(
-            request["input"],
-            lambda i: names[i] if i < len(names) else f"{input_param}.{i}",
-            ticket,
-        )
+
+        def name(index: int) -> str:
+            return names[index] if index < len(names) else f"{input_param}.{index}"
+
+        await self.files.read(request["input"], name, ticket)
         previous = request.get("previous_response_id")
         if previous is not None:  # its history is read when it is counted (:meth:`fit`)
             await self.read(
@@ -321,6 +321,8 @@ class Service:
                     self.db.reader(), conversation, client, self.quota, request["input"]
                 )
             )
+        # a tool output answers a call of the input or of the history it continues
+        await self.read(lambda: toolresults.check(self.db.reader(), request, name))
         return record
 
     async def _replays(self, key: idempotency.Key | None) -> bool:
