@@ -110,6 +110,7 @@ async def activity(request: Request, client: Admin) -> dict[str, Any]:
         "waiting": waiting,
         "queue": {"queued": int(queued[0]), "oldest_created_at": queued[1]},
         "clients": clients,
+        "websockets": request.app.state.lmsp_sockets.activity(),
         "node": svc.membership.node_id if svc.membership is not None else None,
         "nodes": shared,
         "pulls": [  # models being pulled from the hub (PROTOCOL.md section 12)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -16,6 +17,7 @@ from lmsp.api.routes.deps import answered, idempotency_key, service
 from lmsp.api.schemas import INCLUDABLE, CreateResponse, check_response, unsupported
 from lmsp.api.sse import event_response, framed, task_events
 from lmsp.app import turns
+from lmsp.app.service import Service
 from lmsp.protocol import events as ev
 from lmsp.protocol import mcp
 from lmsp.store import idempotency
@@ -81,16 +83,32 @@ def stored_request(body: CreateResponse, on_restart: str) -> dict[str, Any]:
     return stored
 
 
-@router.post("", status_code=200, responses={202: {"description": "Accepted (background)"}})
-async def create_response(body: CreateResponse, request: Request, client: Writer) -> Response:
-    svc = service(request)
+async def create_turn(
+    svc: Service,
+    body: CreateResponse,
+    client: Client,
+    key_of: Callable[[], Awaitable[idempotency.Key | None]],
+    item_names: list[str] | None = None,
+) -> response_store.Created:
+    """Create the response ``body`` asks for, whichever transport it came by (this
+    route, or a WebSocket's ``response.create``: :mod:`lmsp.api.websocket`); ``key_of``:
+    its idempotency key, read once the body is known to be supported; ``item_names``:
+    how errors name its input items (``input.3`` by default)."""
     check_response(body)
     turn = turns.read(body.conversation, body.context_management, body.previous_response_id)
-    key = await idempotency_key(request, client)
+    key = await key_of()
     stored = stored_request(body, svc.settings.default_on_restart)
     mcp.check_hosts(stored.get("tools") or [], svc.settings.mcp_hosts)
     turns.store(turn, stored)
-    created = await svc.create(client, stored, key, compact_over=turn.compact_over)
+    return await svc.create(
+        client, stored, key, compact_over=turn.compact_over, item_names=item_names
+    )
+
+
+@router.post("", status_code=200, responses={202: {"description": "Accepted (background)"}})
+async def create_response(body: CreateResponse, request: Request, client: Writer) -> Response:
+    svc = service(request)
+    created = await create_turn(svc, body, client, lambda: idempotency_key(request, client))
     headers = dict(REPLAYED) if created.replayed else {}
     forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:
