@@ -38,6 +38,9 @@
     over function tools (goal: <= 1.0x).
 (p) a long conversation (bench/conversations.py): /healthz p99 while another client's
     turns run on a conversation filled to its quota (goal: 100 ms), each turn's time.
+(q) WebSocket mode (bench/websocket.py): a turn over a socket against the same turn over
+    SSE (TTFT and tokens/s, goal: within 5 %); a short turn on an open socket against a
+    new HTTP request (goal: faster).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -564,6 +567,7 @@ def main() -> None:
             "sharedwork",
             "mcp",
             "conversations",
+            "websocket",
         ],
         default=None,
     )
@@ -633,6 +637,10 @@ def main() -> None:
                 bench_conversations(2, 400, 3000, table, n_ctx=2048)
             else:
                 bench_conversations(table=table)
+        if args.only in (None, "websocket"):
+            from bench.websocket import bench_websocket
+
+            bench_websocket(work, args.tokens, args.reps, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -123,7 +123,7 @@ def without_xref(pdf: bytes) -> bytes:
 
 
 def damaged_pdf(text: bytes = b"Title: OpenResponses File Input Fixture") -> bytes:
-    """The Open Responses suite's ``file-input`` fixture, built the same way: one page,
+    """The Open Responses suite's ``file-input`` fixture, byte for byte: one page,
     an uncompressed content stream whose ``/Length`` is 4 bytes too long, no xref table,
     no ``startxref``, a trailer without ``/Size``."""
     content = b"BT\n/F1 12 Tf\n72 72 Td\n(" + text + b") Tj\nET\n"
@@ -132,11 +132,11 @@ def damaged_pdf(text: bytes = b"Title: OpenResponses File Input Fixture") -> byt
         b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 144] /Contents 4 0 R"
         b" /Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >> stream\n" % (len(content) + 4) + content + b"endstream",
+        b"<< /Length %d >>\nstream\n" % (len(content) + 4) + content + b"endstream",
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
-    body = b"".join(b"%d 0 obj %s endobj\n" % (n, o) for n, o in enumerate(objects, start=1))
-    return b"%PDF-1.1\n" + body + b"trailer << /Root 1 0 R >>\n%%EOF"
+    body = b"".join(b"%d 0 obj\n%s\nendobj\n" % (n, o) for n, o in enumerate(objects, start=1))
+    return b"%PDF-1.1\n" + body + b"trailer\n<< /Root 1 0 R >>\n%%EOF"
 
 
 def data_url(pdf: bytes) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket as stdlib_socket
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.helpers import Server, open_db
+from tests.helpers import Server, open_db, rss_mib
 
 MODEL = "lmsp-test"
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -381,3 +382,76 @@ def test_the_client_examples_of_the_docs_run(server: Server, tmp_path: Path) -> 
         assert ran.returncode == 0, ran.stderr
         assert "Traceback" not in ran.stderr
     assert "'type': 'response." in ran.stdout  # the last event the second one printed
+
+
+def test_64_idle_sockets_and_a_slow_reader_stay_within_a_memory_bound(tmp_path: Path) -> None:
+    """64 idle sockets and a client that stops reading (a 16 KiB receive buffer, 300
+    turns of 24 KB of events each asked for, nothing read) cost the server at most
+    :data:`RSS_BOUND_MIB` of resident memory: the turns wait on the socket, the events
+    on disk. The slow reader is closed after ``LMSP_WS_SEND_TIMEOUT`` and the turn it
+    stopped in finishes all the same. The figures are printed (measured here: 100.1 MiB
+    before, 101.7 with the 64 idle sockets, 106.7 at most with the slow reader)."""
+    env = {"LMSP_TEST_ENGINE_DELAY": "0", "LMSP_WS_SEND_TIMEOUT": "3s", "LMSP_WS_PER_CLIENT": "80"}
+    srv = Server(tmp_path / "data", env=env).start()
+    assert srv.proc is not None
+    try:
+        with socket(srv) as warm:  # the model loaded, a first turn's allocations made
+            turn(warm, input="Warm up.")
+        before = rss_mib(srv.proc.pid)
+        idle = [socket(srv) for _ in range(64)]
+        with_idle = rss_mib(srv.proc.pid)
+        raw = stdlib_socket.socket()
+        raw.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVBUF, 16384)
+        raw.connect(("127.0.0.1", srv.port))
+        slow = connect(
+            ws_url(srv),
+            sock=raw,
+            additional_headers={"Authorization": f"Bearer {srv.token}"},
+            max_queue=1,
+            ping_interval=None,
+        )
+        # 24 KB of metadata, sent back in each turn's three lifecycle events
+        metadata = {f"k{key}": "x" * 512 for key in range(16)}
+        for index in range(300):
+            frame = {"model": MODEL, "input": f"{index}", "metadata": metadata}
+            slow.send(json.dumps({"type": "response.create", **frame}))
+        with srv.client() as http:
+            peak, closed = with_idle, 0.0
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not closed:
+                peak = max(peak, rss_mib(srv.proc.pid))
+                closed = metric(http, 'lmsp_websockets_closed_total{reason="slow_reader"}')
+                time.sleep(0.2)
+            assert closed == 1, "the slow reader was never closed"
+            with open_db(srv.data_dir) as conn:
+                turns = conn.execute("SELECT response_id FROM tasks").fetchall()
+            assert 2 < len(turns) < 300  # it stopped the turns short
+            for row in turns:
+                status = wait_status(http, row["response_id"], FINISHED)
+                assert status in ("completed", "incomplete")  # none cancelled
+            assert metric(http, "lmsp_websockets_open") == 64  # the idle ones
+        growth = peak - before
+        print(
+            f"\nRSS: {before:.1f} MiB before, {with_idle:.1f} with 64 idle sockets,"
+            f" {peak:.1f} at most with the slow reader ({len(turns) - 1} turns run for it):"
+            f" +{growth:.1f} MiB (bound {RSS_BOUND_MIB} MiB)"
+        )
+        assert growth < RSS_BOUND_MIB
+        for ws in idle:
+            ws.close()
+        slow.close()
+    finally:
+        srv.stop()
+
+
+#: what 64 idle sockets and one slow reader may add to the server's resident memory
+RSS_BOUND_MIB = 32
+
+
+def metric(http: httpx.Client, name: str) -> float:
+    """A sample of ``/metrics`` by its name and labels as written (0 when absent)."""
+    for line in http.get("/metrics").text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        if sample == name:
+            return float(value)
+    return 0.0
