@@ -13,18 +13,8 @@ is never served — every header field and the payload's SHA-256 are checked bef
 bytes leave this module, and a file that fails is deleted.
 
 Layout: ``root/<digest>/<sha256 of the tokens as int32 little-endian>.kv``, where
-``<digest>`` is the model digest with ``:`` made ``-`` (as for blobs). A file, all
-integers little-endian::
-
-    magic          8 bytes   b"LMSPKV\\r\\n"
-    version        u32       1
-    digest         u16 length + UTF-8   the model digest, checked on every read
-    tag            u16 length + UTF-8   the engine's state format (see below)
-    n_tokens       u32
-    tokens         n_tokens x i32
-    payload_len    u64
-    payload_sha256 32 bytes
-    payload        payload_len bytes
+``<digest>`` is the model digest with ``:`` made ``-`` (as for blobs); the format of a
+file is :mod:`lmsp.engines.kvformat`'s.
 
 ``tag`` is whatever the engine needs to equal for the bytes to be restorable (e.g. the
 llama.cpp build and KV cache type); an entry saved under another tag is removed when met.
@@ -53,7 +43,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
 import secrets
 import shutil
 import struct
@@ -63,15 +52,26 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import numpy as np
+from lmsp.engines.kvformat import (
+    KEY,
+    MAGIC,
+    SUFFIX,
+    TAIL,
+    Corrupt,
+    dir_name,
+    encode_header,
+    exactly,
+    prefix_key,
+    read_header,
+    token_bytes,
+)
 
 log = logging.getLogger("lmsp")
 
-MAGIC = b"LMSPKV\r\n"
-VERSION = 1
-SUFFIX = ".kv"
+__all__ = ["MAGIC", "SUFFIX", "TEMP_PREFIX", "PrefixFiles", "dir_name", "prefix_key"]
+
 TEMP_PREFIX = ".tmp-"
 # a temporary file this old is stray (its writer died), not one being written elsewhere
 TEMP_GRACE = 600.0
@@ -80,25 +80,6 @@ RESERVE_SHARE = 10
 RESERVE_MOST = 4 << 30
 # what :meth:`PrefixFiles.relieve` frees at least (even with no reserve set)
 RELIEF_LEAST = 8 << 20
-
-_FIXED = struct.Struct("<8sIH")  # magic, version, digest length
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_TAIL = struct.Struct("<Q32s")  # payload length, payload SHA-256
-_KEY = re.compile(r"^[0-9a-f]{64}$")
-_PLAIN_DIGEST = re.compile(r"^([a-z0-9]+):([0-9a-f]+)$")
-
-
-class Corrupt(Exception):
-    """A cache file that is not exactly what ``save`` wrote."""
-
-
-@dataclass
-class Header:
-    digest: str
-    tag: str
-    n_tokens: int
-    size: int  # bytes before the tokens
 
 
 @dataclass
@@ -122,66 +103,6 @@ class _Index:
             keys.discard(key)
             if not keys:
                 del self.by_len[n]
-
-
-def token_bytes(tokens: Sequence[int]) -> bytes:
-    """The tokens as int32 little-endian: what keys hash and headers hold."""
-    return np.asarray(tokens, dtype="<i4").tobytes()
-
-
-def prefix_key(tokens: Sequence[int]) -> str:
-    """The file key of a token prefix: SHA-256 of its int32 LE bytes, in hex."""
-    return hashlib.sha256(token_bytes(tokens)).hexdigest()
-
-
-def dir_name(model_digest: str) -> str:
-    """A directory name for a digest: ``sha256:ab…`` → ``sha256-ab…``; anything else
-    (never a path) → a hash of it (the header still holds, and is checked against, the
-    digest itself)."""
-    if match := _PLAIN_DIGEST.match(model_digest):
-        return f"{match.group(1)}-{match.group(2)}"
-    return "x-" + hashlib.sha256(model_digest.encode()).hexdigest()
-
-
-def encode_header(model_digest: str, tag: str, raw_tokens: bytes, payload: bytes) -> bytes:
-    digest = model_digest.encode()
-    tag_b = tag.encode()
-    return b"".join(
-        (
-            _FIXED.pack(MAGIC, VERSION, len(digest)),
-            digest,
-            _U16.pack(len(tag_b)),
-            tag_b,
-            _U32.pack(len(raw_tokens) // 4),
-            raw_tokens,
-            _TAIL.pack(len(payload), hashlib.sha256(payload).digest()),
-        )
-    )
-
-
-def _exactly(f: BinaryIO, n: int) -> bytes:
-    data = f.read(n)
-    if len(data) != n:
-        raise Corrupt("truncated")
-    return data
-
-
-def read_header(f: BinaryIO) -> Header:
-    """The fields up to the tokens (``f`` is left at the first token)."""
-    magic, version, digest_len = _FIXED.unpack(_exactly(f, _FIXED.size))
-    if magic != MAGIC:
-        raise Corrupt("bad magic")
-    if version != VERSION:
-        raise Corrupt(f"format version {version}")
-    try:
-        digest = _exactly(f, digest_len).decode()
-        (tag_len,) = _U16.unpack(_exactly(f, _U16.size))
-        tag = _exactly(f, tag_len).decode()
-    except UnicodeDecodeError as exc:
-        raise Corrupt("garbled header") from exc
-    (n_tokens,) = _U32.unpack(_exactly(f, _U32.size))
-    size = _FIXED.size + digest_len + _U16.size + tag_len + _U32.size
-    return Header(digest, tag, n_tokens, size)
 
 
 class PrefixFiles:
@@ -347,7 +268,7 @@ class PrefixFiles:
         live: list[tuple[float, int, str, str]] = []
         for folder, entry, st in _scan(self.root):
             key = entry.name.removesuffix(SUFFIX)
-            if not entry.name.startswith(TEMP_PREFIX) and _KEY.match(key):
+            if not entry.name.startswith(TEMP_PREFIX) and KEY.match(key):
                 live.append((st.st_mtime, st.st_size, folder.name, key))
         live.sort()
         return live
@@ -397,9 +318,9 @@ class PrefixFiles:
                     raise Corrupt("another model's digest")
                 if head.n_tokens * 4 != len(raw_prefix):
                     raise Corrupt("another token count")
-                if raw_prefix != _exactly(f, len(raw_prefix)):
+                if raw_prefix != exactly(f, len(raw_prefix)):
                     raise Corrupt("other tokens")
-                length, checksum = _TAIL.unpack(_exactly(f, _TAIL.size))
+                length, checksum = TAIL.unpack(exactly(f, TAIL.size))
                 if os.fstat(f.fileno()).st_size != f.tell() + length:
                     raise Corrupt("payload length")
                 if head.tag != tag:
@@ -410,7 +331,7 @@ class PrefixFiles:
                     )
                     self._remove(name, key)
                     return None
-                payload = _exactly(f, length)
+                payload = exactly(f, length)
                 if hashlib.sha256(payload).digest() != checksum:
                     raise Corrupt("payload checksum")
         except FileNotFoundError:
@@ -445,7 +366,7 @@ class PrefixFiles:
             entries = []
         for entry in entries:
             key = entry.name.removesuffix(SUFFIX)
-            if not entry.name.endswith(SUFFIX) or not _KEY.match(key):
+            if not entry.name.endswith(SUFFIX) or not KEY.match(key):
                 continue
             try:
                 with open(entry.path, "rb") as f:
@@ -540,7 +461,7 @@ class PrefixFiles:
                         freed += self._unlink(Path(entry.path))
                     continue
                 key = entry.name.removesuffix(SUFFIX)
-                if not entry.name.endswith(SUFFIX) or not _KEY.match(key):
+                if not entry.name.endswith(SUFFIX) or not KEY.match(key):
                     continue
                 if st.st_mtime < stamp - self.ttl:
                     freed += self._remove(folder.name, key)

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -222,16 +223,24 @@ def _too_much(server: Server, reading: Reading) -> McpFailure:
     )
 
 
-async def _list(server: Server) -> list[dict[str, Any]]:
-    reading = Reading(server.max_bytes)
+@contextlib.contextmanager
+def _refusal_of(server: Server, reading: Reading) -> Iterator[None]:
+    """Whatever the SDK raises after ``reading`` refused a byte over the bound is that
+    refusal (:func:`_too_much`); anything else goes up as it is."""
     try:
-        return await _pages(server, reading)
+        yield
     except asyncio.CancelledError:
         raise
     except BaseException:
         if reading.refused is not None:
             raise _too_much(server, reading) from None
         raise
+
+
+async def _list(server: Server) -> list[dict[str, Any]]:
+    reading = Reading(server.max_bytes)
+    with _refusal_of(server, reading):
+        return await _pages(server, reading)
 
 
 async def _pages(server: Server, reading: Reading) -> list[dict[str, Any]]:
@@ -253,15 +262,9 @@ async def _call(
     server: Server, name: str, arguments: dict[str, Any], max_result: int
 ) -> tuple[str | None, dict[str, Any] | None]:
     reading = Reading(server.max_bytes)
-    try:
+    with _refusal_of(server, reading):
         async with _client(server, reading) as client:
             result = await client.call_tool(name, arguments, read_timeout_seconds=server.timeout)
-    except asyncio.CancelledError:
-        raise
-    except BaseException:
-        if reading.refused is not None:
-            raise _too_much(server, reading) from None
-        raise
     texts: list[str] = []
     for block in result.content:
         shown = block.model_dump(mode="json", by_alias=True, exclude_none=True)
