@@ -38,7 +38,7 @@
     over function tools (goal: <= 1.0x).
 (p) a long conversation (bench/conversations.py): /healthz p99 while another client's
     turns run on a conversation filled to its quota (goal: 100 ms), each turn's time.
-(q) WebSocket mode (bench/websocket.py): a turn over a socket against the same turn over
+(r) WebSocket mode (bench/websocket.py): a turn over a socket against the same turn over
     SSE (TTFT and tokens/s, goal: within 5 %); a short turn on an open socket against a
     new HTTP request (goal: faster).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's

@@ -1,4 +1,4 @@
-"""(q) A turn over a WebSocket against the same turn over SSE (issue 39).
+"""(r) A turn over a WebSocket against the same turn over SSE (issue 39).
 
 One real ``lmsp serve`` with the bundled model and the same greedy request (the same
 prompt, seed and number of output tokens), alternated:
@@ -164,7 +164,7 @@ def bench_websocket(
         ]
     )
     table(
-        f"(q) WebSocket vs SSE: {MODEL}, greedy, the same request, median of {reps}"
+        f"(r) WebSocket vs SSE: {MODEL}, greedy, the same request, median of {reps}"
         f" alternated runs (goals: TTFT and tok/s within {GOAL:.0%}; a turn on an open"
         " socket faster than a new HTTP request)",
         ["turn", "TTFT or total ms", "tok/s", "goal"],
