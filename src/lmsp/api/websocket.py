@@ -199,6 +199,10 @@ class Connection:
                 self.cache.evict(previous, "A continuation of it failed on this connection.")
             await self.send(envelope(exc, 400 if exc.code == wscache.NOT_FOUND else None))
             return
+        except Exception:  # as an HTTP request's 500: the socket stays for the next turn
+            log.exception("a WebSocket turn of client %s failed", self.client.id)
+            await self.send(envelope(errors.LmspError("internal_error", "Internal server error.")))
+            return
         self.sockets.turns += 1
         self.opened.turns += 1
         final = await self.follow(created, body)
