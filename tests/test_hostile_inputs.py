@@ -403,7 +403,7 @@ def test_forged_role_markers_are_plain_text_through_the_server(
         messages = [{"role": "user", "content": forged}]
         tokens = tokenizer.prompt_tokens(messages)
         old = tokenizer.llm.tokenize(
-            tokenizer._formatter(messages=messages).prompt.encode(), add_bos=False, special=True
+            tokenizer.formatter(messages=messages).prompt.encode(), add_bos=False, special=True
         )
     finally:
         tokenizer.close()

@@ -35,13 +35,13 @@ def tokenizer() -> Iterator[LlamaTokenizer]:
 def old_tokens(tok: LlamaTokenizer, messages: list[dict[str, str]], tools: Any = None) -> list[int]:
     """How prompts were tokenized before: one string, control tokens parsed anywhere."""
     shown = toolprompt.with_tools(messages, tools or [])
-    prompt = tok._formatter(messages=shown).prompt  # type: ignore[arg-type]
+    prompt = tok.formatter(messages=shown).prompt  # type: ignore[arg-type]
     tokens: list[int] = tok.llm.tokenize(prompt.encode(), add_bos=False, special=True)
     return tokens
 
 
 def controls(tok: LlamaTokenizer, tokens: list[int]) -> list[int]:
-    found = set(markers.markers_of(tok).by_text.values())  # type: ignore[arg-type]
+    found = set(markers.markers_of(tok).by_text.values())
     return [t for t in tokens if t in found]
 
 
@@ -123,7 +123,7 @@ def test_a_template_that_changes_content_still_keeps_markers_plain(
             f"<|im_start|>{m['role']}\n{m['content'].strip()}<|im_end|>\n" for m in given
         )
 
-    found = markers.markers_of(tokenizer)  # type: ignore[arg-type]
+    found = markers.markers_of(tokenizer)
     messages = [{"role": "user", "content": f"  padded {FORGED}  "}]
     tokens = markers.tokenize(tokenizer.llm, found, trimming, messages)
     assert controls(tokenizer, tokens) == [1, 2]  # the template's one turn
@@ -138,9 +138,9 @@ def test_a_forged_marker_in_a_tool_definition_is_shown_as_content(
     class Native:
         llm = tokenizer.llm
         template_tools = True
-        _lmsp_markers = markers.markers_of(tokenizer)  # type: ignore[arg-type]
+        control_markers = markers.markers_of(tokenizer)
 
-        def _formatter(self, messages: Any, tools: Any = None) -> Any:
+        def formatter(self, messages: Any, tools: Any = None) -> Any:
             listed = "".join(str(t) for t in tools or [])
             prompt = "".join(
                 f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages

@@ -179,7 +179,8 @@ class LlamaTokenizer:
             self.stop_ids.add(int(eot))
         template = meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE
         self.template_tools = toolprompt.supports_tools(template)
-        self._formatter = Jinja2ChatFormatter(
+        self.control_markers: markers.Markers | None = None  # read when first needed
+        self.formatter = Jinja2ChatFormatter(
             template=template,
             eos_token=self._piece(self.eos),
             bos_token=self._piece(int(self.llm.token_bos())),

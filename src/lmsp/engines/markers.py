@@ -45,7 +45,8 @@ class Tokenizing(Protocol):
 
     llm: Any
     template_tools: bool
-    _formatter: Any  # the chat template (llama-cpp-python's Jinja2ChatFormatter)
+    formatter: Any  # the chat template (llama-cpp-python's Jinja2ChatFormatter)
+    control_markers: Markers | None  # its markers once read (:func:`markers_of`)
 
 
 class Markers:
@@ -77,10 +78,9 @@ class Markers:
 
 def markers_of(tokenizer: Tokenizing) -> Markers:
     """The tokenizer's :class:`Markers`, read from its vocabulary once."""
-    found: Markers | None = getattr(tokenizer, "_lmsp_markers", None)
+    found = tokenizer.control_markers
     if found is None:
-        found = Markers.of(tokenizer.llm)
-        tokenizer._lmsp_markers = found  # type: ignore[attr-defined]
+        found = tokenizer.control_markers = Markers.of(tokenizer.llm)
     return found
 
 
@@ -97,13 +97,13 @@ def prompt_tokens(
         shown = toolprompt.template_tools(tools or [])
 
         def render(given: Messages) -> str:
-            return str(tokenizer._formatter(messages=given, tools=shown).prompt)
+            return str(tokenizer.formatter(messages=given, tools=shown).prompt)
 
     else:
         messages = toolprompt.with_tools(messages, tools or [])
 
         def render(given: Messages) -> str:
-            return str(tokenizer._formatter(messages=given).prompt)
+            return str(tokenizer.formatter(messages=given).prompt)
 
     return tokenize(tokenizer.llm, markers, render, messages)
 

@@ -24,7 +24,7 @@ from typing import Any
 from lmsp.ids import new_id
 from lmsp.protocol import events as ev
 from lmsp.protocol import mcp
-from lmsp.protocol.assembler import CallStart, Event, ItemStatus, OutputAssembler
+from lmsp.protocol.assembler import CallStart, Event, ItemStatus
 from lmsp.protocol.toolcalls import CallAssembler
 
 CALL_TYPES = ("function_call", "mcp_call", "mcp_approval_request")
@@ -112,6 +112,48 @@ class McpAssembler(CallAssembler):
         if item["type"] == "mcp_call" and item.get("status") == "in_progress":
             return item
         return None
+
+    def approved(self, wanted: dict[str, Any]) -> dict[str, Any]:
+        """The ``mcp_call`` an approved ``mcp_approval_request`` (``wanted``) makes, its
+        arguments whole; not in the output yet (:meth:`add_call`, or :meth:`refused`)."""
+        return {
+            "type": "mcp_call",
+            "id": self._make_id("mcp"),
+            "server_label": wanted["server_label"],
+            "name": wanted["name"],
+            "arguments": wanted["arguments"],
+            "approval_request_id": wanted["id"],
+            "output": None,
+            "error": None,
+            "status": "in_progress",
+        }
+
+    def add_call(self, item: dict[str, Any], shown: dict[str, Any] | None = None) -> list[Event]:
+        """An ``mcp_call`` whose arguments are whole joins the output: its events up to
+        ``response.mcp_call_arguments.done`` (``shown``: the item as its
+        ``output_item.added`` shows it; by default as it is). Its journal entry is
+        :meth:`send`'s."""
+        self.items.append(item)
+        index = self._index()
+        added = dict(item) if shown is None else shown
+        return [
+            {"type": ev.OUTPUT_ITEM_ADDED, "output_index": index, "item": added},
+            {
+                "type": mcp.MCP_CALL_ARGUMENTS_DONE,
+                "item_id": item["id"],
+                "output_index": index,
+                "arguments": item["arguments"],
+            },
+        ]
+
+    def reopen_list(self) -> dict[str, Any] | None:
+        """An ``mcp_list_tools`` item a crash left open, to be listed again: no longer
+        the open item (``None`` if there is none)."""
+        item = self._open
+        if item is None or item["type"] != "mcp_list_tools":
+            return None
+        self._open = None
+        return item
 
     def send(self, item: dict[str, Any]) -> list[Event]:
         """An ``mcp_call`` (whole arguments) about to be sent: its journal entry."""
@@ -240,4 +282,4 @@ class McpAssembler(CallAssembler):
             self.items[event["output_index"]] = copy.deepcopy(event["item"])
             self._open = None
         else:
-            OutputAssembler._apply(self, event)
+            super()._apply(event)

@@ -1,7 +1,9 @@
 """The MCP tool loop of a task, with a journal of effects (PROTOCOL.md section 11).
 
 A task whose ``tools`` name MCP servers runs here instead of the runner's single
-generation (:meth:`lmsp.runner.runner.Runner._execute` hands it over). The loop:
+turn (:meth:`lmsp.runner.runner.Runner._execute` hands it over): one attempt
+(:mod:`lmsp.runner.attempt`, which generates each turn, logs and ends it) whose turns
+alternate with journaled calls. The loop:
 
 1. lists each server's tools (an ``mcp_list_tools`` item, only ``allowed_tools``; an
    earlier list of the same server in the context is reused: cached for the task);
@@ -34,36 +36,28 @@ goes on knowing that.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import Counter
 
 from lmsp import config
 from lmsp.constraints.budget import GrammarBudget
-from lmsp.engines.base import EngineCrashed, EngineError
+from lmsp.engines.base import EngineError, LoadedModel
 from lmsp.metrics import Metrics
 from lmsp.outbound import mcp_client
-from lmsp.protocol import events as ev
 from lmsp.protocol import items as input_items
 from lmsp.protocol import mcp
-from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.mcpcalls import McpAssembler
-from lmsp.protocol.objects import usage_counts
 from lmsp.runner import mcp_offer
+from lmsp.runner.attempt import Attempt, Stopped, TaskContext
 from lmsp.runner.plan import context_of, sampling_of
 from lmsp.store import events, journal, mcp_headers
 from lmsp.store import tasks as task_store
 from lmsp.store.sql import Conn, Row
-
-if TYPE_CHECKING:
-    from lmsp.engines.client import EngineClient as LoadedModel
-    from lmsp.runner.runner import Runner
-    from lmsp.store.models import ModelRecord
 
 log = logging.getLogger(__name__)
 Item = dict[str, Any]
@@ -95,80 +89,42 @@ def counters(metrics: Metrics) -> _Counters:
     return found
 
 
-class Stopped(Exception):
-    """The task was cancelled, or the service is shutting down."""
-
-
 @dataclass
 class Turn:
     """Where the current turn starts: its first token and the items before it."""
 
     token: int = 0
     items: int = 0
-    input_tokens: int = 0
 
 
 @dataclass
 class Loop:
-    runner: Runner
-    task_id: str
+    task: TaskContext
     response: Row
     request: dict[str, Any]
     model: LoadedModel
-    record: ModelRecord
+    grammars: GrammarBudget | None = None
     settings: config.Settings = field(default_factory=config.from_env)
-    tokens: list[int] = field(default_factory=list)
     turn: Turn = field(default_factory=Turn)
-    pending: list[dict[str, Any]] = field(default_factory=list)
-    cached: int = 0
 
     def __post_init__(self) -> None:
         self.servers = {tool["server_label"]: tool for tool in mcp.mcp_tools(self.request)}
         self.context = context_of(self.request)
-        self.sampling = sampling_of(self.request)
-        self.asm = McpAssembler()
-        self.headers: dict[str, dict[str, str]] = {}
-        self.inflight: concurrent.futures.Future[Any] | None = None
-
-    # -- writes ----------------------------------------------------------------------------
-    def _snap(self) -> dict[str, Any]:
-        return {
-            "tokens": list(self.tokens),
-            "seed": self.sampling.seed,
-            "held": self.asm.held,
-            "turn": self.turn.token,
-            "turn_items": self.turn.items,
-            "input_tokens": self.turn.input_tokens,
-        }
-
-    def _job(self, batch: list[dict[str, Any]], snap: dict[str, Any]) -> Any:
-        task_id = self.task_id
-        return self.runner._fenced(
-            task_id, lambda c: task_store.append_output(c, task_id, batch, snap)
+        self.attempt = Attempt(
+            self.task, self.model, sampling_of(self.request), McpAssembler(), marks=self._marks
         )
+        self.headers: dict[str, dict[str, str]] = {}
 
-    def flush(self, wait: bool) -> None:
-        """Log the pending events with the snapshot covering them (``wait``: committed
-        when this returns — the journal's rule before a call is sent)."""
-        if self.inflight is not None:
-            if not self.inflight.result():
-                raise Stopped  # the task left `running`: a cancel won
-            self.inflight = None
-        batch, self.pending = list(self.pending), []
-        future = self.runner.db.submit(self._job(batch, self._snap()))
-        if wait:
-            if not future.result():
-                raise Stopped
-        else:
-            self.inflight = future
+    @property
+    def asm(self) -> McpAssembler:
+        return self.attempt.assembler
 
-    def usage(self) -> dict[str, int]:
-        """What the task has consumed so far: every turn's prompt given to the engine,
-        every token generated (charged however it ends: :meth:`Runner.spent`)."""
-        return usage_counts(self.turn.input_tokens, len(self.tokens), self.cached)
+    def _marks(self) -> dict[str, Any]:
+        """What the snapshot says of the turn: where its tokens and items begin."""
+        return {"turn": self.turn.token, "turn_items": self.turn.items}
 
-    def _stopping(self) -> bool:
-        return self.task_id in self.runner._cancels or self.runner._shutdown.is_set()
+    def _emit(self, batch: list[dict[str, Any]]) -> None:
+        self.attempt.pending += batch
 
     # -- the tools ---------------------------------------------------------------------------
     def _lists(self) -> dict[str, Item]:
@@ -192,9 +148,9 @@ class Loop:
         return mcp_offer.offer(self._lists(), self.servers, self.request, self._budget())
 
     def _budget(self) -> GrammarBudget:
-        if self.runner.grammars is None:
+        if self.grammars is None:
             raise EngineError("engine_error", "MCP tools need the service's compile budget.")
-        return self.runner.grammars
+        return self.grammars
 
     def _server(self, label: str) -> mcp_client.Server:
         url = self.servers[label]["server_url"]
@@ -210,7 +166,7 @@ class Loop:
         """The result of an MCP request, or :class:`Stopped` (the request is dropped)."""
         deadline = time.monotonic() + self.settings.mcp_timeout + 5
         while True:
-            if self._stopping():
+            if self.task.stopping():
                 future.cancel()
                 raise Stopped
             try:
@@ -226,14 +182,14 @@ class Loop:
         """List one server's tools (``item``: a list left open by a crash, listed again)."""
         if item is None:
             item, added = self.asm.open_list(label)
-            self.pending += added
-            self.flush(wait=False)
-        metric = counters(self.runner.metrics).calls
+            self._emit(added)
+            self.attempt.flush(wait=False)
+        metric = counters(self.task.metrics).calls
         try:
             tools = self._wait(mcp_client.list_tools(self._server(label)))
         except mcp_client.McpFailure as exc:
             metric.labels(label, "list", "failed").inc()
-            self.pending += self.asm.close_list(item, None, f"Listing the tools failed: {exc}")
+            self._emit(self.asm.close_list(item, None, f"Listing the tools failed: {exc}"))
         else:
             definition = self.servers[label]
             shown = [
@@ -243,21 +199,21 @@ class Loop:
             ]
             if len(shown) > mcp.MAX_TOOLS:
                 metric.labels(label, "list", "failed").inc()
-                self.pending += self.asm.close_list(item, None, mcp.too_many_tools(len(shown)))
+                self._emit(self.asm.close_list(item, None, mcp.too_many_tools(len(shown))))
             else:
                 metric.labels(label, "list", "ok").inc()
-                self.pending += self.asm.close_list(item, shown, None)
+                self._emit(self.asm.close_list(item, shown, None))
         self.between()
-        self.flush(wait=False)
+        self.attempt.flush(wait=False)
 
     def call(self, item: Item, journaled: bool) -> None:
         """Send one journaled call and log its result (``journaled``: its
         ``in_progress`` is in the pending events or the log already)."""
         if not journaled:
-            self.pending += self.asm.send(item)
-        self.flush(wait=True)  # committed before it is sent
+            self._emit(self.asm.send(item))
+        self.attempt.flush(wait=True)  # committed before it is sent
         label = item["server_label"]
-        metric = counters(self.runner.metrics).calls
+        metric = counters(self.task.metrics).calls
         output: str | None
         error: dict[str, Any] | None
         try:
@@ -274,15 +230,15 @@ class Loop:
         metric.labels(label, "call", "failed" if error is not None else "ok").inc()
         log.info(
             "task %s: MCP call %s/%s %s",
-            self.task_id,
+            self.task.id,
             label,
             item["name"],
             "failed" if error is not None else "completed",
-            extra={"task_id": self.task_id, "event": "mcp.call", "server": label},
+            extra={"task_id": self.task.id, "event": "mcp.call", "server": label},
         )
-        self.pending += self.asm.result(item, output, error)
+        self._emit(self.asm.result(item, output, error))
         self.between()
-        self.flush(wait=False)
+        self.attempt.flush(wait=False)
 
     def interrupted(self, item: Item) -> None:
         """A call in flight when the task broke off: sent again if its tool says that is
@@ -291,32 +247,27 @@ class Loop:
             self.call(item, journaled=True)
             return
         error = mcp.error_of("mcp_protocol_error", mcp.INTERRUPTED)
-        counters(self.runner.metrics).calls.labels(
-            item["server_label"], "call", "interrupted"
-        ).inc()
-        self.pending += self.asm.result(item, None, error)
+        counters(self.task.metrics).calls.labels(item["server_label"], "call", "interrupted").inc()
+        self._emit(self.asm.result(item, None, error))
         self.between()
-        self.flush(wait=False)
+        self.attempt.flush(wait=False)
 
     # -- starting (fresh, resumed or retried) ------------------------------------------------
     def start(self, conn: Conn, resumed: bool) -> None:
         self.headers = mcp_headers.read(conn, self.response["id"])
-        snapshot = (task_store.snapshot(conn, self.task_id) if resumed else None) or {}
-        self.tokens = list(snapshot.get("tokens", []))
-        self.turn = Turn(
-            int(snapshot.get("turn", 0)),
-            int(snapshot.get("turn_items", 0)),
-            int(snapshot.get("input_tokens", 0)),
-        )
-        logged = events.output_events(conn, self.task_id)
-        self.asm = McpAssembler.rebuild(logged, held=str(snapshot.get("held", "")))
+        snapshot = (task_store.snapshot(conn, self.task.id) if resumed else None) or {}
+        self.attempt.tokens = list(snapshot.get("tokens", []))
+        self.turn = Turn(int(snapshot.get("turn", 0)), int(snapshot.get("turn_items", 0)))
+        self.attempt.input_tokens = int(snapshot.get("input_tokens", 0))
+        logged = events.output_events(conn, self.task.id)
+        held = str(snapshot.get("held", ""))
+        self.attempt.assembler = McpAssembler.rebuild(logged, held=held)
         if not logged:
-            self.carry_over(journal.previous_attempt(conn, self.task_id))
+            self.carry_over(journal.previous_attempt(conn, self.task.id))
         self.asm.offered = self.offer()
-        open_item = self.asm._open
-        if open_item is not None and open_item["type"] == "mcp_list_tools":
-            self.asm._open = None
-            self.list_server(open_item["server_label"], open_item)
+        open_list = self.asm.reopen_list()
+        if open_list is not None:
+            self.list_server(open_list["server_label"], open_list)
         pending = self.asm.pending_call()
         if pending is not None:
             if pending["id"] in self.asm.sent:
@@ -340,29 +291,14 @@ class Loop:
         for item in before.items[: last + 1]:
             if item["type"] == "mcp_call" and item.get("status") == "in_progress":
                 # in flight: its journal entry comes again, then the policy decides
-                added = {**item, "arguments": ""}
-                self.asm.items.append(item)
-                index = len(self.asm.items) - 1
-                self.asm.sent.add(item["id"])
-                self.pending += [
-                    {"type": ev.OUTPUT_ITEM_ADDED, "output_index": index, "item": added},
-                    {
-                        "type": mcp.MCP_CALL_ARGUMENTS_DONE,
-                        "item_id": item["id"],
-                        "output_index": index,
-                        "arguments": item["arguments"],
-                    },
-                    {
-                        "type": mcp.MCP_CALL_IN_PROGRESS,
-                        "item_id": item["id"],
-                        "output_index": index,
-                    },
-                ]
+                self._emit(self.asm.add_call(item, {**item, "arguments": ""}))
+                self._emit(self.asm.send(item))
             elif item.get("status") != "incomplete":
-                self.pending += self.asm.whole(item)
-        self.turn = Turn(0, len(self.asm.items), 0)
-        if self.pending:
-            self.flush(wait=False)
+                self._emit(self.asm.whole(item))
+        self.turn = Turn(0, len(self.asm.items))
+        self.attempt.input_tokens = 0
+        if self.attempt.pending:
+            self.attempt.flush(wait=False)
 
     def approvals(self) -> None:
         """Answer the approvals of this request's input: run each approved call once —
@@ -384,37 +320,17 @@ class Loop:
             wanted = asked.get(request_id)
             if wanted is None or request_id in done or wanted["server_label"] not in self.servers:
                 continue
-            item: Item = {
-                "type": "mcp_call",
-                "id": self.asm._make_id("mcp"),
-                "server_label": wanted["server_label"],
-                "name": wanted["name"],
-                "arguments": wanted["arguments"],
-                "approval_request_id": request_id,
-                "output": None,
-                "error": None,
-                "status": "in_progress",
-            }
+            item = self.asm.approved(wanted)
             made = mcp_offer.calls_in(self.asm.items)
             refusal = mcp_offer.refusal(
                 self.request, self.asm.offered, made, wanted, self._budget()
             )
             if refusal is not None:
                 error = mcp.error_of("mcp_protocol_error", f"Not run: {refusal}.", -32602)
-                self.pending += self.asm.refused(item, error)
+                self._emit(self.asm.refused(item, error))
                 self.between()
                 continue
-            self.asm.items.append(item)
-            index = len(self.asm.items) - 1
-            self.pending += [
-                {"type": ev.OUTPUT_ITEM_ADDED, "output_index": index, "item": dict(item)},
-                {
-                    "type": mcp.MCP_CALL_ARGUMENTS_DONE,
-                    "item_id": item["id"],
-                    "output_index": index,
-                    "arguments": item["arguments"],
-                },
-            ]
+            self._emit(self.asm.add_call(item))
             self.call(item, journaled=False)
 
     # -- turns -------------------------------------------------------------------------------
@@ -425,7 +341,7 @@ class Loop:
 
     def between(self) -> None:
         """A step between turns is logged: the next turn starts here."""
-        self.turn = Turn(len(self.tokens), len(self.asm.items), self.turn.input_tokens)
+        self.turn = Turn(len(self.attempt.tokens), len(self.asm.items))
 
     def generate(self) -> str | None:
         """One turn (or the rest of it, resumed); ``"max_output_tokens"`` if the budget
@@ -440,7 +356,7 @@ class Loop:
             if shown
             else self.model.prompt_tokens(messages)
         )
-        done = self.tokens[self.turn.token :]
+        done = self.attempt.tokens[self.turn.token :]
         if len(prompt) + len(done) >= self.model.n_ctx:
             raise EngineError(
                 "context_length_exceeded",
@@ -448,116 +364,51 @@ class Loop:
                 f" context holds {self.model.n_ctx}.",
             )
         if not done:
-            self.turn.input_tokens += len(prompt)
+            self.attempt.input_tokens += len(prompt)
         limit = self.request.get("max_output_tokens")
-        budget = self.model.n_ctx - len(prompt) - len(done)
-        left = budget if limit is None else min(int(limit) - len(self.tokens), budget)
-        if left <= 0:
-            return "max_output_tokens"
-        runner = self.runner
-        runner.metrics.prompt(self.task_id, len(prompt))
-        runner.metrics.reading(self.task_id, len(prompt))
-        generation = self.model.generate(
-            prompt, done, self.sampling, grammar=text_grammar, max_tokens=left
-        )
-        runner.started(self.task_id, generation)
-        last_flush = time.monotonic()
-        produced = 0
-        try:
-            with contextlib.closing(generation):
-                for piece in generation:
-                    self.tokens.append(piece.token)
-                    produced += 1
-                    runner.metrics.token(self.task_id)
-                    if piece.text:
-                        self.pending += self.asm.feed(TextDelta(piece.text))
-                    if self._stopping():
-                        raise Stopped
-                    if produced >= left:
-                        return "max_output_tokens"
-                    if self.pending and time.monotonic() - last_flush >= runner.flush_interval:
-                        self.flush(wait=False)
-                        last_flush = time.monotonic()
-                self.cached += generation.cached_tokens
-        finally:
-            runner._live.pop(self.task_id, None)
-        return None
+        left = self.attempt.room(prompt, done, None if limit is None else int(limit))
+        return self.attempt.generate(prompt, done, text_grammar, left)
 
     # -- the whole task ----------------------------------------------------------------------
     def run(self, conn: Conn, resumed: bool) -> None:
-        self.runner._spent[self.task_id] = self.usage
-        try:
-            self.start(conn, resumed)
-            for label in self.servers:
-                if label not in self._lists():
-                    self.list_server(label)
-            self.asm.offered = self.offer()
-            self.approvals()
-            incomplete: str | None = None
-            while True:
-                incomplete = self.generate()
-                if incomplete is not None:
-                    break
-                self.pending += self.asm.close_open()
-                call = self.asm.pending_call()
-                if call is None:
-                    break
-                self.call(call, journaled=True)
-        except Stopped:
-            self._stop()
-            return
-        except EngineCrashed:
-            if self.inflight is not None:
-                self.inflight.result()
-            if self.pending and self.task_id not in self.runner._cancels:
-                self.flush(wait=True)
-            raise
-        self._finish(incomplete)
-
-    def _stop(self) -> None:
-        """Cancelled or shutting down: keep what was generated (shutdown: recovery
-        applies the task's policy), or finish the cancel."""
-        runner = self.runner
-        if self.inflight is not None:
-            self.inflight.result()
-            self.inflight = None
-        if runner._shutdown.is_set() and self.task_id not in runner._cancels:
-            if self.pending:
-                with contextlib.suppress(Stopped):
-                    self.flush(wait=True)
-            return
-        runner._cancelled(self.task_id)
-
-    def _finish(self, incomplete: str | None) -> None:
-        if self.inflight is not None and not self.inflight.result():
-            self.runner._cancelled(self.task_id)
-            return
-        last = list(self.pending)
-        snap = {"tokens": list(self.tokens), "seed": self.sampling.seed}
-        closing = self.asm.finish("incomplete" if incomplete else "completed")
-        output = self.asm.items
-        usage = self.usage()
-        task_id = self.task_id
+        """The loop, from where the task's log ends to its terminal write (the
+        attempt's); what it consumed is charged from the start, however it ends."""
+        self.attempt.charge()
         response_id = self.response["id"]
+        self.attempt.conclude(
+            lambda: self.turns(conn, resumed),
+            also=lambda c: mcp_headers.forget(c, response_id),
+        )
 
-        def finish(c: Conn) -> None:
-            if last:
-                task_store.append_output(c, task_id, last, snap)
-            task_store.settle(c, task_id, closing, output, usage, incomplete)
-            mcp_headers.forget(c, response_id)
-
-        self.runner._durably(task_id, finish)
+    def turns(self, conn: Conn, resumed: bool) -> str | None:
+        """The lists, the approved calls, then turns and calls until a turn makes no
+        call; why the output is incomplete, if it is."""
+        self.start(conn, resumed)
+        for label in self.servers:
+            if label not in self._lists():
+                self.list_server(label)
+        self.asm.offered = self.offer()
+        self.approvals()
+        while True:
+            incomplete = self.generate()
+            if incomplete is not None:
+                return incomplete
+            self._emit(self.asm.close_open())
+            call = self.asm.pending_call()
+            if call is None:
+                return None
+            self.call(call, journaled=True)
 
 
 def run(
-    runner: Runner,
-    task_id: str,
+    task: TaskContext,
     conn: Conn,
     response: Row,
     request: dict[str, Any],
     model: LoadedModel,
-    record: ModelRecord,
     resumed: bool,
+    grammars: GrammarBudget | None,
 ) -> None:
-    """Run a task's MCP loop (the runner has moved it to ``running``)."""
-    Loop(runner, task_id, response, request, model, record).run(conn, resumed)
+    """Run a task's MCP loop (the runner has moved it to ``running``); ``grammars``: the
+    compile budget the tools' schemas are checked under."""
+    Loop(task, response, request, model, grammars).run(conn, resumed)

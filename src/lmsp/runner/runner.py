@@ -7,14 +7,14 @@ resume`` first); ``reserved`` more workers, each with a sequence of its own, tak
 task of a client with nothing running, and only while every other sequence is busy: a
 client's first request starts at once instead of waiting for one of another client's
 tasks to end (``LMSP_RESERVED_SEQUENCES``). Workers move tasks ``loading → running →``
-terminal, and log text deltas in batches: a worker hands its first text to the
-group-commit writer at once, then a batch at most every ``flush_interval`` seconds
-(``LMSP_FLUSH_INTERVAL``) while the engine goes on generating, each run of deltas of one
-item joined into one event (:func:`lmsp.protocol.events.coalesce`: fewer rows, frames
-and wake-ups per token). Each batch carries the snapshot that covers it. The engine runs
-in a process of its own (:mod:`lmsp.engines.client`); each worker submits its task's
-sequence there and reads its pieces, checking each one against a committed cancel before
-it is shown.
+terminal; each hands its task to an attempt (:mod:`lmsp.runner.attempt`: a plain
+response is one turn, :mod:`lmsp.runner.mcp_loop` turns and journaled calls), which
+generates it and logs its text deltas in batches, each with the snapshot that covers it,
+through the small public context the runner lends it (:meth:`Runner._context`: fenced
+writes, terminal writes, cancels, the generation in the engine, what it consumed). The
+engine runs in a process of its own (:mod:`lmsp.engines.client`); each worker submits its
+task's sequence there and reads its pieces, checking each one against a committed cancel
+before it is shown.
 
 When the engine process dies, the worker keeps the pieces that came before, logs them,
 and its task follows its ``on_restart`` policy with the error code ``engine_crashed``
@@ -32,7 +32,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -40,16 +39,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lmsp.constraints.budget import GrammarBudget
-from lmsp.engines.base import EngineCrashed, EngineError, Generation
+from lmsp.engines.base import EngineCrashed, EngineError, Generation, LoadedModel
 from lmsp.engines.host import ModelHost
 from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
 from lmsp.outbound.pull import Downloader
-from lmsp.protocol import events as ev
-from lmsp.protocol.assembler import TextDelta
-from lmsp.protocol.objects import usage_counts
 from lmsp.protocol.states import Status
 from lmsp.runner import durable, mcp_loop, relax, revocation
+from lmsp.runner.attempt import Attempt, Job, TaskContext
 from lmsp.runner.plan import plan_for
 from lmsp.store import events, models, nodes, retrying
 from lmsp.store import responses as response_store
@@ -387,18 +384,53 @@ class Runner:
         response = task_store.get_response(conn, task["response_id"]) if task else None
         return models.get(conn, response["model"]) if response else None
 
-    def started(self, task_id: str, generation: Generation) -> None:
+    def _live_generation(self, task_id: str, generation: Generation | None) -> None:
         """``task_id``'s generation went to its engine: cancellable, and its prompt's
-        progress shown (``lmsp ps``) as the engine tells it."""
+        progress shown (``lmsp ps``) as the engine tells it; ``None``: it ended."""
+        if generation is None:
+            self._live.pop(task_id, None)
+            return
         self._live[task_id] = generation
         generation.watch(lambda p: self.metrics.read(task_id, p.read, p.total, p.rate()))
         if task_id in self._cancels:  # committed while it was being submitted
             generation.cancel()
 
+    def _context(self, task_id: str) -> TaskContext:
+        """What the attempt running ``task_id`` may use of this runner."""
+
+        def write(job: Job) -> concurrent.futures.Future[Any]:
+            return self.db.submit(self._fenced(task_id, revocation.guarded(task_id, job)))
+
+        def charge(usage: Callable[[], dict[str, int]]) -> None:
+            self._spent[task_id] = usage
+
+        return TaskContext(
+            id=task_id,
+            metrics=self.metrics,
+            flush_interval=self.flush_interval,
+            write=write,
+            durably=lambda job: self._durably(task_id, job),
+            cancelled=lambda: task_id in self._cancels,
+            shutting_down=self._shutdown.is_set,
+            live=lambda generation: self._live_generation(task_id, generation),
+            charge=charge,
+        )
+
     def _cancelled(self, task_id: str) -> None:
         """The runner stopped a task a cancel reached: ``cancelled``, charged its usage."""
         usage = self.spent(task_id)
         self._durably(task_id, lambda conn: task_store.finish_cancel(conn, task_id, usage))
+
+    def _begin(self, task_id: str, digest: str, resumed: bool) -> bool:
+        """Move the task to ``running`` (a resumed one is there: noted as resumed);
+        ``False`` if a cancel won while it was loading, or before the resume."""
+
+        def move(conn: Conn) -> bool:
+            if resumed:
+                return task_store.mark_resumed(conn, task_id, digest)
+            return task_store.start(conn, task_id, digest) is not None
+
+        return bool(self.db.write_sync(self._fenced(task_id, revocation.guarded(task_id, move))))
 
     def _execute(self, task_id: str, slot: int, resumed: bool) -> None:
         conn = self.db.reader()
@@ -412,158 +444,50 @@ class Runner:
         if record is None:
             raise EngineError("model_load_failed", f"The model {response['model']!r} is gone.")
         model = self.host.get(record, slot)
-        if resumed:
-            resume = self._fenced(
-                task_id,
-                revocation.guarded(
-                    task_id, lambda c: task_store.mark_resumed(c, task_id, record.digest)
-                ),
-            )
-            if not self.db.write_sync(resume):
-                self._cancelled(task_id)  # a cancel won before the resume
-                return
-        elif (
-            self.db.write_sync(
-                self._fenced(
-                    task_id,
-                    revocation.guarded(
-                        task_id, lambda c: task_store.start(c, task_id, record.digest)
-                    ),
-                )
-            )
-            is None
-        ):
-            self._cancelled(task_id)  # a cancel won while loading
+        if not self._begin(task_id, record.digest, resumed):
+            self._cancelled(task_id)  # a cancel won while loading, or before the resume
             return
-
         self.metrics.begin(task_id, record.id)
+        context = self._context(task_id)
         if mcp_loop.applies(request):  # MCP tools: the loop runs the task (runner/mcp_loop.py)
-            mcp_loop.run(self, task_id, conn, response, request, model, record, resumed)
-            return
-        snapshot = (task_store.snapshot(conn, task_id) if resumed else None) or {}
-        tokens: list[int] = list(snapshot.get("tokens", []))
-        plan = plan_for(request)
-        # the output so far is what the log holds: the snapshot covers exactly that
-        assembler = (
-            plan.replay(events.output_events(conn, task_id), snapshot.get("held", ""))
-            if tokens
-            else plan.assembler()
-        )
-        sampling = plan.sampling
+            mcp_loop.run(context, conn, response, request, model, resumed, self.grammars)
+        else:
+            respond(context, conn, request, model, resumed)
+
+
+def respond(
+    task: TaskContext, conn: Conn, request: dict[str, Any], model: LoadedModel, resumed: bool
+) -> None:
+    """A plain response: one attempt of one turn, as its plan says (a resumed task goes
+    on from its snapshot)."""
+    snapshot = (task_store.snapshot(conn, task.id) if resumed else None) or {}
+    tokens: list[int] = list(snapshot.get("tokens", []))
+    plan = plan_for(request)
+    # the output so far is what the log holds: the snapshot covers exactly that
+    assembler = (
+        plan.replay(events.output_events(conn, task.id), snapshot.get("held", ""))
+        if tokens
+        else plan.assembler()
+    )
+    attempt = Attempt(task, model, plan.sampling, assembler, tokens)
+
+    def turn() -> str | None:
         prompt = (
             model.prompt_tokens(plan.messages, plan.tools)
             if plan.tools
             else model.prompt_tokens(plan.messages)
         )
-        self.metrics.reading(task_id, len(prompt))
         if len(prompt) >= model.n_ctx:
             raise EngineError(
                 "context_length_exceeded",
                 f"The prompt has {len(prompt)} tokens; the context holds {model.n_ctx}.",
             )
-        limit = plan.max_output_tokens
-        budget = model.n_ctx - len(prompt)
-        cap = budget if limit is None else min(limit, budget)
+        attempt.input_tokens = len(prompt)
+        left = attempt.room(prompt, tokens, plan.max_output_tokens)
+        return attempt.generate(prompt, tokens, plan.grammar, left)
 
-        pending: list[dict[str, Any]] = []
-        inflight: concurrent.futures.Future[Any] | None = None
-        last_flush = -math.inf  # the first text is logged at once: the time to it counts
-        stopped = False
-        incomplete: str | None = None
-
-        def flush() -> concurrent.futures.Future[Any]:
-            snap = {
-                "tokens": list(tokens),
-                "seed": sampling.seed,
-                "held": assembler.held,
-                "input_tokens": len(prompt),  # what a restart charges (snapshots.spent)
-            }
-            batch = ev.coalesce(pending)  # one delta event per item since the last flush
-            pending.clear()
-            return self.db.submit(
-                self._fenced(
-                    task_id,
-                    revocation.guarded(
-                        task_id, lambda c: task_store.append_output(c, task_id, batch, snap)
-                    ),
-                )
-            )
-
-        cached = 0
-        resumed_at = len(tokens)
-        crash: EngineCrashed | None = None
-        if len(tokens) >= cap:
-            incomplete = "max_output_tokens"
-            self.metrics.prompt(task_id, len(prompt))
-        else:
-            logprobs: list[dict[str, Any]] = []
-            try:
-                generation = model.generate(
-                    prompt, tokens, sampling, grammar=plan.grammar, max_tokens=cap - len(tokens)
-                )
-                # the prompt is the engine's: charged from now on, however the task ends
-                self._spent[task_id] = lambda: usage_counts(
-                    len(prompt), len(tokens), generation.cached_tokens
-                )
-                self.started(task_id, generation)
-                with contextlib.closing(generation):
-                    for piece in generation:
-                        if len(tokens) == resumed_at:  # the prompt is in: how much was cached
-                            self.metrics.prompt(task_id, len(prompt), generation.cached_tokens)
-                        tokens.append(piece.token)
-                        self.metrics.token(task_id)
-                        if piece.logprobs is not None:  # a token inside a character waits
-                            logprobs.append(piece.logprobs)
-                        if piece.text:
-                            pending.extend(assembler.feed(TextDelta(piece.text, tuple(logprobs))))
-                            logprobs.clear()
-                        if task_id in self._cancels or self._shutdown.is_set():
-                            stopped = True
-                            break
-                        if assembler.stopped:  # a stop sequence: the answer is complete
-                            break
-                        if len(tokens) >= cap:
-                            incomplete = "max_output_tokens"
-                            break
-                        if pending and time.monotonic() - last_flush >= self.flush_interval:
-                            if inflight is not None and not inflight.result():
-                                stopped = True  # the task left `running`: a cancel won
-                                break
-                            inflight = flush()
-                            last_flush = time.monotonic()
-                    cached = generation.cached_tokens
-                    if len(tokens) == resumed_at:
-                        self.metrics.prompt(task_id, len(prompt), cached)
-            except EngineCrashed as exc:
-                crash = exc  # what came before it is kept: logged below, then the policy
-        if crash is not None:
-            if inflight is not None:
-                inflight.result()
-            if pending and task_id not in self._cancels:
-                flush().result()  # guarded: nothing is written once a cancel won
-            raise crash
-        if inflight is not None and not inflight.result():
-            stopped = True
-        if self._shutdown.is_set() and task_id not in self._cancels:
-            if pending:  # shutting down: persist what we have, recovery decides the rest
-                flush().result()
-            return
-        if stopped or task_id in self._cancels:
-            self._cancelled(task_id)
-            return
-        last = ev.coalesce(pending)  # committed with the completion: all of the text, or none
-        snap = {"tokens": list(tokens), "seed": sampling.seed}
-        usage = usage_counts(len(prompt), len(tokens), cached)
-        closing = assembler.finish("incomplete" if incomplete else "completed")
-        output = assembler.items
-        relax.check_calls(output, plan.tools)  # keywords the grammar could not enforce
-
-        def finish(c: Conn) -> None:
-            if last:
-                task_store.append_output(c, task_id, last, snap)
-            task_store.settle(c, task_id, closing, output, usage, incomplete)
-
-        self._durably(task_id, finish)
+    # keywords the grammar could not enforce are checked in the output
+    attempt.conclude(turn, check=lambda output: relax.check_calls(output, plan.tools))
 
 
 def log_outcome(db: Database, task_id: str) -> None:
