@@ -307,7 +307,8 @@ class Connection:
         ``LMSP_WS_SEND_TIMEOUT`` (what it has not read stays in the transport's buffer,
         bounded: the events stay on disk)."""
         try:
-            await asyncio.wait_for(self.ws.send_text(text), self.svc.settings.ws_send_timeout)
+            async with asyncio.timeout(self.svc.settings.ws_send_timeout):  # no task a frame
+                await self.ws.send_text(text)
         except TimeoutError:
             log.info("a WebSocket of client %s stopped reading; closed", self.client.id)
             raise Gone("slow_reader") from None
