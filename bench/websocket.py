@@ -6,7 +6,8 @@ prompt, seed and number of output tokens), alternated:
 - **streamed**: ``POST /v1/responses`` with ``stream: true`` (a kept-alive HTTP
   connection) against a ``response.create`` on an open socket; the time to the first
   ``response.output_text.delta`` (TTFT) and the output tokens a second from it to the
-  terminal event. Goal: both within 5 % (the same log, only the framing differs).
+  terminal event. Goal: the socket's within 5 % of SSE's or better (the same log, only
+  the framing differs).
 - **a short turn**: a one-token turn on a socket already open (its second turn and
   after) against the same request as a new HTTP request on a new connection (TCP
   connect, head, auth): request to terminal event. Goal: the socket turn faster.
@@ -142,7 +143,7 @@ def bench_websocket(
             [f"{name}, {tokens} tokens", f"{ttft[name] * 1000:.0f}", f"{rate[name]:.1f}", ""]
         )
     ttft_ratio, rate_ratio = ttft["WS"] / ttft["SSE"], rate["WS"] / rate["SSE"]
-    met = abs(ttft_ratio - 1) <= GOAL and abs(rate_ratio - 1) <= GOAL
+    met = ttft_ratio <= 1 + GOAL and rate_ratio >= 1 - GOAL  # the socket no worse
     rows.append(
         [
             "ratio WS / SSE",
@@ -165,8 +166,8 @@ def bench_websocket(
     )
     table(
         f"(r) WebSocket vs SSE: {MODEL}, greedy, the same request, median of {reps}"
-        f" alternated runs (goals: TTFT and tok/s within {GOAL:.0%}; a turn on an open"
-        " socket faster than a new HTTP request)",
+        f" alternated runs (goals: TTFT and tok/s within {GOAL:.0%} of SSE's or better; a"
+        " turn on an open socket faster than a new HTTP request)",
         ["turn", "TTFT or total ms", "tok/s", "goal"],
         rows,
     )
