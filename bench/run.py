@@ -410,6 +410,7 @@ def lmsp_store(work: Path, concurrency: int, duration: float) -> tuple[Load, int
 
     from lmsp.app.service import open_service
     from lmsp.config import Settings
+    from lmsp.protocol.request import from_stored
     from lmsp.store import responses
 
     settings = Settings(data_dir=work / "store-data", enable_test_engine=True)
@@ -431,7 +432,12 @@ def lmsp_store(work: Path, concurrency: int, duration: float) -> tuple[Load, int
 
             def create(c: sqlite3.Connection, body: dict[str, Any] = body) -> Any:
                 return responses.create(
-                    c, client_id=owner, request=body, on_restart="fail", max_queue=10**9, key=None
+                    c,
+                    client_id=owner,
+                    request=from_stored(body),
+                    on_restart="fail",
+                    max_queue=10**9,
+                    key=None,
                 )
 
             svc.db.write_sync(create)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from lmsp.protocol.assembler import OutputAssembler, TextDelta  # noqa: E402
+from lmsp.protocol.request import from_stored  # noqa: E402
 from lmsp.store import clients, events  # noqa: E402
 from lmsp.store import responses as response_store  # noqa: E402
 from lmsp.store import tasks as task_store  # noqa: E402
@@ -87,7 +88,7 @@ def run(path: Path, writer: Writer, total: int, every: int) -> tuple[int, int]:
         created = response_store.create(
             c,
             client_id=client.id,
-            request={"model": "m", "input": "a story", "background": True},
+            request=from_stored({"model": "m", "input": "a story", "background": True}),
             on_restart="resume",
             max_queue=10,
             key=None,

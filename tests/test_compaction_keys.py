@@ -156,4 +156,4 @@ def test_the_bounds_hold_even_under_the_key() -> None:
     with pytest.raises(Exception, match="not made by this service"):
         compaction.decode(compaction.encode("s", 3, key), b"j" * 32)
     made = compaction.item("s", 10**15, lambda prefix: prefix, key)
-    assert compaction.decode(made["encrypted_content"], key)["items"] == compaction.MAX_ITEMS
+    assert compaction.decode(made.encrypted_content, key)["items"] == compaction.MAX_ITEMS

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from lmsp.app.service import Service
+from lmsp.protocol.request import from_stored
 from lmsp.protocol.states import Status
 from lmsp.store import responses
 from tests.helpers import Server, served, task_log
@@ -88,7 +89,12 @@ def test_the_runner_cancels_a_task_of_a_revoked_client(svc: Service) -> None:
     body = {"model": "lmsp-test", "input": "hello", "background": True, "seed": 7}
     created = svc.db.write_sync(
         lambda c: responses.create(
-            c, client_id="cli_gone", request=body, on_restart="fail", max_queue=100, key=None
+            c,
+            client_id="cli_gone",
+            request=from_stored(body),
+            on_restart="fail",
+            max_queue=100,
+            key=None,
         )
     )
     svc.db.write_sync(

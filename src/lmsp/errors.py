@@ -30,6 +30,12 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
     return LmspError(code, message, param=param)
 
 
+def unsupported(param: str, message: str) -> LmspError:
+    """``400 unsupported_parameter``: a well-formed value lmsp cannot honour (PROTOCOL.md
+    section 4: refused, never silently ignored)."""
+    return LmspError("unsupported_parameter", message, param=param)
+
+
 def not_found(what: str, ident: str, param: str | None = None) -> LmspError:
     return LmspError("not_found", f"No {what} with id {ident!r}.", param=param)
 

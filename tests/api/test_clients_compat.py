@@ -17,7 +17,10 @@ from lmsp.engines.base import EngineError
 from lmsp.errors import LmspError
 from lmsp.protocol import items
 from lmsp.protocol.assembler import CallStart
+from lmsp.protocol.itemtypes import plain
+from lmsp.protocol.request import CreateRequest
 from lmsp.protocol.toolcalls import CallAssembler
+from lmsp.protocol.tools import FunctionTool, typed_tools
 from lmsp.runner import relax
 
 MODEL = "lmsp-test"
@@ -157,25 +160,26 @@ CLAUDE_METADATA = {
 }
 
 
-def _request(strict: bool | None) -> dict[str, Any]:
+def _request(strict: bool | None) -> CreateRequest:
     tool: dict[str, Any] = {"type": "function", "name": "TaskCreate", "parameters": CLAUDE_METADATA}
     if strict is not None:
         tool["strict"] = strict
-    return {"model": MODEL, "input": "hi", "tools": [tool]}
+    return CreateRequest(model=MODEL, given="hi", tools=typed_tools([tool]))
 
 
 def test_a_lenient_tool_has_unenforceable_keywords_relaxed(svc: Service) -> None:
-    request = _request(strict=False)
-    asyncio.run(toolcheck.check_grammar(svc.grammars, request))
-    (tool,) = request["tools"]
-    assert tool["relaxed"] == ["properties.metadata.propertyNames"]
-    assert "propertyNames" not in tool[relax.ENFORCED]["properties"]["metadata"]
-    assert tool["parameters"] == CLAUDE_METADATA  # as given: the call is checked against it
+    request = asyncio.run(toolcheck.check_grammar(svc.grammars, _request(strict=False)))
+    (tool,) = request.tools or ()
+    assert isinstance(tool, FunctionTool)
+    stored = plain(tool)  # what the store keeps
+    assert stored["relaxed"] == ["properties.metadata.propertyNames"]
+    assert "propertyNames" not in stored["enforced_parameters"]["properties"]["metadata"]
+    assert tool.parameters == CLAUDE_METADATA  # as given: the call is checked against it
     good = {"type": "function_call", "name": "TaskCreate", "arguments": '{"subject": "x"}'}
-    relax.check_calls([good], request["tools"])
+    relax.check_calls([good], [tool])
     bad = {**good, "arguments": '{"subject": "x", "metadata": {"Bad Key": 1}}'}
     with pytest.raises(EngineError) as caught:
-        relax.check_calls([bad], request["tools"])
+        relax.check_calls([bad], [tool])
     assert caught.value.code == "tool_arguments_invalid"
     assert "TaskCreate" in caught.value.message
 

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from lmsp.errors import LmspError
-from lmsp.protocol import filetext, items
+from lmsp.protocol import filetext, items, itemtypes
+from lmsp.protocol import request as stored
+from lmsp.protocol.itemtypes import Items, typed
 from tests.helpers import tiny_pdf
 
 
@@ -23,17 +25,19 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def read_files(normalized: list[items.Item]) -> list[items.Item]:
-    """What the API does after normalizing (in a worker, under limits): every file's
-    text read once and kept with its part."""
-    for where, part in items.files_of(normalized):
+def read_files(normalized: list[items.Item]) -> Items:
+    """What the API does after normalizing (in a worker, under limits): the typed items
+    with every file's text read once and kept with its part."""
+    given = typed(normalized)
+    texts = {}
+    for where, part in items.files_of(given):
         place = f"input.{where}"
-        raw, kind = items.file_bytes(part["file_data"], part["filename"], place)
+        raw, kind = items.file_bytes(part.file_data, part.filename, place)
         extracted = filetext.extract(raw, kind)
         if extracted.text is None:
             raise items.file_error(place, extracted)
-        part[items.FILE_TEXT] = extracted.text
-    return normalized
+        texts[where] = extracted.text
+    return items.with_file_texts(given, texts)
 
 
 def refused(given: Any) -> LmspError:
@@ -52,7 +56,7 @@ def test_a_string_is_one_user_message() -> None:
             "content": [{"type": "input_text", "text": "hi"}],
         }
     ]
-    assert items.render(items.normalize("hi"), "Be brief.") == [
+    assert items.render(typed(items.normalize("hi")), "Be brief.") == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hi"},
     ]
@@ -91,7 +95,9 @@ def test_messages_with_and_without_type_every_role_and_part() -> None:
     ]
     # normalizing again changes nothing (the store keeps normalized items)
     assert items.normalize(normalized, make_id=ids()) == normalized
-    assert items.render(normalized) == [
+    # and the typed items are that same JSON
+    assert itemtypes.plain_all(typed(normalized)) == normalized
+    assert items.render(typed(normalized)) == [
         {"role": "system", "content": "Rules."},
         {"role": "system", "content": "S"},
         {"role": "user", "content": "ab"},
@@ -120,7 +126,7 @@ def test_function_calls_and_outputs_render_as_tool_call_text() -> None:
     ]
     normalized = items.normalize(given, make_id=ids())
     assert normalized[2]["id"] == "fc_2" and normalized[4]["id"] == "fco_4"
-    rendered = items.render(normalized)
+    rendered = items.render(typed(normalized))
     assert [m["role"] for m in rendered] == ["user", "assistant", "user"]
     call = items.render_tool_call("weather", '{"city": "Paris"}')
     assert call == '<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -163,9 +169,9 @@ def test_text_files_reach_the_prompt(filename: str, data_url: bool, content: byt
         "filename": filename,
         "file_data": data,
     }
-    read_files(normalized)  # the text is read once and kept with the part
-    assert normalized[0]["content"][1][items.FILE_TEXT] == content.decode()
-    text = items.render(normalized)[0]["content"]
+    read = read_files(normalized)  # the text is read once and kept with the part
+    assert itemtypes.plain(read[0])["content"][1][items.FILE_TEXT] == content.decode()
+    text = items.render(read)[0]["content"]
     assert text.startswith("Read this:\n\n[file: " + filename + "]\n")
     assert "kumquat-7" in text
 
@@ -184,13 +190,14 @@ def test_a_pdf_gives_its_text() -> None:
             ],
         }
     ]
-    normalized = read_files(items.normalize(given))
-    assert "zanzibar" in normalized[0]["content"][0][items.FILE_TEXT]
-    text = items.render(normalized)[0]["content"]
+    normalized = items.normalize(given)
+    read = read_files(normalized)
+    assert "zanzibar" in itemtypes.plain(read[0])["content"][0][items.FILE_TEXT]
+    text = items.render(read)[0]["content"]
     assert "The secret word is zanzibar." in text
     # a row stored before the text was kept with its part is read when rendered
-    del normalized[0]["content"][0][items.FILE_TEXT]
-    assert items.render(normalized)[0]["content"] == text
+    assert items.FILE_TEXT not in normalized[0]["content"][0]
+    assert items.render(typed(normalized))[0]["content"] == text
 
 
 def _file(filename: str, data: str) -> list[dict[str, Any]]:
@@ -313,10 +320,10 @@ def test_rows_stored_before_normalization_still_render() -> None:
             {"role": "assistant", "content": "b"},
         ]
     }
-    assert items.render(items.input_of(old)) == [
+    assert items.render(stored.from_stored({"model": "m", **old}).input) == [
         {"role": "user", "content": "a"},
         {"role": "assistant", "content": "b"},
     ]
-    assert items.render(items.input_of({"input": "hello"})) == [
+    assert items.render(stored.from_stored({"model": "m", "input": "hello"}).input) == [
         {"role": "user", "content": "hello"}
     ]

@@ -13,6 +13,7 @@ from lmsp.protocol import mcp
 from lmsp.protocol.assembler import TextDelta
 from lmsp.protocol.mcpcalls import McpAssembler
 from lmsp.protocol.toolcalls import render_call
+from lmsp.protocol.tools import McpTool, typed_tools
 
 
 @pytest.mark.parametrize(
@@ -47,13 +48,15 @@ def test_a_tool_definition_is_read_and_its_headers_taken_out() -> None:
         "allowed_tools": {"read_only": True},
         "require_approval": {"never": {"tool_names": ["a"]}},
     }
-    request: dict[str, Any] = {"tools": [mcp.read_tool(given, "tools.0")]}
-    taken = mcp.take_headers(request)
+    tools: list[dict[str, Any]] = [mcp.read_tool(given, "tools.0")]
+    taken = mcp.take_headers(tools)
     assert taken == {"s1": {"X-Token": "sesame", "Authorization": "Bearer tok"}}
-    assert request["tools"][0]["headers"] == {
+    assert tools[0]["headers"] == {
         "X-Token": "[redacted]",
         "Authorization": "[redacted]",
     }
+    (typed,) = typed_tools(tools)  # what the request holds: the values redacted
+    assert isinstance(typed, McpTool) and typed.headers == tools[0]["headers"]
     for bad, param in (
         ({**given, "server_label": "a b"}, "tools.0.server_label"),
         ({**given, "connector_id": "x"}, "tools.0.connector_id"),
@@ -66,17 +69,24 @@ def test_a_tool_definition_is_read_and_its_headers_taken_out() -> None:
         assert caught.value.param == param
 
 
+def server(**fields: Any) -> McpTool:
+    """An MCP tool as a request holds it."""
+    (tool,) = typed_tools([{"type": "mcp", "server_label": "s", "server_url": "u", **fields}])
+    assert isinstance(tool, McpTool)
+    return tool
+
+
 def test_approvals_and_filters() -> None:
     read = {"readOnlyHint": True}
-    assert mcp.needs_approval({}, "a", None)  # OpenAI's default: always
-    assert not mcp.needs_approval({"require_approval": "never"}, "a", None)
-    rule = {"require_approval": {"never": {"read_only": True}}}
+    assert mcp.needs_approval(server(), "a", None)  # OpenAI's default: always
+    assert not mcp.needs_approval(server(require_approval="never"), "a", None)
+    rule = server(require_approval={"never": {"read_only": True}})
     assert not mcp.needs_approval(rule, "a", read) and mcp.needs_approval(rule, "b", None)
-    rule = {"require_approval": {"always": {"tool_names": ["b"]}}}
+    rule = server(require_approval={"always": {"tool_names": ["b"]}})
     assert mcp.needs_approval(rule, "b", None) and not mcp.needs_approval(rule, "a", None)
-    assert mcp.allowed({"allowed_tools": ["a"]}, "a", None)
-    assert not mcp.allowed({"allowed_tools": ["a"]}, "b", None)
-    assert mcp.allowed({"allowed_tools": {"read_only": True}}, "b", read)
+    assert mcp.allowed(server(allowed_tools=["a"]), "a", None)
+    assert not mcp.allowed(server(allowed_tools=["a"]), "b", None)
+    assert mcp.allowed(server(allowed_tools={"read_only": True}), "b", read)
     assert mcp.repeatable(read) and mcp.repeatable({"idempotentHint": True})
     assert not mcp.repeatable({"readOnlyHint": False}) and not mcp.repeatable(None)
 

@@ -26,6 +26,7 @@ from lmsp.engines import deterministic
 from lmsp.engines.base import Piece, Sampling
 from lmsp.engines.deterministic import TEST_MODEL_ID
 from lmsp.protocol.assembler import OutputAssembler
+from lmsp.protocol.request import from_stored
 from lmsp.runner.plan import messages_of
 from lmsp.store import models, snapshots
 from lmsp.store import responses as response_store
@@ -71,7 +72,7 @@ class Prepared:
 
 def engine_pieces(request: dict[str, Any]) -> list[Piece]:
     """What an uninterrupted run of ``request`` writes (the test engine is deterministic)."""
-    prompt = deterministic.DeterministicModel().prompt_tokens(messages_of(request))
+    prompt = deterministic.DeterministicModel().prompt_tokens(messages_of(from_stored(request)))
     temperature = request.get("temperature")
     sampling = Sampling(
         temperature=1.0 if temperature is None else float(temperature), seed=int(request["seed"])
@@ -108,7 +109,12 @@ def prepare(settings: Settings, found: str, policy: str, seed: int) -> Prepared:
         owner = service_store.get(conn, "owner_client_id")
         assert owner is not None
         created = response_store.create(
-            conn, client_id=owner, request=request, on_restart=policy, max_queue=100, key=None
+            conn,
+            client_id=owner,
+            request=from_stored(request),
+            on_restart=policy,
+            max_queue=100,
+            key=None,
         )
         task_id = created.task_id
         text = ""

@@ -11,6 +11,7 @@ import pytest
 from lmsp.app.service import Service
 from lmsp.config import Settings
 from lmsp.protocol.assembler import OutputAssembler
+from lmsp.protocol.request import from_stored
 from lmsp.protocol.states import Status
 from lmsp.store import responses
 from lmsp.store import tasks as task_store
@@ -37,7 +38,7 @@ def enqueue(svc: Service, **request: Any) -> str:
         return responses.create(
             conn,
             client_id=owner_id(svc),
-            request=body,
+            request=from_stored(body),
             on_restart=body.get("on_restart", "fail"),
             max_queue=10_000,
             key=None,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from lmsp.protocol.request import from_stored
 from lmsp.store.db import Database
 
 
@@ -163,7 +164,12 @@ def test_task_stamps_move_with_that_task_only(tmp_path: Path) -> None:
         def create(c: sqlite3.Connection) -> responses.Created:
             request = {"model": "m", "input": "x", "background": True}
             return responses.create(
-                c, client_id=owner.id, request=request, on_restart="fail", max_queue=10, key=None
+                c,
+                client_id=owner.id,
+                request=from_stored(request),
+                on_restart="fail",
+                max_queue=10,
+                key=None,
             )
 
         first, second = db.write_sync(create), db.write_sync(create)

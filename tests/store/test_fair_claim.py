@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmsp.app.service import Service
+from lmsp.protocol.request import from_stored
 from lmsp.store import clients, limits
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
@@ -24,7 +25,12 @@ def queue(svc: Service, client_id: str, tier: str | None = None) -> str:
 
     def job(conn: Conn) -> str:
         created = response_store.create(
-            conn, client_id=client_id, request=request, on_restart="fail", max_queue=100, key=None
+            conn,
+            client_id=client_id,
+            request=from_stored(request),
+            on_restart="fail",
+            max_queue=100,
+            key=None,
         )
         return created.task_id
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from lmsp.protocol.itemtypes import plain_all
 from lmsp.store.db import Database, connect
 from lmsp.store.migrations import MIGRATIONS, applied, migrate, schema_version
 
@@ -171,7 +172,8 @@ def test_m008_turns_copied_histories_into_references(
     }
     assert stored["r_b"][1] == "r_a" and "lmsp_history" not in stored["r_b"][0]
     assert stored["r_c"][1] is None and stored["r_c"][0]["lmsp_history"] == [a_in]
-    assert response_store.context_of(conn, "r_b") == [a_in, a_out, b_in, b_out]
+    context = plain_all(response_store.context_of(conn, "r_b"))
+    assert context == [a_in, a_out, b_in, b_out]
 
 
 OLD = Path(__file__).with_name("old")

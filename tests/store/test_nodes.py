@@ -15,6 +15,7 @@ import pytest
 from lmsp.bootstrap import bootstrap
 from lmsp.cluster.nodes import Membership
 from lmsp.protocol.assembler import OutputAssembler
+from lmsp.protocol.request import from_stored
 from lmsp.protocol.states import Status
 from lmsp.store import models, nodes
 from lmsp.store import responses as response_store
@@ -44,7 +45,12 @@ def enqueue(db: PgDatabase, policy: str = "fail") -> str:
     def job(conn: Any) -> str:
         owner = service_store.get(conn, "owner_client_id")
         created = response_store.create(
-            conn, client_id=owner, request=request, on_restart=policy, max_queue=100, key=None
+            conn,
+            client_id=owner,
+            request=from_stored(request),
+            on_restart=policy,
+            max_queue=100,
+            key=None,
         )
         return created.task_id
 

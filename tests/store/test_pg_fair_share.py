@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from lmsp.bootstrap import bootstrap
+from lmsp.protocol.request import from_stored
 from lmsp.store import audit, clients, limits, nodes, usage
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
@@ -38,7 +39,12 @@ def queue(db: PgDatabase, client_id: str, tier: str | None = None) -> str:
 
     def job(conn: Any) -> str:
         made = response_store.create(
-            conn, client_id=client_id, request=request, on_restart="fail", max_queue=100, key=None
+            conn,
+            client_id=client_id,
+            request=from_stored(request),
+            on_restart="fail",
+            max_queue=100,
+            key=None,
         )
         return made.task_id
 

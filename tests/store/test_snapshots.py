@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from lmsp.protocol.assembler import OutputAssembler
+from lmsp.protocol.request import from_stored
 from lmsp.protocol.states import Status
 from lmsp.runner.retention import delete_finished_batch
 from lmsp.store import clients, snapshots
@@ -55,7 +56,7 @@ def running_task(conn: sqlite3.Connection, on_restart: str = "resume") -> str:
         created = response_store.create(
             c,
             client_id=client.id,
-            request={"model": "m", "input": "hi", "background": True},
+            request=from_stored({"model": "m", "input": "hi", "background": True}),
             on_restart=on_restart,
             max_queue=100,
             key=None,

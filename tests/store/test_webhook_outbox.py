@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from lmsp.app.service import Service
+from lmsp.protocol.request import from_stored
 from lmsp.store import clients as client_store
 from lmsp.store import responses as response_store
 from lmsp.store import service as service_store
@@ -35,7 +36,9 @@ def queued(svc: Service, client_id: str | None = None) -> tuple[str, str]:
         made = response_store.create(
             conn,
             client_id=client_id or owner(conn),
-            request={"model": "lmsp-test", "input": "x", "background": True, "seed": 1},
+            request=from_stored(
+                {"model": "lmsp-test", "input": "x", "background": True, "seed": 1}
+            ),
             on_restart="fail",
             max_queue=100,
             key=None,

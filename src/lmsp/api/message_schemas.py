@@ -25,17 +25,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from lmsp.api.schemas import (
-    ModelId,
-    OutputTokens,
-    Seed,
-    StopString,
-    ToolName,
-    TopK,
-    TopP,
-    unsupported,
-)
-from lmsp.errors import LmspError
+from lmsp.api.schemas import Generation, ModelId, OutputTokens, StopString, ToolName, TopK
+from lmsp.errors import LmspError, unsupported
 
 
 class Strict(BaseModel):
@@ -110,14 +101,14 @@ class CountTokens(Strict):
     speed: Literal["standard", "fast"] | None = None
 
 
-class MessageCreate(CountTokens):
-    """``POST /v1/messages``: the whole create body."""
+class MessageCreate(CountTokens, Generation):
+    """``POST /v1/messages``: the whole create body (the fields every translated body
+    shares, :class:`lmsp.api.schemas.Generation`, refusing unknown ones as Anthropic does)."""
 
+    model_config = Strict.model_config
     max_tokens: OutputTokens
     stop_sequences: Annotated[list[StopString], Field(max_length=16)] | None = None
-    stream: bool | None = None
     temperature: Annotated[float, Field(ge=0, le=1)] | None = None
-    top_p: TopP | None = None
     top_k: TopK | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
@@ -127,9 +118,6 @@ class MessageCreate(CountTokens):
     diagnostics: Any = None
     user_profile_id: Any = None
     workspace_id: Any = None
-    # LMSP extensions
-    seed: Seed | None = None
-    on_restart: Literal["fail", "retry", "resume"] | None = None
 
 
 #: refused whenever set (Anthropic features with no counterpart here)

@@ -12,12 +12,14 @@ before servers know them.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp.app import toolcheck, tooldefs
 from lmsp.errors import LmspError
+from lmsp.errors import unsupported as unsupported  # the refusal the routes share
 from lmsp.protocol.events import INCLUDE_LIFECYCLE
 
 
@@ -44,6 +46,7 @@ OutputTokens = Annotated[int, Field(ge=1, le=1_000_000)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Stop = StopString | Annotated[list[StopString], Field(max_length=4)]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+OnRestart = Literal["fail", "retry", "resume"]
 Verbosity = Literal["low", "medium", "high"]
 #: the tiers the claim orders by (PROTOCOL.md 13; ``priority`` needs its scope)
 TIERS = (None, "auto", "default", "flex", "priority")
@@ -149,29 +152,21 @@ class CreateResponse(Body):
     access_programs: Any = None
     # LMSP extensions
     seed: Seed | None = None
-    on_restart: Literal["fail", "retry", "resume"] | None = None
+    on_restart: OnRestart | None = None
     top_k: TopK | None = None
     min_p: MinP | None = None
     repeat_penalty: RepeatPenalty | None = None
     stop: Stop | None = None
 
-    def stored(self) -> dict[str, Any]:
-        """The request as the store keeps it (what was given, ``schema`` by its name;
-        ``tools`` and ``tool_choice`` as :mod:`.tooldefs` reads them)."""
-        out = self.model_dump(exclude_none=True, by_alias=True)
-        if isinstance(out.get("stop"), str):
-            out["stop"] = [out["stop"]]
-        tools = tooldefs.request_tools(self.tools, self.input, tooldefs.RESPONSES)
-        if tools is not None:
-            out["tools"] = tools
-        if self.tool_choice is not None:
-            out["tool_choice"] = tooldefs.read_choice(self.tool_choice, tooldefs.RESPONSES)
-        return out
-
 
 # -- the policy: what lmsp cannot honour ----------------------------------------------------
-def unsupported(param: str, message: str) -> LmspError:
-    return LmspError("unsupported_parameter", message, param=param)
+@dataclass(frozen=True)
+class ReadTools:
+    """A body's ``tools`` and ``tool_choice`` as :mod:`lmsp.app.tooldefs` read them (in
+    the Responses form, ``None`` where not given), checked: read once per create."""
+
+    tools: list[dict[str, Any]] | None
+    choice: Any
 
 
 #: OpenAI features lmsp does not have, refused whenever they are set
@@ -198,30 +193,52 @@ def _chat_logprobs(body: ChatCompletionCreate) -> Iterator[LmspError]:
         )
 
 
-def _tools(body: CreateResponse) -> Iterator[LmspError]:
-    """Function tools, ``tool_choice`` (:mod:`.tooldefs`) and ``text.format``
-    (:mod:`.toolcheck`)."""
-    tools = tooldefs.request_tools(body.tools, body.input, tooldefs.RESPONSES) or []
-    choice = tooldefs.read_choice(body.tool_choice, tooldefs.RESPONSES)
-    fmt = body.text.format if body.text else None
-    shown = None if fmt is None else fmt.model_dump(exclude_none=True, by_alias=True)
-    yield from toolcheck.problems(tools, choice, shown, body.stop, mcp_tools=True)
-
-
 def _first(problems: Iterator[LmspError]) -> None:
     for problem in problems:
         raise problem
 
 
-def check_response(body: CreateResponse) -> None:
-    """Raise the first ``unsupported_parameter`` (or cross-field ``invalid_value``)."""
-    _first(_response_problems(body))
-
-
-def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
-    for name in UNAVAILABLE:
+def _unavailable(body: BaseModel, names: tuple[str, ...]) -> Iterator[LmspError]:
+    for name in names:
         if getattr(body, name) is not None:
             yield unsupported(name, f"{name} is not supported by this server.")
+
+
+def _stream_options(body: CreateResponse | OpenAIBody) -> Iterator[LmspError]:
+    """``stream_options`` goes with ``stream: true``; streams are not obfuscated here."""
+    if body.stream_options is None:
+        return
+    if not body.stream:
+        yield LmspError(
+            "invalid_value", "stream_options needs stream: true.", param="stream_options"
+        )
+    if body.stream_options.include_obfuscation:
+        yield unsupported("stream_options.include_obfuscation", "Streams are not obfuscated here.")
+
+
+def check_response(body: CreateResponse) -> ReadTools:
+    """Raise the first ``unsupported_parameter`` (or cross-field ``invalid_value``);
+    the body's tools and ``tool_choice`` as read (:mod:`.tooldefs`, once) and checked
+    with ``text.format`` (:mod:`.toolcheck`)."""
+    _first(_response_head(body))
+    read = ReadTools(
+        tooldefs.request_tools(body.tools, body.input, tooldefs.RESPONSES),
+        tooldefs.read_choice(body.tool_choice, tooldefs.RESPONSES),
+    )
+    fmt = body.text.format if body.text else None
+    shown = None if fmt is None else fmt.model_dump(exclude_none=True, by_alias=True)
+    _first(toolcheck.problems(read.tools or [], read.choice, shown, body.stop, mcp_tools=True))
+    # ``text.verbosity`` is asked of the model in its system message (runner/plan.py)
+    # ``reasoning`` is accepted: the models here do no reasoning at any effort, so a
+    # response has no reasoning items and any summary asked for is empty (docs/clients.md)
+    if body.service_tier not in TIERS:
+        raise unsupported("service_tier", TIER_HELP)
+    _first(_stream_options(body))
+    return read
+
+
+def _response_head(body: CreateResponse) -> Iterator[LmspError]:
+    yield from _unavailable(body, UNAVAILABLE)
     if body.background and body.store is False:
         yield LmspError(
             "invalid_value", "A background response must be stored (store: true).", param="store"
@@ -235,21 +252,6 @@ def _response_problems(body: CreateResponse) -> Iterator[LmspError]:
             "message.output_text.logprobs",
         ):
             yield unsupported("include", f"include {value!r}: lmsp has no such tool output.")
-    yield from _tools(body)
-    # ``text.verbosity`` is asked of the model in its system message (runner/plan.py)
-    # ``reasoning`` is accepted: the models here do no reasoning at any effort, so a
-    # response has no reasoning items and any summary asked for is empty (docs/clients.md)
-    if body.service_tier not in TIERS:
-        yield unsupported("service_tier", TIER_HELP)
-    if body.stream_options is not None:
-        if not body.stream:
-            yield LmspError(
-                "invalid_value", "stream_options needs stream: true.", param="stream_options"
-            )
-        if body.stream_options.include_obfuscation:
-            yield unsupported(
-                "stream_options.include_obfuscation", "Streams are not obfuscated here."
-            )
 
 
 # -- Chat Completions -----------------------------------------------------------------------
@@ -305,32 +307,52 @@ class ChatStreamOptions(Body):
     include_obfuscation: bool | None = None
 
 
-class ChatCompletionCreate(Body):
-    """``POST /v1/chat/completions``: the whole create body."""
+# -- the create bodies' shared fields --------------------------------------------------------
+class Generation(Body):
+    """The fields every translated create body shares (Chat Completions, Completions and
+    Messages; each becomes a Responses create, :mod:`lmsp.protocol.request`)."""
 
     model: ModelId
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: OutputTokens | None = None
-    max_completion_tokens: OutputTokens | None = None
-    temperature: Temperature | None = None
+    stream: bool | None = None
     top_p: TopP | None = None
+    # LMSP extensions
     seed: Seed | None = None
+    on_restart: OnRestart | None = None
+
+
+class OpenAIBody(Generation):
+    """The fields the Chat Completions and Completions bodies share."""
+
+    max_tokens: OutputTokens | None = None
+    temperature: Temperature | None = None
     stop: Stop | None = None
     n: Annotated[int, Field(ge=1, le=128)] | None = None
-    stream: bool | None = None
     stream_options: ChatStreamOptions | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, int] | None = None
+    user: Annotated[str, StringConstraints(max_length=256)] | None = None
+
+
+def _one_choice(body: OpenAIBody) -> Iterator[LmspError]:
+    if body.n not in (None, 1):
+        yield unsupported("n", "Only one choice per completion (n: 1) is supported.")
+
+
+# -- Chat Completions -----------------------------------------------------------------------
+class ChatCompletionCreate(OpenAIBody):
+    """``POST /v1/chat/completions``: the whole create body."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: OutputTokens | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    logit_bias: dict[str, int] | None = None
     tools: Tools | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     metadata: Metadata | None = None
     store: bool | None = None
-    user: Annotated[str, StringConstraints(max_length=256)] | None = None
     safety_identifier: ShortId | None = None
     prompt_cache_key: ShortId | None = None
     service_tier: ServiceTier | None = None
@@ -346,8 +368,6 @@ class ChatCompletionCreate(Body):
     prompt_cache_retention: Any = None
     prompt_cache_options: Any = None
     moderation: Any = None
-    # LMSP extensions
-    on_restart: Literal["fail", "retry", "resume"] | None = None
 
 
 CHAT_UNAVAILABLE = (
@@ -362,35 +382,41 @@ CHAT_UNAVAILABLE = (
 )
 
 
-def check_chat(body: ChatCompletionCreate) -> None:
-    """Raise the first ``unsupported_parameter`` (or cross-field ``invalid_value``)."""
-    _first(_chat_problems(body))
-
-
-def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
-    for name in CHAT_UNAVAILABLE:
-        if getattr(body, name) is not None:
-            yield unsupported(name, f"{name} is not supported by this server.")
-    if body.n not in (None, 1):
-        yield unsupported("n", "Only one choice per completion (n: 1) is supported.")
+def check_chat(body: ChatCompletionCreate) -> ReadTools:
+    """Raise the first ``unsupported_parameter`` (or cross-field ``invalid_value``);
+    the body's tools and ``tool_choice`` as read (in the Responses form, once) and
+    checked."""
+    _first(_unavailable(body, CHAT_UNAVAILABLE))
+    _first(_one_choice(body))
     if (
         body.max_tokens is not None
         and body.max_completion_tokens is not None
         and body.max_tokens != body.max_completion_tokens
     ):
-        yield LmspError(
+        raise LmspError(
             "invalid_value",
             "max_tokens and max_completion_tokens disagree; send one of them.",
             param="max_tokens",
         )
     fmt = body.response_format.model_dump(exclude_none=True) if body.response_format else None
-    yield from toolcheck.problems(
+    read = ReadTools(
         tooldefs.read_tools(body.tools, tooldefs.CHAT),
         tooldefs.read_choice(body.tool_choice, tooldefs.CHAT),
-        toolcheck.chat_format(fmt),
-        body.stop,
-        toolcheck.chat_param,
     )
+    _first(
+        toolcheck.problems(
+            read.tools or [],
+            read.choice,
+            toolcheck.chat_format(fmt),
+            body.stop,
+            toolcheck.chat_param,
+        )
+    )
+    _first(_chat_problems(body))
+    return read
+
+
+def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
     yield from _chat_logprobs(body)
     if body.logit_bias:
         yield unsupported("logit_bias", "logit_bias is not supported by this server.")
@@ -401,15 +427,7 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
     # ``reasoning_effort`` is accepted: the models here do no reasoning at any effort
     if body.service_tier not in TIERS:
         yield unsupported("service_tier", TIER_HELP)
-    if body.stream_options is not None:
-        if not body.stream:
-            yield LmspError(
-                "invalid_value", "stream_options needs stream: true.", param="stream_options"
-            )
-        if body.stream_options.include_obfuscation:
-            yield unsupported(
-                "stream_options.include_obfuscation", "Streams are not obfuscated here."
-            )
+    yield from _stream_options(body)
     for index, message in enumerate(body.messages):
         if message.name is not None:
             yield unsupported(
@@ -427,32 +445,18 @@ def _chat_problems(body: ChatCompletionCreate) -> Iterator[LmspError]:
 COMPLETION_MAX_TOKENS = 16
 
 
-class CompletionCreate(Body):
+class CompletionCreate(OpenAIBody):
     """``POST /v1/completions``: the whole create body."""
 
-    model: ModelId
     #: one prompt as text (a list of one string is the same); checked by
     #: :func:`check_completion`, which names what it refuses
     prompt: Any
-    max_tokens: OutputTokens | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    seed: Seed | None = None
-    stop: Stop | None = None
-    n: Annotated[int, Field(ge=1, le=128)] | None = None
-    stream: bool | None = None
-    stream_options: ChatStreamOptions | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    user: Annotated[str, StringConstraints(max_length=256)] | None = None
     # OpenAI features lmsp does not have: declared so that they are refused, not ignored
     echo: bool | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1, le=20)] | None = None
-    logit_bias: dict[str, int] | None = None
     # LMSP extensions
-    on_restart: Literal["fail", "retry", "resume"] | None = None
     top_k: TopK | None = None
     min_p: MinP | None = None
     repeat_penalty: RepeatPenalty | None = None
@@ -470,8 +474,7 @@ def check_completion(body: CompletionCreate) -> str:
         problems.append(unsupported("prompt", "Token arrays are not supported: send the text."))
     elif not isinstance(prompt, str) or not prompt:
         problems.append(LmspError("invalid_value", "prompt: a non-empty string.", param="prompt"))
-    if body.n not in (None, 1):
-        problems.append(unsupported("n", "Only one choice per completion (n: 1) is supported."))
+    problems += _one_choice(body)
     if body.best_of not in (None, 1):
         problems.append(unsupported("best_of", "Only one candidate (best_of: 1) is supported."))
     if body.echo:
@@ -484,16 +487,7 @@ def check_completion(body: CompletionCreate) -> str:
         problems.append(unsupported("suffix", "Insertion (suffix) is not supported here."))
     if body.logit_bias:
         problems.append(unsupported("logit_bias", "logit_bias is not supported by this server."))
-    if body.stream_options is not None:
-        if not body.stream:
-            problems.append(
-                LmspError(
-                    "invalid_value", "stream_options needs stream: true.", param="stream_options"
-                )
-            )
-        if body.stream_options.include_obfuscation:
-            where = "stream_options.include_obfuscation"
-            problems.append(unsupported(where, "Streams are not obfuscated here."))
+    problems += _stream_options(body)
     if problems:
         raise problems[0]
     assert isinstance(prompt, str)

@@ -15,10 +15,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from lmsp import errors
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
 from lmsp.protocol import compaction, items, objects
+from lmsp.protocol.itemtypes import InputItem, plain_all, typed
+from lmsp.protocol.request import Compacted, CreateRequest, PreparedRequest
 from lmsp.runner.plan import full_context_of, messages_of, tools_of
 from lmsp.store import conversations as conversation_store
 from lmsp.store import models
@@ -28,11 +32,9 @@ from lmsp.store.clients import Client
 if TYPE_CHECKING:
     from lmsp.app.service import Service
 
-Item = dict[str, Any]
+Item = InputItem
 #: the longest summary the model may write (tokens)
 SUMMARY_TOKENS = 256
-#: a stored request's key for what ``context_management`` compacted before it ran
-COMPACTED = "lmsp_compacted"
 
 
 async def summarize(
@@ -41,16 +43,16 @@ async def summarize(
     """The model's summary of ``older`` and the usage of writing it: one response,
     run as a task (greedy, retried after a restart), deleted once read."""
     text = compaction.transcript(items.render(older, instructions))
-    request: dict[str, Any] = {
-        "model": model,
-        "input": f"Summarize this conversation:\n\n{text}",
-        "instructions": compaction.SUMMARY_INSTRUCTIONS,
-        "temperature": 0,
-        "max_output_tokens": SUMMARY_TOKENS,
-        "seed": 0,
-        "on_restart": "retry",
-        "store": True,
-    }
+    request = CreateRequest(
+        model=model,
+        given=f"Summarize this conversation:\n\n{text}",
+        instructions=compaction.SUMMARY_INSTRUCTIONS,
+        temperature=0.0,
+        max_output_tokens=SUMMARY_TOKENS,
+        seed=0,
+        on_restart="retry",
+        store=True,
+    )
     try:
         created = await svc.create(client, request, None)
     except errors.LmspError as exc:
@@ -105,24 +107,23 @@ async def compact_items(
 
 
 async def compact_request(
-    svc: Service, client: Client, record: models.ModelRecord, request: dict[str, Any], over: int
-) -> None:
-    """``context_management``: if the prompt of ``request`` (prepared) passes ``over``
-    tokens, its input becomes its compacted input (recorded under :data:`COMPACTED`)."""
+    svc: Service, client: Client, record: models.ModelRecord, request: PreparedRequest, over: int
+) -> PreparedRequest:
+    """``context_management``: if the prompt of ``request`` passes ``over`` tokens, the
+    request with its compacted input instead (the compaction recorded in it)."""
     size = await svc.read(
         lambda: svc.host.prompt_size(record, messages_of(request), tools_of(request))
     )
     if size is None or size[0] <= over:
-        return
+        return request
     context = full_context_of(request)
-    compacted, _ = await compact_items(
-        svc, client, request["model"], context, request.get("instructions")
-    )
+    compacted, _ = await compact_items(svc, client, request.model, context, request.instructions)
     if len(compacted) == len(context):
-        return
-    request["input"] = compacted
-    request.pop(items.HISTORY, None)
-    request[COMPACTED] = {"items": len(context), "input_tokens": size[0], "threshold": over}
+        return request
+    record_of = Compacted(items=len(context), input_tokens=size[0], threshold=over)
+    return msgspec.structs.replace(
+        request, input=tuple(compacted), history=None, compacted=record_of
+    )
 
 
 async def compact(
@@ -141,13 +142,13 @@ async def compact(
         )
     own: list[Item] = []
     if given is not None:
-        own = await asyncio.to_thread(
+        checked = await asyncio.to_thread(
             items.normalize,
             given,
             capabilities=models.capabilities(record),
             compaction_key=svc.compaction_key,
         )
-        await svc.files.read(own, lambda i: f"input.{i}")
+        own = list(await svc.files.with_texts(typed(checked), lambda i: f"input.{i}"))
     history: list[Item] = []
     if previous is not None:
         history = await svc.read(
@@ -166,6 +167,6 @@ async def compact(
         "id": new_id("resp"),
         "object": "response.compaction",
         "created_at": _now(),
-        "output": [conversation_store.shown(item) for item in output],
+        "output": [conversation_store.shown(item) for item in plain_all(output)],
         "usage": usage or objects.render_usage(zero),
     }

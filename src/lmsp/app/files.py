@@ -25,10 +25,13 @@ from collections.abc import Callable
 
 from lmsp.fairgate import Ticket
 from lmsp.protocol import filetext, items
+from lmsp.protocol.itemtypes import Items, typed
 from lmsp.sandbox import Overrun, Sandbox, WorkerFailed
 
 log = logging.getLogger(__name__)
 
+#: how errors name item ``i`` of a request's input
+Name = Callable[[int], str]
 #: outcomes remembered (each at most ``MAX_FILE_TEXT`` characters)
 REMEMBERED = 32
 _LIMITS = {
@@ -48,6 +51,10 @@ _LIMITS = {
 _TRANSIENT = ("wall", "crash", "request", "deadline")
 
 
+def _input(index: int) -> str:
+    return f"input.{index}"
+
+
 class FileReader:
     """Turns files into text in ``sandbox`` workers (see the module docstring)."""
 
@@ -57,23 +64,37 @@ class FileReader:
         self._known: OrderedDict[tuple[str, str], filetext.Extracted] = OrderedDict()
         self.parsed = 0  # files parsed (not answered from memory)
 
-    async def read(
-        self,
-        given: list[items.Item],
-        name: Callable[[int], str] = lambda i: f"input.{i}",
-        ticket: Ticket | None = None,
-    ) -> None:
-        """Give every ``input_file`` part of the normalized items ``given`` its text
-        (in place); ``name(i)`` is how errors name item ``i``; ``ticket``: the
-        request's budget."""
+    async def texts(
+        self, given: Items, name: Name = _input, ticket: Ticket | None = None
+    ) -> dict[str, str]:
+        """The text of every ``input_file`` part of ``given`` not read yet, by where it
+        sits (:func:`lmsp.protocol.items.files_of`); ``name(i)`` is how errors name item
+        ``i``; ``ticket``: the request's budget."""
+        found: dict[str, str] = {}
         for where, part in items.files_of(given):
             index, _, rest = where.partition(".")
             place = f"{name(int(index))}.{rest}"
-            raw, kind = items.file_bytes(part["file_data"], part["filename"], place)
+            raw, kind = items.file_bytes(part.file_data, part.filename, place)
             extracted = await self._extract(raw, kind, place, ticket)
             if extracted.text is None:
                 raise items.file_error(place, extracted)
-            part[items.FILE_TEXT] = extracted.text
+            found[where] = extracted.text
+        return found
+
+    async def with_texts(
+        self, given: Items, name: Name = _input, ticket: Ticket | None = None
+    ) -> Items:
+        """``given`` with each file's text kept with its part (:meth:`texts`)."""
+        return items.with_file_texts(given, await self.texts(given, name, ticket))
+
+    async def read(
+        self, given: list[items.Item], name: Name = _input, ticket: Ticket | None = None
+    ) -> None:
+        """Give every ``input_file`` part of the normalized items ``given`` (as JSON)
+        its text, in place (:meth:`texts`)."""
+        for where, text in (await self.texts(typed(given), name, ticket)).items():
+            index, _, at = where.split(".")
+            given[int(index)]["content"][int(at)][items.FILE_TEXT] = text
 
     async def _extract(
         self, raw: bytes, kind: str, place: str, ticket: Ticket | None

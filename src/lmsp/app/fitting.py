@@ -22,13 +22,16 @@ always read whole (the same items, order, counts and record).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from lmsp.protocol import items
+import msgspec
+
+from lmsp.protocol.itemtypes import InputItem
+from lmsp.protocol.request import PreparedRequest
 from lmsp.runner.plan import truncate
 from lmsp.store.conversations import Turn
 
-Item = dict[str, Any]
+Item = InputItem
 #: the prompt's ``(tokens, context)`` with these context items (``None``: not known)
 Measure = Callable[[list[Item]], tuple[int, int] | None]
 #: an exact count reads a history on until the prompt holds this many contexts
@@ -45,20 +48,19 @@ class Size(NamedTuple):
 
 
 def fit(
-    request: dict[str, Any], history: Iterable[Turn], measure: Measure, *, exact: bool = False
-) -> Size | None:
-    """The size of ``request``'s prompt (prepared: its own input normalized) after the
-    ``history`` it continues (newest first), which this reads and holds in ``request``
-    as far as the model can be given it. With ``truncation: "auto"`` a prompt too long
-    for the context loses its oldest context items, the fewest that make it fit (the
-    last item always stays; recorded in ``request``). ``exact``: an over-long prompt
-    without ``"auto"`` is read on, for its exact count (what
-    ``/v1/responses/input_tokens`` answers), up to :data:`EXACT_BOUND` times the
-    context (past that, ``whole`` is false: a history the size of many contexts is
-    never read and tokenized whole for a count)."""
-    auto = request.get("truncation") == "auto"
+    request: PreparedRequest, history: Iterable[Turn], measure: Measure, *, exact: bool = False
+) -> tuple[Size | None, PreparedRequest]:
+    """The size of ``request``'s prompt after the ``history`` it continues (newest
+    first), and ``request`` holding that history as far as the model can be given it.
+    With ``truncation: "auto"`` a prompt too long for the context loses its oldest
+    context items, the fewest that make it fit (the last item always stays; recorded in
+    the request given back). ``exact``: an over-long prompt without ``"auto"`` is read
+    on, for its exact count (what ``/v1/responses/input_tokens`` answers), up to
+    :data:`EXACT_BOUND` times the context (past that, ``whole`` is false: a history the
+    size of many contexts is never read and tokenized whole for a count)."""
+    auto = request.truncation == "auto"
     bound = EXACT_BOUND if exact and not auto else 1
-    own = items.input_of(request)
+    own = list(request.input)
     turns = iter(history)
     newest: list[Turn] = []  # the responses (or pages) read, newest first
     read = 0  # their stored bytes
@@ -77,14 +79,13 @@ def fit(
             full = True
             break
     held = _held(newest)
-    request[items.HISTORY] = held
-    truncate(request, 0)
+    request = truncate(msgspec.structs.replace(request, history=tuple(held)), 0)
     if measured != read:  # the history was read whole since it was last measured
         got = measure([*held, *own])
     if got is None:
-        return None
+        return None, request
     if got[0] < got[1] or not auto:
-        return Size(got[0], got[1], not full)
+        return Size(got[0], got[1], not full), request
     context = [*held, *own]
     low, high = 1, len(context) - 1  # the fewest that fit is in here
     best: tuple[int, tuple[int, int]] | None = None
@@ -92,16 +93,16 @@ def fit(
         middle = (low + high) // 2
         size = measure(context[middle:])
         if size is None:
-            return None
+            return None, request
         if size[0] < size[1]:
             best, high = (middle, size), middle - 1
         else:
             low = middle + 1
     if best is None:  # even its last item alone does not fit
-        return Size(got[0], got[1], not full)
+        return Size(got[0], got[1], not full), request
     unread, oldest = _unread(newest[-1] if newest else None, turns)
-    truncate(request, best[0], unread=unread, oldest=oldest)
-    return Size(best[1][0], best[1][1])
+    request = truncate(request, best[0], unread=unread, oldest=oldest)
+    return Size(best[1][0], best[1][1]), request
 
 
 def _held(newest: list[Turn]) -> list[Item]:

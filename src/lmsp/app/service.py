@@ -31,7 +31,10 @@ from lmsp.fairgate import Ticket
 from lmsp.metrics import Metrics
 from lmsp.outbound.deliverer import Deliverer, DeliveryPolicy
 from lmsp.outbound.pull import Downloader
-from lmsp.protocol import items, mcp, objects
+from lmsp.protocol import items, itemtypes
+from lmsp.protocol import request as stored_request
+from lmsp.protocol.itemtypes import InputItem
+from lmsp.protocol.request import CreateRequest, PreparedRequest
 from lmsp.protocol.states import Status
 from lmsp.protocol.webhooks import parse_hosts
 from lmsp.runner import recovery, retention
@@ -69,10 +72,10 @@ def model_not_found(model: str, known: list[str] | None = None) -> errors.LmspEr
     return errors.LmspError("model_not_found", message, param="model")
 
 
-def _context_advice(request: dict[str, Any], input_param: str) -> str:
+def _context_advice(request: PreparedRequest, input_param: str) -> str:
     """What a client whose prompt does not fit can do, in the terms of its API: only
     ``/v1/responses`` has ``truncation``."""
-    if request.get("truncation") == "auto":
+    if request.truncation == "auto":
         return " Even its last input item alone does not fit."
     larger = " or serve the model with a larger context (LMSP_N_CTX)."
     if input_param == "input":
@@ -176,29 +179,29 @@ class Service:
         raise model_not_found(name, known)
 
     # -- shared operations -----------------------------------------------------------------
-    def fit(self, record: Any, request: dict[str, Any]) -> fitting.Size | None:
+    def fit(self, record: models.ModelRecord, request: PreparedRequest) -> fitting.Size | None:
         """``(prompt tokens, context)`` as :meth:`create` counts them (``input_tokens``),
         exact even for a prompt too long (without ``truncation: "auto"``)."""
-        return self._fit(record, request, exact=True)
+        return self._fit(record, request, exact=True)[0]
 
     def _fit(
-        self, record: Any, request: dict[str, Any], *, exact: bool = False
-    ) -> fitting.Size | None:
+        self, record: models.ModelRecord, request: PreparedRequest, *, exact: bool = False
+    ) -> tuple[fitting.Size | None, PreparedRequest]:
         """``(prompt tokens, context)`` of ``request`` (``None``: not known before it
-        runs), its history read newest first only as far as the context holds it, and
-        with ``truncation: "auto"`` its oldest context items dropped, the fewest that
-        make it fit, as the Responses API defines it (:func:`lmsp.app.fitting.fit`). In
-        a reader thread."""
+        runs), and the request with its history read newest first only as far as the
+        context holds it, and with ``truncation: "auto"`` its oldest context items
+        dropped, the fewest that make it fit, as the Responses API defines it
+        (:func:`lmsp.app.fitting.fit`). In a reader thread."""
         history: Iterable[conversation_store.Turn] = ()
-        previous = request.get("previous_response_id")
-        turn = conversation_store.turn_of(request)
+        previous = request.previous_response_id
+        turn = request.turn
         if turn is not None:  # a conversation's items so far, a page at a time
             history = conversation_store.newest_first(self.db.reader(), *turn)
         elif previous is not None:
             history = response_store.newest_first(self.db.reader(), previous)
         tools = tools_of(request)
 
-        def measure(context: list[dict[str, Any]]) -> tuple[int, int] | None:
+        def measure(context: list[InputItem]) -> tuple[int, int] | None:
             return self.host.prompt_size(record, messages_of(request, context), tools)
 
         return fitting.fit(request, history, measure, exact=exact)
@@ -206,7 +209,7 @@ class Service:
     async def create(
         self,
         client: Client,
-        request: dict[str, Any],
+        given: CreateRequest,
         key: idempotency.Key | None,
         input_param: str = "input",
         *,
@@ -222,18 +225,16 @@ class Service:
         default); ``param``: how they name the other fields. ``compact_over``
         (``context_management``): a prompt of more tokens has its older items compacted
         first (:mod:`lmsp.app.compaction`)."""
-        secret = request.pop(mcp.HEADERS_KEY, None)  # MCP header values: stored apart
-        record = await self.prepare(
-            client, request, input_param, item_names=item_names, param=param
+        secret = given.mcp_headers  # MCP header values: stored apart
+        request, record = await self.prepare(
+            client, given, input_param, item_names=item_names, param=param
         )
         model = record.id  # an alias runs as the model it names
         if compact_over is not None and not await self._replays(key):
-            await compaction.compact_request(self, client, record, request, compact_over)
-        previous = request.get("previous_response_id")
-        conversation = (request.get("conversation") or {}).get("id")
+            request = await compaction.compact_request(self, client, record, request, compact_over)
         # a prompt the context cannot hold is refused now, when its length can be known
         # (or, with truncation "auto", its oldest items are dropped until it fits)
-        size = await self.read(self._fit, record, request)
+        size, request = await self.read(self._fit, record, request)
         if size is not None and size.tokens >= size.context:
             has = str(size.tokens) if size.whole else f"at least {size.tokens}"
             raise errors.LmspError(
@@ -242,6 +243,20 @@ class Service:
                 + _context_advice(request, input_param),
                 param=input_param,
             )
+        return await self._created(
+            model, await self.db.write(self._job(client, request, key, secret))
+        )
+
+    def _job(
+        self,
+        client: Client,
+        request: PreparedRequest,
+        key: idempotency.Key | None,
+        secret: dict[str, dict[str, str]],
+    ) -> Callable[[Conn], response_store.Created]:
+        """The write that creates a prepared request's response and task."""
+        model, previous = request.model, request.previous_response_id
+        conversation = request.conversation.id if request.conversation is not None else None
 
         def job(conn: Conn) -> response_store.Created:
             # revoked while its files were read (seconds): no task, no 202
@@ -254,76 +269,87 @@ class Service:
                 conn,
                 client_id=client.id,
                 request=request,
-                on_restart=request["on_restart"],
+                on_restart=request.on_restart or self.settings.default_on_restart,
                 max_queue=self.settings.max_queue,
                 key=key,
             )
             if conversation is not None and not created.replayed:  # its turn goes there
                 conversation_store.bind(
-                    conn, created.response_id, conversation, client, self.quota, request["input"]
+                    conn, created.response_id, conversation, client, self.quota, request.input
                 )
             if secret and not created.replayed:
                 mcp_headers.keep(conn, created.response_id, secret)
             return created
 
-        return await self._created(model, await self.db.write(job))
+        return job
 
     async def prepare(
         self,
         client: Client,
-        request: dict[str, Any],
+        given: CreateRequest,
         input_param: str = "input",
         *,
         item_names: list[str] | None = None,
         param: toolcheck.Param = toolcheck.responses_param,
-    ) -> models.ModelRecord:
+    ) -> tuple[PreparedRequest, models.ModelRecord]:
         """What :meth:`create` checks and resolves before it counts the prompt: the model,
         the sampling numbers, schemas and grammars, every input item (files read), that
         ``conversation`` may take the turn (its quotas) and ``previous_response_id`` may
-        be continued, all in ``request`` (either history is read by :meth:`fit`, only as
-        far as the context holds it). ``/v1/responses/input_tokens`` counts what this leaves."""
+        be continued: the prepared request (either history is read by :meth:`fit`, only
+        as far as the context holds it) and the model's record.
+        ``/v1/responses/input_tokens`` counts what this gives."""
         # the budget of its files and schemas, all together, counted from now
         ticket = Ticket.arriving(client.id, self.settings.request_cpu_time, WALL_FACTOR)
-        if request.get("service_tier") == "priority" and not client.allows("priority"):
+        if given.service_tier == "priority" and not client.allows("priority"):
             raise errors.forbidden("priority")  # the priority tier needs its scope
-        record = await self.model(request["model"], client)
-        model = request["model"] = record.id  # an alias runs as the model it names
+        record = await self.model(given.model, client)
         # the sampling numbers it runs with: its own, else the model's defaults, else lmsp's
-        request.update(objects.sampling_used(request, record.defaults))
+        sampling = stored_request.sampling_used(given, record.defaults)
         # schemas and grammar compiled once, in a worker, under their budget
-        await toolcheck.check_grammar(self.grammars, request, param, ticket)
+        given = await toolcheck.check_grammar(self.grammars, given, param, ticket)
         engine = self.host.engines.get(record.engine)
         if engine is not None and not engine.constrains:
-            toolcheck.refuse_constraints(request, model, param)
-        # every input item checked, and each file read as text once, before any write
-        request["input"] = await asyncio.to_thread(
-            items.normalize,
-            request["input"],
-            capabilities=models.capabilities(record),
-            param=input_param,
-            compaction_key=self.compaction_key,
-        )
+            toolcheck.refuse_constraints(given, record.id, param)
+        # every input item checked (once), and each file read as text once, before any write
+        checked = given.input
+        if given.given is not None:
+            checked = itemtypes.typed(
+                await asyncio.to_thread(
+                    items.normalize,
+                    given.given,
+                    capabilities=models.capabilities(record),
+                    param=input_param,
+                    compaction_key=self.compaction_key,
+                )
+            )
         names = item_names or []
 
         def name(index: int) -> str:
             return names[index] if index < len(names) else f"{input_param}.{index}"
 
-        await self.files.read(request["input"], name, ticket)
-        previous = request.get("previous_response_id")
+        checked = await self.files.with_texts(checked, name, ticket)
+        previous = given.previous_response_id
         if previous is not None:  # its history is read when it is counted (:meth:`fit`)
             await self.read(
                 lambda: response_store.continuable(self.db.reader(), previous, client.id)
             )
-        conversation = (request.get("conversation") or {}).get("id")
-        if conversation is not None:  # the stored request names its last item (read by fit)
-            request[conversation_store.UPTO] = await self.read(
+        upto = None
+        if given.conversation is not None:  # the request names its last item (read by fit)
+            conversation = given.conversation.id
+            upto = await self.read(
                 lambda: conversation_store.start(
-                    self.db.reader(), conversation, client, self.quota, request["input"]
+                    self.db.reader(), conversation, client, self.quota, checked
                 )
             )
         # a tool output answers a call of the input or of the history it continues
-        await self.read(lambda: toolresults.check(self.db.reader(), request, name))
-        return record
+        started = None if given.conversation is None or upto is None else (conversation, upto)
+        await self.read(
+            lambda: toolresults.check(self.db.reader(), checked, previous, started, name)
+        )
+        request = stored_request.prepared(
+            given, checked, model=record.id, conversation_upto=upto, **sampling
+        )
+        return request, record
 
     async def _replays(self, key: idempotency.Key | None) -> bool:
         """Whether ``key`` was used already (its create replays: no compaction first)."""

@@ -12,7 +12,9 @@ it, a schema over the budget a ``400 schema_too_complex`` naming the limit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from lmsp.app import tooldefs
 from lmsp.constraints import grammar, refs
@@ -20,6 +22,8 @@ from lmsp.constraints.budget import GrammarBudget, Outcome
 from lmsp.errors import LmspError
 from lmsp.fairgate import Ticket
 from lmsp.protocol import mcp
+from lmsp.protocol.request import RequestFields
+from lmsp.protocol.tools import FunctionTool, mcp_tools
 from lmsp.runner import relax
 from lmsp.runner.plan import grammar_of
 
@@ -50,35 +54,40 @@ def _schema(schema: Any, where: str, what: str) -> Iterator[LmspError]:
 
 
 # -- the compile, under its budget ----------------------------------------------------------
-#: what each limit of :class:`lmsp.constraints.budget.Outcome` is called in a refusal
+Schemas = list[tuple[dict[str, Any], tuple[str | int, ...]]]
 
 
-def schemas_of(request: dict[str, Any]) -> list[tuple[dict[str, Any], tuple[str | int, ...]]]:
-    """Every JSON Schema of a request in its Responses form, with where it sits: each
+def schemas_of(request: RequestFields) -> Schemas:
+    """Every JSON Schema of a request, with where it sits in its Responses form: each
     function tool's ``parameters`` (the part of them the grammar enforces, if some were
     relaxed), then ``text.format.schema``."""
-    found: list[tuple[dict[str, Any], tuple[str | int, ...]]] = []
-    for index, tool in enumerate(request.get("tools") or []):
-        parameters = tool.get(relax.ENFORCED, tool.get("parameters"))
-        if tool.get("type") == "function" and isinstance(parameters, dict):
+    found: Schemas = []
+    for index, tool in enumerate(request.tools or ()):
+        if not isinstance(tool, FunctionTool):
+            continue
+        parameters = tool.enforced if tool.enforced is not None else tool.parameters
+        if isinstance(parameters, dict):
             found.append((parameters, ("tools", index, "parameters")))
-    fmt = (request.get("text") or {}).get("format") or {}
-    if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
-        found.append((fmt["schema"], ("text", "format", "schema")))
+    fmt = request.text.format if request.text is not None else None
+    if fmt is not None and fmt.type == "json_schema" and isinstance(fmt.schema, dict):
+        found.append((fmt.schema, ("text", "format", "schema")))
     return found
+
+
+R = TypeVar("R", bound=RequestFields)
 
 
 async def check_grammar(
     budget: GrammarBudget,
-    request: dict[str, Any],
+    request: R,
     param: Param = responses_param,
     ticket: Ticket | None = None,
-) -> None:
-    """Compile the schemas and the output grammar of a request (its Responses form)
-    under ``budget`` and the request's ``ticket``; raise the refusal if they do not fit.
-    A keyword llguidance cannot enforce in a tool that is not ``strict`` is relaxed
-    instead (:mod:`lmsp.runner.relax`: left out of the grammar, checked after generation)
-    and the compile tried again."""
+) -> R:
+    """Compile the schemas and the output grammar of a request under ``budget`` and the
+    request's ``ticket``; raise the refusal if they do not fit. A keyword llguidance
+    cannot enforce in a tool that is not ``strict`` is relaxed instead
+    (:mod:`lmsp.runner.relax`: left out of the grammar, checked after generation) and
+    the compile tried again: the request given back holds the relaxed tools."""
     for _ in range(relax.MAX_RELAXED + 1):
         schemas = schemas_of(request)
         try:
@@ -88,42 +97,49 @@ async def check_grammar(
         else:
             outcome = await budget.check(text_grammar, [schema for schema, _ in schemas], ticket)
         if outcome.ok:
-            return
-        if not _relaxed(outcome, schemas, request):
+            return request
+        relaxed = _relaxed(outcome, schemas, request)
+        if relaxed is None:
             break
+        request = relaxed
     raise _refusal(outcome, schemas, request, budget, param, ticket)
 
 
-def _relaxed(
-    outcome: Outcome,
-    schemas: list[tuple[dict[str, Any], tuple[str | int, ...]]],
-    request: dict[str, Any],
-) -> bool:
-    """Relax the keyword ``outcome`` names, if it is in a tool that is not strict."""
+def _relaxed(outcome: Outcome, schemas: Schemas, request: R) -> R | None:
+    """``request`` with the keyword ``outcome`` names relaxed, if it is in a tool that
+    is not strict."""
     if outcome.kind != "unsupported" or outcome.schema is None:
-        return False
+        return None
     schema, place = schemas[outcome.schema]
     if place[0] != "tools":
-        return False
-    tool = request["tools"][place[1]]
+        return None
+    tools = list(request.tools or ())
+    tool = tools[int(place[1])]
+    assert isinstance(tool, FunctionTool)
     found = grammar.unsupported(schema, outcome.problem)
-    return tool.get("strict", True) is False and relax.relax(tool, found.path)
+    if tool.is_strict:
+        return None
+    relaxed = relax.relax(tool, found.path)
+    if relaxed is None:
+        return None
+    tools[int(place[1])] = relaxed
+    return msgspec.structs.replace(request, tools=tuple(tools))
 
 
-def _caller_place(request: dict[str, Any], place: tuple[str | int, ...]) -> tuple[str | int, ...]:
+def _caller_place(request: RequestFields, place: tuple[str | int, ...]) -> tuple[str | int, ...]:
     """A stored place (``tools.5.parameters``) in the caller's list (``tools.4.tools.1…``)."""
     if place[0] != "tools":
         return place
-    return (*tooldefs.places(request["tools"])[int(place[1])], *place[2:])
+    return (*tooldefs.places(request.tools or ())[int(place[1])], *place[2:])
 
 
-def refuse_constraints(request: dict[str, Any], model: str, param: Param) -> None:
+def refuse_constraints(request: RequestFields, model: str, param: Param) -> None:
     """A model whose engine cannot hold its output to a grammar (the test engine) is
     asked for tools or a schema: ``400``, not a task that fails."""
     text_grammar, _ = grammar_of(request)
-    if text_grammar is None and not mcp.mcp_tools(request):
+    if text_grammar is None and not mcp_tools(request.tools):
         return
-    where = param("tools") if request.get("tools") else param("text", "format", "schema")
+    where = param("tools") if request.tools else param("text", "format", "schema")
     raise LmspError(
         "unsupported_parameter",
         f"The model {model!r} cannot constrain its output (tools or a JSON schema).",
@@ -133,8 +149,8 @@ def refuse_constraints(request: dict[str, Any], model: str, param: Param) -> Non
 
 def _refusal(
     outcome: Outcome,
-    schemas: list[tuple[dict[str, Any], tuple[str | int, ...]]],
-    request: dict[str, Any],
+    schemas: Schemas,
+    request: RequestFields,
     budget: GrammarBudget,
     param: Param,
     ticket: Ticket | None = None,
@@ -145,9 +161,10 @@ def _refusal(
         found = grammar.unsupported(schema, outcome.problem)
         what = "The schema"
         if place[0] == "tools":
-            tool = request["tools"][place[1]]
-            what = f"The parameters of {tool.get('name')!r}"
-            if tool.get("strict", True) is not False:
+            tool = (request.tools or ())[int(place[1])]
+            assert isinstance(tool, FunctionTool)
+            what = f"The parameters of {tool.name!r}"
+            if tool.is_strict:
                 found = grammar.UnsupportedSchema(
                     found.message + " (a tool that is not strict has it checked after"
                     " generation instead)",
@@ -192,7 +209,7 @@ def problems(
             continue
         if kind != "function":
             if tool.get("offered") is False:
-                continue  # a hosted tool lmsp cannot run, not offered (tooldefs.HOSTED)
+                continue  # a hosted tool lmsp cannot run, not offered (lmsp.protocol.tools.HOSTED)
             yield LmspError(
                 "unsupported_parameter",
                 f"Tool type {kind!r} is not supported here; only function tools are.",

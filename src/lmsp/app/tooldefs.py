@@ -26,9 +26,9 @@ Each tool ``type`` has one reader in :data:`KINDS` (the one place to add a tool 
   ``namespace`` so that a call names it again (``{"type": "function_call", "name",
   "namespace"}``, as OpenAI returns it); a tool's name stays its own, so two tools of the
   same name (in two namespaces, or one plain) are refused as any two tools are.
-- a hosted tool lmsp cannot run (:data:`HOSTED`: ``web_search``, ``file_search``,
-  ``code_interpreter``, …) or a ``custom`` tool (free-form input; in a namespace too):
-  kept as ``{"type", "offered": false}``. Under
+- a hosted tool lmsp cannot run (:data:`lmsp.protocol.tools.HOSTED`: ``web_search``,
+  ``file_search``, ``code_interpreter``, …) or a ``custom`` tool (free-form input; in a
+  namespace too): kept as ``{"type", "offered": false}``. Under
   ``tool_choice`` ``"auto"``, ``"required"`` or ``"none"`` it is not offered to the model
   (the response's ``tools`` shows it so); a ``tool_choice`` that forces it is refused by
   :mod:`.toolcheck`.
@@ -43,12 +43,13 @@ for the models it knows): they are read alike and added to the request's ``tools
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.protocol import mcp
+from lmsp.protocol.tools import UNOFFERED, Tool
 
 #: a function tool's name: what OpenAI documents for both APIs
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -56,27 +57,6 @@ MAX_TYPE = 64
 MAX_ALLOWED = 128
 CHOICES = ("none", "auto", "required")
 MODES = ("none", "auto", "required")
-#: hosted tools of the OpenAI APIs that lmsp cannot run: never offered to the model
-HOSTED = frozenset(
-    {
-        "web_search",
-        "web_search_preview",
-        "web_search_preview_2025_03_11",
-        "web_search_2025_08_26",
-        "file_search",
-        "code_interpreter",
-        "image_generation",
-        "computer_use",
-        "computer_use_preview",
-        "local_shell",
-        "shell",
-        "apply_patch",
-        "tool_search",
-    }
-)
-#: the tool types lmsp cannot offer a model (kept as ``offered: false``): the hosted
-#: ones, and ``custom`` tools (free-form input, not JSON arguments)
-UNOFFERED = HOSTED | {"custom"}
 
 
 @dataclass(frozen=True)
@@ -210,13 +190,17 @@ def request_tools(tools: Any, given_input: Any, dialect: Dialect) -> list[dict[s
     return out
 
 
-def places(tools: list[dict[str, Any]]) -> list[tuple[str | int, ...]]:
+def places(tools: Sequence[dict[str, Any] | Tool]) -> list[tuple[str | int, ...]]:
     """Each read tool's place in the caller's list: ``("tools", 4)``, or ``("tools", 4,
-    "tools", 2)`` for a namespace's third tool (a namespace's tools are read in a row)."""
+    "tools", 2)`` for a namespace's third tool (a namespace's tools are read in a row);
+    the tools as read, or typed."""
     out: list[tuple[str | int, ...]] = []
     index, inner, group = -1, 0, None
     for tool in tools:
-        namespace = tool.get("namespace")
+        if isinstance(tool, dict):
+            namespace = tool.get("namespace")
+        else:
+            namespace = getattr(tool, "namespace", None)
         if namespace is not None and namespace == group:
             inner += 1
         else:

@@ -9,41 +9,60 @@ are found.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from lmsp.protocol import items
+from lmsp.protocol.itemtypes import Compaction, FunctionCall, FunctionCallOutput, InputItem
 from lmsp.store import conversations as conversation_store
 from lmsp.store import responses as response_store
 from lmsp.store.sql import Conn
 
 
-def _history(conn: Conn, request: dict[str, Any]) -> Iterator[conversation_store.Turn]:
-    previous = request.get("previous_response_id")
+def unanswered(given: Iterable[InputItem]) -> dict[str, int]:
+    """The ``function_call_output`` items whose ``call_id`` no earlier ``function_call``
+    of ``given`` has: ``{call_id: index}`` (the first). A ``compaction`` item hides the
+    calls it summarised: the outputs after one are taken as answered."""
+    calls: set[str] = set()
+    orphans: dict[str, int] = {}
+    for index, item in enumerate(given):
+        if isinstance(item, Compaction):
+            return {}
+        if isinstance(item, FunctionCall):
+            calls.add(item.call_id)
+        elif isinstance(item, FunctionCallOutput) and item.call_id not in calls:
+            orphans.setdefault(item.call_id, index)
+    return orphans
+
+
+def _history(
+    conn: Conn, previous: str | None, conversation: tuple[str, int] | None
+) -> Iterator[conversation_store.Turn]:
     if previous is not None:
         yield from response_store.newest_first(conn, previous)
-        return
-    conversation = (request.get("conversation") or {}).get("id")
-    if conversation is not None and conversation_store.UPTO in request:
-        yield from conversation_store.newest_first(
-            conn, conversation, request[conversation_store.UPTO]
-        )
+    elif conversation is not None:
+        yield from conversation_store.newest_first(conn, *conversation)
 
 
-def check(conn: Conn, request: dict[str, Any], name: Callable[[int], str]) -> None:
-    """Raise ``400 invalid_value`` (``param``: the output's ``call_id``, named by
-    ``name(index)``) for the first tool output of ``request["input"]`` that answers no
-    call of the input or of its history."""
-    left = items.unanswered(request["input"])
+def check(
+    conn: Conn,
+    given: Sequence[InputItem],
+    previous: str | None,
+    conversation: tuple[str, int] | None,
+    name: Callable[[int], str],
+) -> None:
+    """Raise ``400 invalid_value`` (``param``: the output's ``call_id``, the item named
+    by ``name(index)``) for the first tool output of ``given`` that answers no call of
+    it or of the history it continues (``previous``, or ``conversation``: its id and
+    the last item the turn sees)."""
+    left = unanswered(given)
     if not left:
         return
-    for turn in _history(conn, request):
+    for turn in _history(conn, previous, conversation):
         for item in turn.items:
-            kind = item.get("type")
-            if kind == "compaction":  # the calls it summarised are not listed
+            if isinstance(item, Compaction):  # the calls it summarised are not listed
                 return
-            if kind == "function_call":
-                left.pop(item.get("call_id"), None)  # type: ignore[arg-type]
+            if isinstance(item, FunctionCall):
+                left.pop(item.call_id, None)
         if not left:
             return
     call_id, index = next(iter(left.items()))

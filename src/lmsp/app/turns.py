@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lmsp.api.schemas import unsupported
-from lmsp.errors import LmspError
+from lmsp.errors import LmspError, unsupported
 
 MAX_ID = 256
 
@@ -96,13 +95,3 @@ def read(conversation: Any, context_management: Any, previous_response_id: str |
             " send its output as input.",
         )
     return turn
-
-
-def store(turn: Turn, stored: dict[str, Any]) -> None:
-    """The stored request names its conversation as ``{"id"}`` (as the response object
-    shows it) and keeps no ``context_management`` (it is done before the request is
-    stored)."""
-    stored.pop("context_management", None)
-    stored.pop("conversation", None)
-    if turn.conversation is not None:
-        stored["conversation"] = {"id": turn.conversation}

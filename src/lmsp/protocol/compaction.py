@@ -22,10 +22,11 @@ import base64
 import hashlib
 import hmac
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmsp.errors import LmspError
+from lmsp.protocol.itemtypes import Compaction, InputItem, Message
 
 Item = dict[str, Any]
 
@@ -104,11 +105,11 @@ def _payload(payload: str) -> dict[str, Any] | None:
     return data
 
 
-def item(summary: str, count: int, make_id: Callable[[str], str], key: bytes) -> Item:
+def item(summary: str, count: int, make_id: Callable[[str], str], key: bytes) -> Compaction:
     """A new compaction item."""
     # never more in practice: the items it replaces had to fit one prompt
     content = encode(summary, min(count, MAX_ITEMS), key)
-    return {"type": "compaction", "id": make_id("cmp"), "encrypted_content": content}
+    return Compaction(id=make_id("cmp"), encrypted_content=content)
 
 
 def normalize(given: Item, where: str, make_id: Callable[[str], str], key: bytes | None) -> Item:
@@ -137,23 +138,23 @@ def normalize(given: Item, where: str, make_id: Callable[[str], str], key: bytes
     return {"type": "compaction", "id": given_id or make_id("cmp"), "encrypted_content": content}
 
 
-def render_text(compaction: Item) -> str:
+def render_text(compaction: Compaction) -> str:
     """What the model reads for a compaction item (one lmsp made or checked when it came
     in: its key was checked then)."""
-    parts = str(compaction["encrypted_content"]).split(".")
+    parts = compaction.encrypted_content.split(".")
     data = _payload(parts[1]) if len(parts) == 3 else None
     if data is None:  # never stored so: :func:`normalize` checked it
         raise LmspError("invalid_value", "A stored compaction item is damaged.")
     return f"{PREAMBLE}\n{data['summary']}"
 
 
-def split(context: list[Item]) -> tuple[list[Item], list[Item]]:
+def split(context: Sequence[InputItem]) -> tuple[list[InputItem], list[InputItem]]:
     """``(older, kept)``: the items a compaction replaces, and the newest ones it keeps
     as they are: from the last user message on (the turn in progress), or when nothing
     comes before that, the last item only. A single item is kept: nothing to compact."""
     last_user = 0
     for index, entry in enumerate(context):
-        if entry.get("type") == "message" and entry.get("role") == "user":
+        if isinstance(entry, Message) and entry.role == "user":
             last_user = index
     if last_user == 0:
         last_user = max(len(context) - 1, 0)

@@ -33,26 +33,37 @@ work generates: an assistant message holding
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+import msgspec
 
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.protocol import compaction, filetext, mcpitems, toolcalls
 from lmsp.protocol.filetext import MAX_FILE_BYTES, MAX_FILE_TEXT, file_format
+from lmsp.protocol.itemtypes import (
+    AdditionalTools,
+    Compaction,
+    FunctionCall,
+    FunctionCallOutput,
+    InputFile,
+    InputItem,
+    InputText,
+    Items,
+    McpApprovalRequest,
+    Message,
+    OutputText,
+    Part,
+    Refusal,
+)
 
 __all__ = ["MAX_FILE_BYTES", "MAX_FILE_TEXT", "file_format"]
 
 Item = dict[str, Any]
-Message = dict[str, str]
+#: a chat message for the model's template
+ChatMessage = dict[str, str]
 
-#: the stored request's key for the items of the conversation it continues (the
-#: context of ``previous_response_id``, resolved when the request is created)
-HISTORY = "lmsp_history"
-#: a stored request's key for what ``truncation: "auto"`` left out: ``{"items": n,
-#: "first": {"id", "type", "role"}, "last": {…}}``, the ``n`` oldest items of its context
-#: (the conversation it continues, then its own input), decided when it was created
-TRUNCATED = "lmsp_truncated"
 #: an ``input_file`` part's key for the text it gives the model, read once when the
 #: request was created (never sent by a client, never listed back)
 FILE_TEXT = "lmsp_text"
@@ -139,24 +150,6 @@ def _unique_calls(normalized: list[Item], param: str) -> None:
                 f"call ids must be unique: {item['call_id']!r} is the call_id of"
                 f" {param}.{first} too.",
             )
-
-
-def unanswered(normalized: list[Item]) -> dict[str, int]:
-    """The ``function_call_output`` items whose ``call_id`` no earlier ``function_call``
-    of ``normalized`` has: ``{call_id: index}`` (the first). Their calls must be
-    in the history the request continues, else the output answers nothing. A
-    ``compaction`` item hides the calls it summarised: the outputs after one are taken
-    as answered."""
-    calls: set[str] = set()
-    orphans: dict[str, int] = {}
-    for index, item in enumerate(normalized):
-        if item["type"] == "compaction":
-            return {}
-        if item["type"] == "function_call":
-            calls.add(item["call_id"])
-        elif item["type"] == "function_call_output" and item["call_id"] not in calls:
-            orphans.setdefault(item["call_id"], index)
-    return orphans
 
 
 def no_call_for(call_id: str, where: str) -> LmspError:
@@ -377,17 +370,36 @@ def file_error(where: str, extracted: filetext.Extracted) -> LmspError:
     )
 
 
-def files_of(items: list[Item]) -> list[tuple[str, Item]]:
-    """The ``input_file`` parts of normalized items whose text is not read yet, with
-    where each sits (``3.content.1``: prefix it with the input's own name)."""
-    found: list[tuple[str, Item]] = []
-    for index, item in enumerate(items):
-        if item.get("type") != "message":
+def files_of(given: Items) -> list[tuple[str, InputFile]]:
+    """The ``input_file`` parts of items whose text is not read yet, with where each
+    sits (``3.content.1``: prefix it with the input's own name)."""
+    found: list[tuple[str, InputFile]] = []
+    for index, item in enumerate(given):
+        if not isinstance(item, Message):
             continue
-        for at, part in enumerate(item["content"]):
-            if part["type"] == "input_file" and FILE_TEXT not in part:
+        for at, part in enumerate(item.content):
+            if isinstance(part, InputFile) and isinstance(part.text, msgspec.UnsetType):
                 found.append((f"{index}.content.{at}", part))
     return found
+
+
+def with_file_texts(given: Items, texts: dict[str, str]) -> Items:
+    """``given`` with each file's text (``texts``: by where :func:`files_of` says the
+    part is) kept with its part."""
+    if not texts:
+        return given
+    out: list[InputItem] = []
+    for index, item in enumerate(given):
+        if isinstance(item, Message) and any(k.startswith(f"{index}.") for k in texts):
+            content = tuple(
+                msgspec.structs.replace(part, text=texts[f"{index}.content.{at}"])
+                if f"{index}.content.{at}" in texts and isinstance(part, InputFile)
+                else part
+                for at, part in enumerate(item.content)
+            )
+            item = msgspec.structs.replace(item, content=content)
+        out.append(item)
+    return tuple(out)
 
 
 def file_text(data: str, filename: str, where: str = "input_file") -> str:
@@ -417,23 +429,22 @@ def render_tool_response(output: str) -> str:
     return f"<tool_response>\n{output}\n</tool_response>"
 
 
-def _file_block(part: Item) -> str:
-    text = part.get(FILE_TEXT)
-    if text is None:
-        text = file_text(part["file_data"], part["filename"])
-    return f"[file: {part['filename']}]\n{text}\n[end of file: {part['filename']}]"
+def _file_block(part: InputFile) -> str:
+    text = part.text
+    if isinstance(text, msgspec.UnsetType):
+        text = file_text(part.file_data, part.filename)
+    return f"[file: {part.filename}]\n{text}\n[end of file: {part.filename}]"
 
 
-def _content_text(parts: list[Item]) -> str:
+def _content_text(parts: Sequence[Part]) -> str:
     """The parts of a message as one text: text runs joined as given, files as blocks."""
     chunks: list[str] = []
     run = ""
     for part in parts:
-        kind = part["type"]
-        if kind in ("input_text", "output_text"):
-            run += part["text"]
-        elif kind == "refusal":
-            run += part["refusal"]
+        if isinstance(part, InputText | OutputText):
+            run += part.text
+        elif isinstance(part, Refusal):
+            run += part.refusal
         else:  # input_file
             if run:
                 chunks.append(run)
@@ -444,15 +455,15 @@ def _content_text(parts: list[Item]) -> str:
     return "\n\n".join(chunks)
 
 
-def _output_text(output: str | list[Item]) -> str:
-    return output if isinstance(output, str) else "".join(part["text"] for part in output)
+def _output_text(output: str | tuple[InputText, ...]) -> str:
+    return output if isinstance(output, str) else "".join(part.text for part in output)
 
 
-def render(items: list[Item], instructions: str | None = None) -> list[Message]:
+def render(given: Sequence[InputItem], instructions: str | None = None) -> list[ChatMessage]:
     """Chat messages for the model's template: ``instructions`` first as the system
     message; ``developer`` becomes ``system``; a run of function calls joins the
     assistant message before it, a run of outputs makes one user message."""
-    out: list[Message] = []
+    out: list[ChatMessage] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
 
@@ -463,26 +474,24 @@ def render(items: list[Item], instructions: str | None = None) -> list[Message]:
             out.append({"role": role, "content": text})
 
     previous = ""
-    requests: dict[str, Item] = {}
-    for item in items:
-        kind = item["type"]
+    requests: dict[str, McpApprovalRequest] = {}
+    for item in given:
+        kind = item.type
         if kind in mcpitems.INPUT_TYPES:  # the MCP loop's items (protocol/mcpitems.py)
             for role, text in mcpitems.render(item, requests):
                 add(role, text, join=role == "assistant")
-            previous = kind
-            continue
-        if kind == "message":
-            role = "system" if item["role"] == "developer" else item["role"]
-            add(role, _content_text(item["content"]), join=False)
-        elif kind == "compaction":
+        elif isinstance(item, Message):
+            role = "system" if item.role == "developer" else item.role
+            add(role, _content_text(item.content), join=False)
+        elif isinstance(item, Compaction):
             add("user", compaction.render_text(item), join=False)
-        elif kind == "function_call":
+        elif isinstance(item, FunctionCall):
             # the calls an assistant makes follow its text in one message
-            add("assistant", render_tool_call(item["name"], item["arguments"]), join=True)
-        elif kind == "additional_tools":
+            add("assistant", render_tool_call(item.name, item.arguments), join=True)
+        elif isinstance(item, AdditionalTools):
             continue  # its tools are the request's (offered as tools, not as text)
-        else:
-            text = render_tool_response(_output_text(item["output"]))
+        elif isinstance(item, FunctionCallOutput):
+            text = render_tool_response(_output_text(item.output))
             add("user", text, join=previous == "function_call_output")
         previous = kind
     return out
@@ -493,12 +502,3 @@ def is_normalized(given: Any) -> bool:
     return isinstance(given, list) and all(
         isinstance(item, dict) and "type" in item and "id" in item for item in given
     )
-
-
-def input_of(request: dict[str, Any]) -> list[Item]:
-    """A stored request's own input items (a row stored before input items were
-    normalized is normalized now, with placeholder ids)."""
-    given = request["input"]
-    if is_normalized(given):
-        return list(given)
-    return normalize(given, make_id=lambda prefix: prefix)

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.protocol import outbound
+from lmsp.protocol.tools import McpTool, Tool, ToolFilter
 
 MCP = "mcp"
-#: the stored request's key for the header values, taken out before the request is
-#: stored (kept apart, never shown: :mod:`lmsp.store.mcp_headers`)
-HEADERS_KEY = "lmsp_mcp_headers"
 REDACTED = "[redacted]"
 LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_HEADERS = 32
@@ -119,37 +117,8 @@ def read_tool(given: dict[str, Any], where: str) -> dict[str, Any]:
         )
     approval = given.get("require_approval")
     if approval is not None:
-        place = f"{where}.require_approval"
-        if isinstance(approval, str):
-            if approval not in APPROVALS:
-                raise _bad(place, '"always", "never", or {always, never}.')
-            tool["require_approval"] = approval
-        elif isinstance(approval, dict):
-            shown: dict[str, Any] = {}
-            for key, inner in approval.items():
-                if key not in APPROVALS:
-                    raise _bad(f"{place}.{key}", "only always and never filters exist.")
-                shown[key] = _filter(inner, f"{place}.{key}")
-            tool["require_approval"] = shown
-        else:
-            raise _bad(place, '"always", "never", or {always, never}.')
-    headers: dict[str, str] = {}
-    given_headers = given.get("headers")
-    if given_headers is not None:
-        place = f"{where}.headers"
-        if not isinstance(given_headers, dict) or len(given_headers) > MAX_HEADERS:
-            raise _bad(place, f"an object of at most {MAX_HEADERS} string values.")
-        for name, value in given_headers.items():
-            if not isinstance(value, str) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
-                raise _bad(f"{place}.{name}", "a header name and a string value.")
-            if "\n" in value or "\r" in value:
-                raise _bad(f"{place}.{name}", "a header value is one line.")
-            headers[name] = value
-    authorization = given.get("authorization")
-    if authorization is not None:
-        if not isinstance(authorization, str) or not authorization:
-            raise _bad(f"{where}.authorization", "a string (an OAuth access token).")
-        headers["Authorization"] = f"Bearer {authorization}"
+        tool["require_approval"] = _approval(approval, f"{where}.require_approval")
+    headers = _headers(given, where)
     if headers:
         tool["headers"] = headers
     for key in given:
@@ -173,6 +142,44 @@ def read_tool(given: dict[str, Any], where: str) -> dict[str, Any]:
     return tool
 
 
+def _approval(approval: Any, place: str) -> str | dict[str, Any]:
+    """``require_approval``: ``"always"``, ``"never"`` or ``{always?, never?}`` filters."""
+    if isinstance(approval, str):
+        if approval not in APPROVALS:
+            raise _bad(place, '"always", "never", or {always, never}.')
+        return approval
+    if not isinstance(approval, dict):
+        raise _bad(place, '"always", "never", or {always, never}.')
+    shown: dict[str, Any] = {}
+    for key, inner in approval.items():
+        if key not in APPROVALS:
+            raise _bad(f"{place}.{key}", "only always and never filters exist.")
+        shown[key] = _filter(inner, f"{place}.{key}")
+    return shown
+
+
+def _headers(given: dict[str, Any], where: str) -> dict[str, str]:
+    """The header values of ``headers`` and ``authorization`` (a bearer token)."""
+    headers: dict[str, str] = {}
+    given_headers = given.get("headers")
+    if given_headers is not None:
+        place = f"{where}.headers"
+        if not isinstance(given_headers, dict) or len(given_headers) > MAX_HEADERS:
+            raise _bad(place, f"an object of at most {MAX_HEADERS} string values.")
+        for name, value in given_headers.items():
+            if not isinstance(value, str) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+                raise _bad(f"{place}.{name}", "a header name and a string value.")
+            if "\n" in value or "\r" in value:
+                raise _bad(f"{place}.{name}", "a header value is one line.")
+            headers[name] = value
+    authorization = given.get("authorization")
+    if authorization is not None:
+        if not isinstance(authorization, str) or not authorization:
+            raise _bad(f"{where}.authorization", "a string (an OAuth access token).")
+        headers["Authorization"] = f"Bearer {authorization}"
+    return headers
+
+
 def read_choice(given: dict[str, Any]) -> dict[str, Any]:
     """``tool_choice: {"type": "mcp", "server_label", "name"?}``."""
     label = given.get("server_label")
@@ -187,16 +194,12 @@ def read_choice(given: dict[str, Any]) -> dict[str, Any]:
     return choice
 
 
-def mcp_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
-    return [tool for tool in request.get("tools") or [] if tool.get("type") == MCP]
-
-
-def take_headers(request: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """Take every MCP tool's header values out of ``request`` (they are shown as
+def take_headers(tools: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Take every MCP tool's header values out of ``tools`` as read (they are shown as
     ``[redacted]``): ``{server_label: headers}``, to keep apart from the request."""
     kept: dict[str, dict[str, str]] = {}
-    for tool in mcp_tools(request):
-        headers = tool.get("headers")
+    for tool in tools:
+        headers = tool.get("headers") if tool.get("type") == MCP else None
         if headers:
             kept[tool["server_label"]] = dict(headers)
             tool["headers"] = {name: REDACTED for name in headers}
@@ -242,11 +245,11 @@ def host_allowed(url: str, allowed: Iterable[str]) -> bool:
     return outbound.allows(url, host_rules(allowed))
 
 
-def check_hosts(tools: list[dict[str, Any]], allowed: Iterable[str]) -> None:
+def check_hosts(tools: Sequence[Tool], allowed: Iterable[str]) -> None:
     """``400 invalid_mcp_server`` for a server URL lmsp may not reach."""
     hosts = list(allowed)
     for index, tool in enumerate(tools):
-        if tool.get("type") == MCP and not host_allowed(tool["server_url"], hosts):
+        if isinstance(tool, McpTool) and not host_allowed(tool.server_url, hosts):
             raise LmspError(
                 "invalid_mcp_server",
                 f"tools.{index}.server_url: only http(s) URLs on loopback hosts are allowed"
@@ -256,37 +259,36 @@ def check_hosts(tools: list[dict[str, Any]], allowed: Iterable[str]) -> None:
 
 
 # -- tools offered, names, approvals ---------------------------------------------------------
-def allowed(tool_def: dict[str, Any], name: str, annotations: dict[str, Any] | None) -> bool:
+def allowed(tool_def: McpTool, name: str, annotations: dict[str, Any] | None) -> bool:
     """Is the server's tool ``name`` among the definition's ``allowed_tools``?"""
-    rule = tool_def.get("allowed_tools")
+    rule = tool_def.allowed_tools
     if rule is None:
         return True
-    if isinstance(rule, list):
+    if isinstance(rule, tuple):
         return name in rule
     return _matches(rule, name, annotations)
 
 
-def _matches(rule: dict[str, Any], name: str, annotations: dict[str, Any] | None) -> bool:
-    names = rule.get("tool_names")
-    if names is not None and name not in names:
+def _matches(rule: ToolFilter, name: str, annotations: dict[str, Any] | None) -> bool:
+    if rule.tool_names is not None and name not in rule.tool_names:
         return False
-    if rule.get("read_only") is not None:
-        return bool((annotations or {}).get("readOnlyHint")) is bool(rule["read_only"])
+    if rule.read_only is not None:
+        return bool((annotations or {}).get("readOnlyHint")) is rule.read_only
     return True
 
 
-def needs_approval(tool_def: dict[str, Any], name: str, annotations: dict[str, Any] | None) -> bool:
+def needs_approval(tool_def: McpTool, name: str, annotations: dict[str, Any] | None) -> bool:
     """Does a call of ``name`` wait for an approval? OpenAI's default is ``always``."""
-    rule = tool_def.get("require_approval", "always")
+    rule = tool_def.require_approval or "always"
     if isinstance(rule, str):
         return rule == "always"
-    if "never" in rule and _matches(rule["never"], name, annotations):
+    if rule.never is not None and _matches(rule.never, name, annotations):
         return False
-    if "always" in rule and _matches(rule["always"], name, annotations):
+    if rule.always is not None and _matches(rule.always, name, annotations):
         return True
     # unmatched: the default (always) when a never filter says which need none; none
     # when only an always filter says which need one
-    return "never" in rule
+    return rule.never is not None
 
 
 def repeatable(annotations: dict[str, Any] | None) -> bool:
@@ -384,13 +386,6 @@ def error_text(error: Any) -> str:
         return str(error["message"])
     texts = [c.get("text", "") for c in error.get("content") or [] if isinstance(c, dict)]
     return " ".join(t for t in texts if t) or "the tool failed"
-
-
-def render_output(item: dict[str, Any]) -> str:
-    """What the model reads back from a finished ``mcp_call``."""
-    if item.get("error") is not None:
-        return "Error: " + error_text(item["error"])
-    return str(item.get("output") or "")
 
 
 def arguments_json(arguments: str) -> dict[str, Any]:

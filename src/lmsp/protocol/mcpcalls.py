@@ -25,6 +25,7 @@ from lmsp.ids import new_id
 from lmsp.protocol import events as ev
 from lmsp.protocol import mcp
 from lmsp.protocol.assembler import CallStart, Event, ItemStatus
+from lmsp.protocol.itemtypes import McpApprovalRequest
 from lmsp.protocol.toolcalls import CallAssembler
 
 CALL_TYPES = ("function_call", "mcp_call", "mcp_approval_request")
@@ -113,16 +114,16 @@ class McpAssembler(CallAssembler):
             return item
         return None
 
-    def approved(self, wanted: dict[str, Any]) -> dict[str, Any]:
+    def approved(self, wanted: McpApprovalRequest) -> dict[str, Any]:
         """The ``mcp_call`` an approved ``mcp_approval_request`` (``wanted``) makes, its
         arguments whole; not in the output yet (:meth:`add_call`, or :meth:`refused`)."""
         return {
             "type": "mcp_call",
             "id": self._make_id("mcp"),
-            "server_label": wanted["server_label"],
-            "name": wanted["name"],
-            "arguments": wanted["arguments"],
-            "approval_request_id": wanted["id"],
+            "server_label": wanted.server_label,
+            "name": wanted.name,
+            "arguments": wanted.arguments,
+            "approval_request_id": wanted.id,
             "output": None,
             "error": None,
             "status": "in_progress",

@@ -13,8 +13,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from msgspec import UnsetType
+
 from lmsp.errors import LmspError
 from lmsp.protocol import mcp, toolcalls
+from lmsp.protocol.itemtypes import InputItem, McpApprovalRequest, McpApprovalResponse, McpCall
 
 Item = dict[str, Any]
 INPUT_TYPES = frozenset(
@@ -92,30 +95,36 @@ def normalize(item: Item, kind: str, where: str, item_id: str) -> Item:
     return out
 
 
-def _call(item: Item) -> str:
-    arguments = item.get("arguments") or "{}"
+def _call(item: McpCall | McpApprovalRequest) -> str:
+    arguments = item.arguments or "{}"
     try:
         shown = json.dumps(json.loads(arguments), ensure_ascii=False)
     except ValueError:
         shown = json.dumps(arguments)
-    return toolcalls.render_call(item["name"], shown)
+    return toolcalls.render_call(item.name, shown)
 
 
 def _response(text: str) -> str:
     return f"<tool_response>\n{text}\n</tool_response>"
 
 
-def render(item: Item, requests: dict[str, Item]) -> Iterator[tuple[str, str]]:
+def _result(call: McpCall) -> str:
+    """What the model reads back from a finished ``mcp_call``: its output, or its error."""
+    if call.error is not None and not isinstance(call.error, UnsetType):
+        return "Error: " + mcp.error_text(call.error)
+    return str(call.output or "")
+
+
+def render(item: InputItem, requests: dict[str, McpApprovalRequest]) -> Iterator[tuple[str, str]]:
     """``(role, text)`` messages for one MCP item; ``requests`` collects the approval
     requests seen so far (an answer refers to one)."""
-    kind = item["type"]
-    if kind == "mcp_approval_request":
-        requests[item["id"]] = item
-    elif kind == "mcp_call":
+    if isinstance(item, McpApprovalRequest):
+        requests[item.id] = item
+    elif isinstance(item, McpCall):
         yield "assistant", _call(item)
-        yield "user", _response(mcp.render_output(item))
-    elif kind == "mcp_approval_response" and not item["approve"]:
-        asked = requests.get(item["approval_request_id"])
+        yield "user", _response(_result(item))
+    elif isinstance(item, McpApprovalResponse) and not item.approve:
+        asked = requests.get(item.approval_request_id)
         if asked is not None:
             yield "assistant", _call(asked)
             yield "user", _response(DECLINED)

@@ -12,49 +12,19 @@ from typing import Any, Protocol
 
 from lmsp.errors import LmspError
 from lmsp.protocol import items
-from lmsp.protocol.states import Status, response_status
-
-#: what a request that does not name them gets (and the response echoes)
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0
-#: every sampling number the response object echoes, with lmsp's defaults
-SAMPLING_DEFAULTS: dict[str, float | int] = {
-    "temperature": DEFAULT_TEMPERATURE,
-    "top_p": DEFAULT_TOP_P,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "top_logprobs": 0,
-    # LMSP extensions (llama.cpp's samplers), off by default
-    "top_k": 0,
-    "min_p": 0.0,
-    "repeat_penalty": 1.0,
-}
-#: the sampling numbers a model may carry defaults for (``top_logprobs`` is the caller's)
-MODEL_DEFAULTS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repeat_penalty",
+from lmsp.protocol import request as stored
+from lmsp.protocol.itemtypes import plain, plain_all
+from lmsp.protocol.request import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    Brief,
+    PreparedRequest,
+    Reasoning,
+    TextConfig,
+    Truncated,
 )
-
-
-def sampling_used(
-    request: dict[str, Any], defaults: dict[str, float | int] | None = None
-) -> dict[str, float | int]:
-    """The sampling numbers a request runs with: its own, else ``defaults`` (a model's),
-    else lmsp's. Stored with the request when it is created, so the runner uses and
-    every rendering of the response echoes the same numbers."""
-    given = {k: v for k, v in (defaults or {}).items() if k in MODEL_DEFAULTS and v is not None}
-    chosen = dict(SAMPLING_DEFAULTS, **given)
-    return {
-        name: type(SAMPLING_DEFAULTS[name])(
-            request[name] if request.get(name) is not None else default
-        )
-        for name, default in chosen.items()
-    }
+from lmsp.protocol.states import Status, response_status
+from lmsp.protocol.tools import AllowedTools, FunctionTool, Tool, ToolChoice
 
 
 class Row(Protocol):
@@ -114,39 +84,41 @@ def render_usage(stored: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def render_tool(tool: dict[str, Any]) -> dict[str, Any]:
+def render_tool(tool: Tool) -> dict[str, Any]:
     """A tool as the response echoes it: every field of a ``FunctionTool`` present."""
-    if tool.get("type") != "function":
-        return dict(tool)  # a hosted tool not offered to the model says ``offered: false``
-    shown = {
+    if not isinstance(tool, FunctionTool):
+        return plain(tool)  # a hosted tool not offered to the model says ``offered: false``
+    shown: dict[str, Any] = {
         "type": "function",
-        "name": tool["name"],
-        "description": tool.get("description"),
-        "parameters": tool.get("parameters"),
-        "strict": tool.get("strict", True),
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool.parameters,
+        "strict": tool.is_strict,
     }
-    if tool.get("namespace"):  # one of a namespace's tools, flattened
-        shown["namespace"] = tool["namespace"]
+    if tool.namespace:  # one of a namespace's tools, flattened
+        shown["namespace"] = tool.namespace
     return shown
 
 
-def _reasoning(given: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not given:
+def _reasoning(given: Reasoning | None) -> dict[str, Any] | None:
+    if given is None or given == Reasoning():
         return None
-    return {"effort": given.get("effort"), "summary": given.get("summary")}
+    return {"effort": given.effort, "summary": given.summary}
 
 
-def render_tool_choice(choice: Any) -> Any:
+def render_tool_choice(choice: ToolChoice | None) -> Any:
     if choice is None:
         return "auto"
-    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        return {"mode": "auto", **choice}
-    return choice
+    if isinstance(choice, str):
+        return choice
+    if isinstance(choice, AllowedTools):
+        return {"mode": "auto", **plain(choice)}
+    return plain(choice)
 
 
-def render_text(text: dict[str, Any] | None) -> dict[str, Any]:
+def render_text(text: TextConfig | None) -> dict[str, Any]:
     """``text`` as asked, ``{"format": {"type": "text"}}`` by default."""
-    shown = dict(text or {})
+    shown = plain(text) if text is not None else {}
     shown["format"] = shown.get("format") or {"type": "text"}
     return shown
 
@@ -158,7 +130,7 @@ def render_response(
     the LMSP extensions ``model_digest``, ``task`` and ``truncated_input`` (``null``, or
     the oldest input items ``truncation: "auto"`` dropped: ``{"items": n, "first":
     {"id", "type", "role"}, "last": {…}}``)."""
-    request: dict[str, Any] = json.loads(response["request"])
+    request = stored.loads(response["request"])
     status = Status(task["status"])
     incomplete = response["incomplete_reason"]
     shown = response_status(status, incomplete=bool(incomplete))
@@ -171,54 +143,59 @@ def render_response(
         "status": shown,
         "incomplete_details": {"reason": incomplete} if incomplete else None,
         "model": response["model"],
-        "previous_response_id": request.get("previous_response_id"),
-        "instructions": request.get("instructions"),
+        "previous_response_id": request.previous_response_id,
+        "instructions": request.instructions,
         "output": output,
         "error": task_error(task),
-        "tools": [render_tool(tool) for tool in request.get("tools") or []],
-        "tool_choice": render_tool_choice(request.get("tool_choice")),
-        "truncation": request.get("truncation") or "disabled",
-        "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "text": render_text(request.get("text")),
-        "top_p": _number(request.get("top_p"), DEFAULT_TOP_P),
-        "presence_penalty": _number(request.get("presence_penalty"), 0.0),
-        "frequency_penalty": _number(request.get("frequency_penalty"), 0.0),
-        "top_logprobs": int(request.get("top_logprobs") or 0),
-        "temperature": _number(request.get("temperature"), DEFAULT_TEMPERATURE),
+        "tools": [render_tool(tool) for tool in request.tools or ()],
+        "tool_choice": render_tool_choice(request.tool_choice),
+        "truncation": request.truncation or "disabled",
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "text": render_text(request.text),
+        "top_p": _number(request.top_p, DEFAULT_TOP_P),
+        "presence_penalty": _number(request.presence_penalty, 0.0),
+        "frequency_penalty": _number(request.frequency_penalty, 0.0),
+        "top_logprobs": int(request.top_logprobs or 0),
+        "temperature": _number(request.temperature, DEFAULT_TEMPERATURE),
         # LMSP extensions: the other sampling numbers the task runs with
-        "top_k": int(request.get("top_k") or 0),
-        "min_p": _number(request.get("min_p"), 0.0),
-        "repeat_penalty": _number(request.get("repeat_penalty"), 1.0),
+        "top_k": int(request.top_k or 0),
+        "min_p": _number(request.min_p, 0.0),
+        "repeat_penalty": _number(request.repeat_penalty, 1.0),
         # as asked: the models here do no reasoning, so no item and no summary come of it
-        "reasoning": _reasoning(request.get("reasoning")),
-        "user": request.get("user"),
+        "reasoning": _reasoning(request.reasoning),
+        "user": request.user,
         "usage": render_usage(load_json(response["usage"])),
-        "max_output_tokens": request.get("max_output_tokens"),
-        "max_tool_calls": request.get("max_tool_calls"),
+        "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
         "store": bool(response["store"]),
         "background": bool(response["background"]),
-        "service_tier": tier_used(request.get("service_tier")),
-        "metadata": request.get("metadata") or {},
-        "safety_identifier": request.get("safety_identifier"),
-        "prompt_cache_key": request.get("prompt_cache_key"),
+        "service_tier": tier_used(request.service_tier),
+        "metadata": request.metadata or {},
+        "safety_identifier": request.safety_identifier,
+        "prompt_cache_key": request.prompt_cache_key,
         "model_digest": response["model_digest"],
         "task": render_task_brief(task, queue_position),
         # LMSP extension: what ``truncation: "auto"`` left out of the model's context
-        "truncated_input": render_truncated(request.get(items.TRUNCATED)),
-        "conversation": request.get("conversation"),  # ``{"id"}`` of the one it joins
+        "truncated_input": render_truncated(request.truncated),
+        # ``{"id"}`` of the conversation it joins
+        "conversation": plain(request.conversation) if request.conversation else None,
     }
 
 
-def render_truncated(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+def render_truncated(recorded: Truncated | None) -> dict[str, Any] | None:
     """What ``truncation: "auto"`` left out: ``{"items": n, "first": {...}, "last":
     {...}}`` (a request stored with the whole ``dropped`` list, before, shown alike; the
     count ``kept`` is lmsp's own, for its runner)."""
-    if not recorded:
+    if recorded is None:
         return None
-    if "dropped" in recorded:
-        gone = recorded["dropped"]
-        return {"items": recorded["items"], "first": gone[0], "last": gone[-1]}
-    return {key: recorded[key] for key in ("items", "first", "last")}
+    first, last = recorded.first, recorded.last
+    if recorded.dropped:
+        first, last = recorded.dropped[0], recorded.dropped[-1]
+    return {"items": recorded.items, "first": _brief(first), "last": _brief(last)}
+
+
+def _brief(brief: Brief | None) -> dict[str, Any] | None:
+    return None if brief is None else {"id": brief.id, "type": brief.type, "role": brief.role}
 
 
 def render_task(task: Row, queue_position: int | None) -> dict[str, Any]:
@@ -239,14 +216,12 @@ def render_task(task: Row, queue_position: int | None) -> dict[str, Any]:
 
 
 def input_items_page(
-    request: dict[str, Any], order: str = "desc", after: str | None = None, limit: int = 20
+    request: PreparedRequest, order: str = "desc", after: str | None = None, limit: int = 20
 ) -> dict[str, Any]:
     """``GET /v1/responses/{id}/input_items``: the items the model was given (the
     conversation's earlier turns, then the request's input), ``order`` ``asc`` (oldest
     first) or ``desc``, the page after the item ``after``."""
-    listed = [
-        _as_given(item) for item in (*(request.get(items.HISTORY) or []), *items.input_of(request))
-    ]
+    listed = [_as_given(item) for item in plain_all((*(request.history or ()), *request.input))]
     if order == "desc":
         listed.reverse()
     start = 0

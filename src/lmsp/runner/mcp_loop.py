@@ -51,7 +51,16 @@ from lmsp.metrics import Metrics
 from lmsp.outbound import mcp_client
 from lmsp.protocol import items as input_items
 from lmsp.protocol import mcp
+from lmsp.protocol.itemtypes import (
+    McpApprovalRequest,
+    McpApprovalResponse,
+    McpCall,
+    McpListTools,
+    typed,
+)
 from lmsp.protocol.mcpcalls import McpAssembler
+from lmsp.protocol.request import PreparedRequest
+from lmsp.protocol.tools import mcp_tools
 from lmsp.runner import mcp_offer
 from lmsp.runner.attempt import Attempt, Stopped, TaskContext
 from lmsp.runner.plan import context_of, sampling_of
@@ -63,9 +72,9 @@ log = logging.getLogger(__name__)
 Item = dict[str, Any]
 
 
-def applies(request: dict[str, Any]) -> bool:
+def applies(request: PreparedRequest) -> bool:
     """Does this request run the MCP loop?"""
-    return bool(mcp.mcp_tools(request))
+    return bool(mcp_tools(request.tools))
 
 
 # -- metrics --------------------------------------------------------------------------------
@@ -101,14 +110,14 @@ class Turn:
 class Loop:
     task: TaskContext
     response: Row
-    request: dict[str, Any]
+    request: PreparedRequest
     model: LoadedModel
     grammars: GrammarBudget | None = None
     settings: config.Settings = field(default_factory=config.from_env)
     turn: Turn = field(default_factory=Turn)
 
     def __post_init__(self) -> None:
-        self.servers = {tool["server_label"]: tool for tool in mcp.mcp_tools(self.request)}
+        self.servers = {tool.server_label: tool for tool in mcp_tools(self.request.tools)}
         self.context = context_of(self.request)
         self.attempt = Attempt(
             self.task, self.model, sampling_of(self.request), McpAssembler(), marks=self._marks
@@ -127,17 +136,17 @@ class Loop:
         self.attempt.pending += batch
 
     # -- the tools ---------------------------------------------------------------------------
-    def _lists(self) -> dict[str, Item]:
+    def _lists(self) -> dict[str, McpListTools]:
         """The latest list of each server: this response's own, else the context's."""
-        found: dict[str, Item] = {}
-        for item in [*self.context, *self.asm.items]:
-            if item.get("type") == "mcp_list_tools" and item.get("server_label") in self.servers:
-                found[item["server_label"]] = item
+        found: dict[str, McpListTools] = {}
+        for item in [*self.context, *typed(self.asm.items)]:
+            if isinstance(item, McpListTools) and item.server_label in self.servers:
+                found[item.server_label] = item
         return found
 
     def _annotations(self, label: str, name: str) -> dict[str, Any] | None:
-        listed = self._lists().get(label) or {}
-        for tool in listed.get("tools") or []:
+        listed = self._lists().get(label)
+        for tool in listed.tools if listed is not None else ():
             if tool.get("name") == name:
                 annotations = tool.get("annotations")
                 return annotations if isinstance(annotations, dict) else None
@@ -153,7 +162,7 @@ class Loop:
         return self.grammars
 
     def _server(self, label: str) -> mcp_client.Server:
-        url = self.servers[label]["server_url"]
+        url = self.servers[label].server_url
         return mcp_client.Server(
             url,
             self.headers.get(label, {}),
@@ -305,20 +314,18 @@ class Loop:
         if its tool is offered to this response, its arguments match the tool's
         ``inputSchema`` and ``max_tool_calls`` is not reached; else its item fails,
         saying why, and nothing is sent."""
-        asked = {
-            item["id"]: item for item in self.context if item.get("type") == "mcp_approval_request"
-        }
+        asked = {item.id: item for item in self.context if isinstance(item, McpApprovalRequest)}
         done = {
-            item.get("approval_request_id")
-            for item in [*self.context, *self.asm.items]
-            if item.get("type") == "mcp_call"
+            item.approval_request_id
+            for item in [*self.context, *typed(self.asm.items)]
+            if isinstance(item, McpCall)
         }
-        for answer in input_items.input_of(self.request):
-            if answer.get("type") != "mcp_approval_response" or not answer["approve"]:
+        for answer in self.request.input:
+            if not isinstance(answer, McpApprovalResponse) or not answer.approve:
                 continue
-            request_id = answer["approval_request_id"]
+            request_id = answer.approval_request_id
             wanted = asked.get(request_id)
-            if wanted is None or request_id in done or wanted["server_label"] not in self.servers:
+            if wanted is None or request_id in done or wanted.server_label not in self.servers:
                 continue
             item = self.asm.approved(wanted)
             made = mcp_offer.calls_in(self.asm.items)
@@ -346,8 +353,8 @@ class Loop:
     def generate(self) -> str | None:
         """One turn (or the rest of it, resumed); ``"max_output_tokens"`` if the budget
         ran out."""
-        prior = [*self.context, *self.asm.items[: self.turn.items]]
-        messages = input_items.render(prior, self.request.get("instructions"))
+        prior = [*self.context, *typed(self.asm.items[: self.turn.items])]
+        messages = input_items.render(prior, self.request.instructions)
         tools = mcp_offer.turn_tools(self.request, self.asm.offered, self.calls_made())
         text_grammar, shown = mcp_offer.checked(self._budget(), tools.grammar), tools.shown
         self.asm.callable = tools.names  # what the grammar lets it call; the rest is text
@@ -365,8 +372,7 @@ class Loop:
             )
         if not done:
             self.attempt.input_tokens += len(prompt)
-        limit = self.request.get("max_output_tokens")
-        left = self.attempt.room(prompt, done, None if limit is None else int(limit))
+        left = self.attempt.room(prompt, done, self.request.max_output_tokens)
         return self.attempt.generate(prompt, done, text_grammar, left)
 
     # -- the whole task ----------------------------------------------------------------------
@@ -404,7 +410,7 @@ def run(
     task: TaskContext,
     conn: Conn,
     response: Row,
-    request: dict[str, Any],
+    request: PreparedRequest,
     model: LoadedModel,
     resumed: bool,
     grammars: GrammarBudget | None,

@@ -30,6 +30,9 @@ from lmsp.constraints import grammar
 from lmsp.constraints.budget import GrammarBudget
 from lmsp.engines.base import EngineError
 from lmsp.protocol import mcp
+from lmsp.protocol.itemtypes import McpApprovalRequest, McpListTools
+from lmsp.protocol.request import PreparedRequest
+from lmsp.protocol.tools import FunctionTool, McpChoice, McpTool
 from lmsp.runner.plan import callable_tools, offers_none, text_schema, tools_of
 
 log = logging.getLogger(__name__)
@@ -40,9 +43,9 @@ DEFAULT_MAX_CALLS = 16
 CALLS = ("mcp_call", "mcp_approval_request", "function_call")
 
 
-def call_limit(request: dict[str, Any]) -> int:
+def call_limit(request: PreparedRequest) -> int:
     """``max_tool_calls``: the most calls the whole loop makes."""
-    return int(request.get("max_tool_calls") or DEFAULT_MAX_CALLS)
+    return request.max_tool_calls or DEFAULT_MAX_CALLS
 
 
 def calls_in(items: Iterable[Item]) -> int:
@@ -52,20 +55,20 @@ def calls_in(items: Iterable[Item]) -> int:
 
 # -- the tools ----------------------------------------------------------------------------------
 def offer(
-    lists: dict[str, Item],
-    servers: dict[str, dict[str, Any]],
-    request: dict[str, Any],
+    lists: dict[str, McpListTools],
+    servers: dict[str, McpTool],
+    request: PreparedRequest,
     budget: GrammarBudget,
 ) -> dict[str, mcp.Offered]:
     """The MCP tools of ``lists`` (each server's latest list) the model may be offered,
     by the alias it calls them by."""
-    taken = {tool["name"] for tool in request.get("tools") or [] if "name" in tool}
+    taken = {tool.name for tool in request.tools or () if isinstance(tool, FunctionTool)}
     offered: dict[str, mcp.Offered] = {}
     for label, listed in lists.items():
-        if listed.get("error"):
+        if listed.error:  # (unset: falsy)
             continue
         definition = servers[label]
-        for tool in listed.get("tools") or []:
+        for tool in listed.tools:
             annotations = tool.get("annotations")
             annotations = annotations if isinstance(annotations, dict) else None
             if not mcp.allowed(definition, tool["name"], annotations):
@@ -129,33 +132,32 @@ class TurnTools:
 
 
 def callable_servers(
-    request: dict[str, Any], offered: dict[str, mcp.Offered], made: int
+    request: PreparedRequest, offered: dict[str, mcp.Offered], made: int
 ) -> list[mcp.Offered]:
     """The MCP tools ``tool_choice`` lets the model call after ``made`` calls."""
-    choice = request.get("tool_choice")
+    choice = request.tool_choice
     tools = list(offered.values())
     if choice in (None, "auto", "required"):
         return tools
-    if isinstance(choice, dict) and choice.get("type") == mcp.MCP:
+    if isinstance(choice, McpChoice):
         if made > 0:
             return tools  # the forced call was the first; later turns are auto
         return [
             t
             for t in tools
-            if t.server_label == choice["server_label"] and choice.get("name") in (None, t.name)
+            if t.server_label == choice.server_label and choice.name in (None, t.name)
         ]
     return []  # a named function or allowed_tools: functions only
 
 
-def turn_tools(request: dict[str, Any], offered: dict[str, mcp.Offered], made: int) -> TurnTools:
+def turn_tools(request: PreparedRequest, offered: dict[str, mcp.Offered], made: int) -> TurnTools:
     """What a turn after ``made`` calls offers (see the module docstring)."""
     schema = text_schema(request)
     if offers_none(request):
         return TurnTools(None if schema is None else grammar.json_grammar(schema), [], frozenset())
-    choice = request.get("tool_choice")
     functions, required = callable_tools(request)
     servers = callable_servers(request, offered, made)
-    if isinstance(choice, dict) and choice.get("type") == mcp.MCP:
+    if isinstance(request.tool_choice, McpChoice):
         if made == 0:
             functions, required = [], bool(servers)
         else:
@@ -176,10 +178,10 @@ def turn_tools(request: dict[str, Any], offered: dict[str, mcp.Offered], made: i
 
 # -- approved calls -----------------------------------------------------------------------------
 def refusal(
-    request: dict[str, Any],
+    request: PreparedRequest,
     offered: dict[str, mcp.Offered],
     made: int,
-    wanted: Item,
+    wanted: McpApprovalRequest,
     budget: GrammarBudget,
 ) -> str | None:
     """Why the approved call ``wanted`` (its approval request) may not run after
@@ -187,12 +189,12 @@ def refusal(
     limit = call_limit(request)
     if made >= limit:
         return f"max_tool_calls ({limit}) calls were made"
-    label, name = wanted["server_label"], wanted["name"]
+    label, name = wanted.server_label, wanted.name
     tool = next((t for t in offered.values() if (t.server_label, t.name) == (label, name)), None)
     if tool is None:
         return f"the tool {name!r} of {label!r} is not offered to this response"
     try:
-        arguments = json.loads(wanted["arguments"] or "{}")
+        arguments = json.loads(wanted.arguments or "{}")
     except ValueError:
         arguments = None
     if not isinstance(arguments, dict) or not budget.accepts_now(

@@ -44,6 +44,7 @@ from lmsp.engines.host import ModelHost
 from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
 from lmsp.outbound.pull import Downloader
+from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import Status
 from lmsp.runner import durable, mcp_loop, relax, revocation
 from lmsp.runner.attempt import Attempt, Job, TaskContext
@@ -456,7 +457,7 @@ class Runner:
 
 
 def respond(
-    task: TaskContext, conn: Conn, request: dict[str, Any], model: LoadedModel, resumed: bool
+    task: TaskContext, conn: Conn, request: PreparedRequest, model: LoadedModel, resumed: bool
 ) -> None:
     """A plain response: one attempt of one turn, as its plan says (a resumed task goes
     on from its snapshot)."""
@@ -487,7 +488,7 @@ def respond(
         return attempt.generate(prompt, tokens, plan.grammar, left)
 
     # keywords the grammar could not enforce are checked in the output
-    attempt.conclude(turn, check=lambda output: relax.check_calls(output, plan.tools))
+    attempt.conclude(turn, check=lambda output: relax.check_calls(output, plan.functions))
 
 
 def log_outcome(db: Database, task_id: str) -> None:

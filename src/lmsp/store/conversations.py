@@ -3,8 +3,9 @@
 A conversation is a row owned by the client that made it, and its items, in the order
 they were added (``seq``, one sequence for all conversations). A response created with
 ``conversation`` is bound to it (``responses.conversation_id``) and remembers the last
-item it saw (:data:`UPTO`, in its stored request): its context is the conversation's
-items up to that one, then its own input. When the response finishes, its input items
+item it saw (``lmsp_conversation_upto`` in its stored request,
+:attr:`~lmsp.protocol.request.PreparedRequest.conversation_upto`): its context is the
+conversation's items up to that one, then its own input. When the response finishes, its input items
 and its output items are appended in the same transaction as its terminal state
 (:func:`on_finished`, called from :func:`lmsp.store.tasks.move`), so a crash never
 leaves half a turn. As OpenAI's API does, only a response that completed (or ended
@@ -23,19 +24,20 @@ items it added in place.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.protocol import items, objects
+from lmsp.protocol import request as stored_request
+from lmsp.protocol.itemtypes import InputItem, loads_one, plain_all
+from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import Status
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, Row, clock_now
 
-#: a stored request's key for the ``seq`` of the last conversation item its context holds
-UPTO = "lmsp_conversation_upto"
 #: the most items one create (or one ``POST …/items``) may add, as OpenAI allows
 MAX_ADD = 20
 #: a page of ``GET …/items`` ends early (``has_more``) once it holds this many stored bytes
@@ -99,6 +101,11 @@ def _room(conn: Conn, head: Row, count: int, size: int, quota: Quota, param: str
                 " (LMSP_CLIENT_CONVERSATION_BYTES)." + advice,
                 param,
             )
+
+
+def _size(adding: Sequence[InputItem]) -> int:
+    """The stored bytes of items about to be added."""
+    return sum(_stored(item)[1] for item in plain_all(adding))
 
 
 def _stored(item: Item) -> tuple[str, int]:
@@ -304,18 +311,9 @@ class Turn:
     items, oldest first, and their stored bytes. ``older``, when set, counts what comes
     before it without reading it: how many items, and the oldest one."""
 
-    items: list[Item]
+    items: list[InputItem]
     size: int
-    older: Callable[[], tuple[int, Item | None]] | None = None
-
-
-def turn_of(request: dict[str, Any]) -> tuple[str, int] | None:
-    """The conversation a stored request is a turn of and the ``seq`` of the last item
-    its context holds (``None``: it was not made with ``conversation``)."""
-    conversation = request.get("conversation")
-    if not isinstance(conversation, dict) or UPTO not in request:
-        return None
-    return str(conversation["id"]), int(request[UPTO])
+    older: Callable[[], tuple[int, InputItem | None]] | None = None
 
 
 def newest_first(conn: Conn, conversation_id: str, upto: int) -> Iterator[Turn]:
@@ -334,7 +332,7 @@ def newest_first(conn: Conn, conversation_id: str, upto: int) -> Iterator[Turn]:
         if not rows:
             return
         below = int(rows[-1][0])
-        found = [json.loads(row[1]) for row in reversed(rows)]
+        found = [loads_one(row[1]) for row in reversed(rows)]
         last = len(rows) < size
         older = None if last else _counter(conn, conversation_id, below)
         yield Turn(found, sum(len(row[1]) for row in rows), older)
@@ -343,8 +341,10 @@ def newest_first(conn: Conn, conversation_id: str, upto: int) -> Iterator[Turn]:
         size = min(2 * size, LAST_PAGE)
 
 
-def _counter(conn: Conn, conversation_id: str, below: int) -> Callable[[], tuple[int, Item | None]]:
-    def count() -> tuple[int, Item | None]:
+def _counter(
+    conn: Conn, conversation_id: str, below: int
+) -> Callable[[], tuple[int, InputItem | None]]:
+    def count() -> tuple[int, InputItem | None]:
         """How many items come before ``below``, and the oldest (read alone)."""
         found = conn.execute(
             "SELECT COUNT(*), MIN(seq) FROM conversation_items"
@@ -356,15 +356,15 @@ def _counter(conn: Conn, conversation_id: str, below: int) -> Callable[[], tuple
         oldest = conn.execute(
             "SELECT item FROM conversation_items WHERE seq = ?", (found[1],)
         ).fetchone()
-        return int(found[0]), json.loads(oldest[0]) if oldest else None
+        return int(found[0]), loads_one(oldest[0]) if oldest else None
 
     return count
 
 
-def newest(conn: Conn, request: dict[str, Any], count: int) -> list[Item]:
+def newest(conn: Conn, request: PreparedRequest, count: int) -> list[InputItem]:
     """The ``count`` newest items of a turn's conversation context, oldest first: all a
     runner reads of a conversation ``truncation: "auto"`` cut short."""
-    turn = turn_of(request)
+    turn = request.turn
     if turn is None or count <= 0:
         return []
     rows = conn.execute(
@@ -372,34 +372,34 @@ def newest(conn: Conn, request: dict[str, Any], count: int) -> list[Item]:
         " ORDER BY seq DESC LIMIT ?",
         (*turn, count),
     ).fetchall()
-    return [json.loads(row[0]) for row in reversed(rows)]
+    return [loads_one(row[0]) for row in reversed(rows)]
 
 
-def history(conn: Conn, request: dict[str, Any]) -> list[Item] | None:
+def history(conn: Conn, request: PreparedRequest) -> list[InputItem] | None:
     """The conversation items a stored request's context starts with (``None``: it was
     not made with ``conversation``). Items deleted since are left out; a conversation
     deleted since gives none. Whole: for a turn whose context held them all."""
-    turn = turn_of(request)
+    turn = request.turn
     if turn is None:
         return None
     rows = conn.execute(
         "SELECT item FROM conversation_items WHERE conversation_id = ? AND seq <= ? ORDER BY seq",
         turn,
     ).fetchall()
-    return [json.loads(row[0]) for row in rows]
+    return [loads_one(row[0]) for row in rows]
 
 
 def input_page(
-    conn: Conn, request: dict[str, Any], order: str, after: str | None, limit: int
+    conn: Conn, request: PreparedRequest, order: str, after: str | None, limit: int
 ) -> dict[str, Any]:
     """``GET /v1/responses/{id}/input_items`` of a turn: its conversation's items up to
     the last its context held (those deleted since left out), then its own input, as a
     page read from the database alone, never the whole conversation."""
-    turn = turn_of(request)
+    turn = request.turn
     assert turn is not None
     conversation_id, upto = turn
     asc = order == "asc"
-    own = [shown(item) for item in items.input_of(request)]
+    own = [shown(item) for item in plain_all(request.input)]
     if not asc:
         own.reverse()
     ids = [item.get("id") for item in own]
@@ -447,13 +447,13 @@ def input_page(
 
 
 def start(
-    conn: Conn, conversation_id: str, client: Client, quota: Quota, adding: list[Item]
+    conn: Conn, conversation_id: str, client: Client, quota: Quota, adding: Sequence[InputItem]
 ) -> int:
     """A new turn: the ``seq`` of the conversation's last item, the end of its context
     (``404`` naming ``conversation`` unless ``client`` owns it; ``409`` if its input,
     ``adding``, would pass a quota). Reads no item."""
     row = owned(conn, conversation_id, client, param="conversation")
-    _room(conn, row, len(adding), sum(_stored(i)[1] for i in adding), quota, "conversation")
+    _room(conn, row, len(adding), _size(adding), quota, "conversation")
     last = conn.execute(
         "SELECT MAX(seq) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
     ).fetchone()[0]
@@ -466,7 +466,7 @@ def bind(
     conversation_id: str,
     client: Client,
     quota: Quota,
-    adding: list[Item],
+    adding: Sequence[InputItem],
 ) -> None:
     """A response made with ``conversation``: its turn goes there when it finishes
     (``404`` if the conversation was deleted since the request was read, ``409`` if its
@@ -480,7 +480,7 @@ def bind(
     ).fetchone()
     if head is None:  # swept meanwhile on another node
         raise not_found(conversation_id, "conversation")
-    _room(conn, head, len(adding), sum(_stored(i)[1] for i in adding), quota, "conversation")
+    _room(conn, head, len(adding), _size(adding), quota, "conversation")
     conn.execute(
         "UPDATE responses SET conversation_id = ? WHERE id = ?", (conversation_id, response_id)
     )
@@ -499,6 +499,6 @@ def on_finished(conn: Conn, task: Row, target: Status) -> None:
     ).fetchone()
     if row is None:  # no conversation, or it was deleted meanwhile
         return
-    request = json.loads(row["request"])
+    request = stored_request.loads(row["request"])
     output = json.loads(row["output"]) if row["output"] else []
-    append(conn, row["conversation_id"], [*items.input_of(request), *output], row["id"])
+    append(conn, row["conversation_id"], [*plain_all(request.input), *output], row["id"])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsp.ids import now as _now
+from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import UNFINISHED_SQL, Status
 from lmsp.store import events, idempotency, models
 from lmsp.store import responses as response_store
@@ -125,13 +126,13 @@ def create(
     if running is not None:
         created = response_store.Created(running["response_id"], running["id"], 202, True)
         return created, True
-    request: dict[str, Any] = {
-        "model": model_id,
-        "input": [],
-        "background": True,
-        "on_restart": "resume",
-        "metadata": {"lmsp_pull": ref},
-    }
+    request = PreparedRequest(
+        model=model_id,
+        input=(),
+        background=True,
+        on_restart="resume",
+        metadata={"lmsp_pull": ref},
+    )
     created = response_store.create(
         conn,
         client_id=client_id,

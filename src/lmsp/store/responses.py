@@ -11,16 +11,21 @@ response can no longer be run or continued (``history_deleted``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
-from lmsp.protocol import items, objects
+from lmsp.protocol import itemtypes, objects
+from lmsp.protocol.itemtypes import InputItem, Items
+from lmsp.protocol.request import PreparedRequest
+from lmsp.protocol.request import dumps as dump_request
+from lmsp.protocol.request import loads as load_request
 from lmsp.protocol.states import FINISHED_SQL, Status
 from lmsp.store import conversations, events, idempotency, limits
 from lmsp.store import tasks as task_store
@@ -42,7 +47,7 @@ def create(
     conn: Conn,
     *,
     client_id: str,
-    request: dict[str, Any],
+    request: PreparedRequest,
     on_restart: str,
     max_queue: int,
     key: idempotency.Key | None,
@@ -53,7 +58,7 @@ def create(
     makes two tasks. Raises ``queue_full`` when the queue is full, ``idempotency_key_reused``
     on a reused key, ``idempotency_key_spent`` when the key's response is gone.
     """
-    background = bool(request.get("background"))
+    background = bool(request.background)
     status_code = 202 if background else 200
     if key is not None:
         stored = idempotency.lookup(conn, key)
@@ -84,7 +89,6 @@ def create(
     stamp = _now()
     response_id = new_id("resp")
     task_id = new_id("task")
-    kept = {k: v for k, v in request.items() if k != items.HISTORY}  # history by reference
     # the rows as stored (RETURNING): the first events render them with no reads back
     response = conn.execute(
         "INSERT INTO responses (id, client_id, model, created_at, request, background, store,"
@@ -92,12 +96,12 @@ def create(
         (
             response_id,
             client_id,
-            request["model"],
+            request.model,
             stamp,
-            json.dumps(kept, separators=(",", ":")),
+            dump_request(request),  # its history by reference (``previous_id``)
             int(background),
-            int(request.get("store", True)),
-            request.get("previous_response_id"),
+            int(request.store is not False),
+            request.previous_response_id,
         ),
     ).fetchone()
     task = conn.execute(
@@ -117,8 +121,8 @@ def create(
     return Created(response_id, task_id, status_code, replayed=False, response=obj)
 
 
-def tier_of(request: dict[str, Any]) -> int:
-    tier = str(request.get("service_tier") or "default")
+def tier_of(request: PreparedRequest) -> int:
+    tier = request.service_tier or "default"
     return task_store.TIERS.get(tier, task_store.DEFAULT_TIER)
 
 
@@ -139,7 +143,7 @@ def delete(conn: Conn, response_id: str, client_id: str) -> str:
     return "deleted" if cur.rowcount == 1 else "conflict"
 
 
-def conversation(conn: Conn, previous_id: str, client_id: str) -> list[dict[str, Any]]:
+def conversation(conn: Conn, previous_id: str, client_id: str) -> list[InputItem]:
     """The context a response continuing ``previous_id`` starts from: that response's
     own context (its history and input) and then its output. Only the caller's stored,
     finished responses can be continued: ``404 not_found`` for anything else (another
@@ -211,12 +215,12 @@ def history_deleted(gone: str) -> LmspError:
     )
 
 
-def context_of(conn: Conn, response_id: str) -> list[dict[str, Any]]:
+def context_of(conn: Conn, response_id: str) -> list[InputItem]:
     """Everything of a stored response a later turn sees: its history, its input and
     its output (``history_deleted`` if a response of its history is gone)."""
-    out: list[dict[str, Any]] = []
+    out: list[InputItem] = []
     for row in _chain(conn, response_id, ids_only=False):
-        seen, started = _seen(conn, json.loads(row["request"]), row["output"])
+        seen, started = _seen(conn, load_request(row["request"]), row["output"])
         if started:
             out = seen
         else:
@@ -238,69 +242,72 @@ def newest_first(conn: Conn, response_id: str) -> Iterator[Turn]:
         ).fetchone()
         if row is None:  # deleted while it was read
             raise history_deleted(link["id"])
-        request = json.loads(row["request"])
+        request = load_request(row["request"])
         size = len(row["request"]) + len(row["output"] or "")
-        started = conversations.turn_of(request)
-        if items.HISTORY in request or started is None:
+        started = request.turn
+        if request.history is not None or started is None:
             seen, whole = _seen(conn, request, row["output"])
             yield Turn(seen, size)
             if whole:  # its own history is all that came before it
                 return
             continue
-        yield Turn([*items.input_of(request), *_output(row["output"])], size)
+        yield Turn([*request.input, *_output(row["output"])], size)
         yield from conversations.newest_first(conn, *started)
         return
 
 
-def _seen(conn: Conn, request: dict[str, Any], output: str | None) -> tuple[list[Any], bool]:
+def _seen(conn: Conn, request: PreparedRequest, output: str | None) -> tuple[list[InputItem], bool]:
     """The items a later turn sees of one stored response, and whether they start with
     a history of its own (then what came before it is in there already)."""
     started = True
-    if items.HISTORY in request:  # stored before history was kept by reference
-        seen = list(request[items.HISTORY])
+    seen: list[InputItem]
+    if request.history is not None:  # stored before history was kept by reference
+        seen = list(request.history)
     elif (found := conversations.history(conn, request)) is not None:
         seen = found  # a turn of a conversation (``conversation``)
     else:
         seen, started = [], False
-    seen.extend(items.input_of(request))
+    seen.extend(request.input)
     seen.extend(_output(output))
     return seen, started
 
 
-def _output(output: str | None) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = json.loads(output) if output else []
-    return found
+def _output(output: str | None) -> Items:
+    return itemtypes.loads(output) if output else ()
 
 
-def request_of(conn: Conn, response: Row) -> dict[str, Any]:
+def request_of(conn: Conn, response: Row) -> PreparedRequest:
     """A stored response's request with its history expanded (what the model is
-    given): the runner's one read of a task's request. ``history_deleted`` (an
-    :class:`LmspError`) if a response of its history was deleted meanwhile."""
-    request: dict[str, Any] = json.loads(response["request"])
-    if items.HISTORY not in request and response["previous_id"] is not None:
-        request[items.HISTORY] = context_of(conn, response["previous_id"])
-    elif items.HISTORY not in request:  # a turn of a conversation: its items so far
-        started = conversations.history(conn, request)
-        if started is not None:
-            request[items.HISTORY] = started
-    return request
+    given). ``history_deleted`` (an :class:`LmspError`) if a response of its history was
+    deleted meanwhile."""
+    request = load_request(response["request"])
+    if request.history is not None:  # stored inline (an earlier version)
+        return request
+    history: list[InputItem] | None = None
+    if response["previous_id"] is not None:
+        history = context_of(conn, response["previous_id"])
+    else:  # a turn of a conversation: its items so far
+        history = conversations.history(conn, request)
+    if history is None:
+        return request
+    return msgspec.structs.replace(request, history=tuple(history))
 
 
-def given_request(conn: Conn, response: Row) -> dict[str, Any]:
+def given_request(conn: Conn, response: Row) -> PreparedRequest:
     """:func:`request_of`, with only as much of the history as the model is given: a
     turn ``truncation: "auto"`` cut short (its record says how many items it ``kept``)
     reads its history newest first until it holds those, never the older ones it left
     out. The runner's one read of a task's request."""
-    request: dict[str, Any] = json.loads(response["request"])
-    kept = (request.get(items.TRUNCATED) or {}).get("kept")
+    request = load_request(response["request"])
+    kept = request.truncated.kept if request.truncated is not None else None
     previous = response["previous_id"]
-    if kept is None or items.HISTORY in request:
+    if kept is None or request.history is not None:
         return request_of(conn, response)
-    wanted = int(kept) - len(items.input_of(request))
+    wanted = kept - len(request.input)
     if previous is None:  # a turn of a conversation (else it has no history to cut)
-        request[items.HISTORY] = conversations.newest(conn, request, wanted)
-        return request
-    newest: list[list[dict[str, Any]]] = []
+        newest_items = conversations.newest(conn, request, wanted)
+        return msgspec.structs.replace(request, history=tuple(newest_items))
+    newest: list[list[InputItem]] = []
     held = 0
     if wanted <= 0:  # none of it: still, the whole history must be there
         _chain(conn, previous, ids_only=True)
@@ -310,8 +317,8 @@ def given_request(conn: Conn, response: Row) -> dict[str, Any]:
             held += len(turn.items)
             if held >= wanted:
                 break
-    request[items.HISTORY] = [item for seen in reversed(newest) for item in seen]
-    return request
+    history = tuple(item for seen in reversed(newest) for item in seen)
+    return msgspec.structs.replace(request, history=history)
 
 
 def input_items(
@@ -319,7 +326,7 @@ def input_items(
 ) -> dict[str, Any]:
     """``GET /v1/responses/{id}/input_items``: a page of the items its model was given;
     a turn of a conversation's page is read alone, never the whole conversation."""
-    request: dict[str, Any] = json.loads(response["request"])
-    if items.HISTORY not in request and conversations.turn_of(request) is not None:
+    request = load_request(response["request"])
+    if request.history is None and request.turn is not None:
         return conversations.input_page(conn, request, order, after, limit)
     return objects.input_items_page(request_of(conn, response), order, after, limit)

@@ -19,11 +19,14 @@ from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.errors import body as error_body
 from lmsp.api.revocation import until_revoked
-from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
-from lmsp.api.schemas import ChatCompletionCreate, check_chat
+from lmsp.api.routes.deps import answered, idempotency_key, service, translated_request
+from lmsp.api.schemas import ChatCompletionCreate, ReadTools, check_chat
 from lmsp.api.sse import event_response, sse, task_events
-from lmsp.app import toolcheck, tooldefs
+from lmsp.app import toolcheck
 from lmsp.protocol import chat, items
+from lmsp.protocol.itemtypes import Items, typed
+from lmsp.protocol.request import CreateRequest
+from lmsp.protocol.tools import typed_choice, typed_tools
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
@@ -41,22 +44,24 @@ def _translated(body: ChatCompletionCreate) -> chat.Translated:
         raise errors.LmspError(exc.code, exc.message, param=exc.param) from exc
 
 
-def _input_items(body: ChatCompletionCreate) -> list[dict[str, Any]]:
+def _input_items(body: ChatCompletionCreate, translated: chat.Translated) -> Items:
     """``messages`` as input items, each one checked as ``/v1/responses`` checks it."""
-    translated = _translated(body)
-    return [
+    return typed(
         items.normalize_item(item, f"messages.{origin}")
         for item, origin in zip(translated.items, translated.origin, strict=True)
-    ]
+    )
 
 
-def item_names(body: ChatCompletionCreate) -> list[str]:
+def item_names(translated: chat.Translated) -> list[str]:
     """How errors name each input item: by the message it came from."""
-    return [f"messages.{origin}" for origin in _translated(body).origin]
+    return [f"messages.{origin}" for origin in translated.origin]
 
 
-def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any]:
-    """The response request a chat completion is stored as."""
+def create_request(
+    body: ChatCompletionCreate, read: ReadTools, translated: chat.Translated, on_restart: str
+) -> CreateRequest:
+    """The Responses create a chat completion is, parsed once (``read``: its tools and
+    ``tool_choice`` as :func:`check_chat` read them)."""
     stop = body.stop
     given_format = (
         body.response_format.model_dump(exclude_none=True) if body.response_format else None
@@ -64,7 +69,6 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
     fmt = toolcheck.chat_format(given_format)
     given: dict[str, Any] = {
         "model": body.model,
-        "input": _input_items(body),
         "max_output_tokens": body.max_completion_tokens or body.max_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -73,8 +77,6 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
         "top_logprobs": body.top_logprobs,
         "stop": [stop] if isinstance(stop, str) else stop,
         "parallel_tool_calls": body.parallel_tool_calls,
-        "tools": tooldefs.read_tools(body.tools, tooldefs.CHAT) or None,
-        "tool_choice": tooldefs.read_choice(body.tool_choice, tooldefs.CHAT),
         "text": {"format": fmt} if fmt else None,
         "metadata": body.metadata,
         "user": body.user,
@@ -85,7 +87,15 @@ def stored_request(body: ChatCompletionCreate, on_restart: str) -> dict[str, Any
         "background": False,
         "store": body.store is not False,
     }
-    return stored_task_request(given, body.seed, body.on_restart, on_restart)
+    return translated_request(
+        given,
+        body.seed,
+        body.on_restart,
+        on_restart,
+        input=_input_items(body, translated),
+        tools=typed_tools(read.tools) if read.tools else None,
+        tool_choice=typed_choice(read.choice),
+    )
 
 
 def _error(payload: dict[str, Any]) -> dict[str, Any]:
@@ -98,15 +108,16 @@ async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, client: Writer
 ) -> Response:
     svc = service(request)
-    check_chat(body)
-    stored = stored_request(body, svc.settings.default_on_restart)
+    read = check_chat(body)
+    translated = _translated(body)
+    given = create_request(body, read, translated, svc.settings.default_on_restart)
     key = await idempotency_key(request, client)
     created = await svc.create(
         client,
-        stored,
+        given,
         key,
         input_param="messages",
-        item_names=item_names(body),
+        item_names=item_names(translated),
         param=toolcheck.chat_param,
     )
     headers = dict(REPLAYED) if created.replayed else {}

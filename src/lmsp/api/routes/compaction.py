@@ -13,7 +13,7 @@ from lmsp import errors
 from lmsp.api import leaving
 from lmsp.api.auth import require
 from lmsp.api.routes.deps import service
-from lmsp.api.routes.responses import stored_request
+from lmsp.api.routes.responses import create_request
 from lmsp.api.schemas import (
     MAX_INPUT_ITEMS,
     Body,
@@ -81,7 +81,7 @@ async def count_input_tokens(
     ``previous_response_id`` or the items of ``conversation``, then the input, with
     the model's own tokenizer and chat template (after ``truncation: "auto"``, as a
     create would run it)."""
-    check_response(body)
+    read = check_response(body)
     if body.context_management is not None:
         raise unsupported(
             "context_management",
@@ -90,10 +90,9 @@ async def count_input_tokens(
         )
     turn = turns.read(body.conversation, None, body.previous_response_id)
     svc = service(request)
-    stored = stored_request(body, svc.settings.default_on_restart)
-    turns.store(turn, stored)
-    record = await svc.prepare(client, stored)
-    size = await svc.read(svc.fit, record, stored)
+    given = create_request(body, read, turn, svc.settings.default_on_restart)
+    prepared, record = await svc.prepare(client, given)
+    size = await svc.read(svc.fit, record, prepared)
     if size is None:
         raise errors.LmspError(
             "model_load_failed",

@@ -20,10 +20,11 @@ from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.errors import body as error_body
 from lmsp.api.revocation import until_revoked
-from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
+from lmsp.api.routes.deps import answered, idempotency_key, service, translated_request
 from lmsp.api.schemas import COMPLETION_MAX_TOKENS, CompletionCreate, check_completion
 from lmsp.api.sse import event_response, sse, task_events
 from lmsp.protocol import chat, completions
+from lmsp.protocol.request import CreateRequest
 from lmsp.store.clients import Client
 
 router = APIRouter(prefix="/v1", tags=["completions"])
@@ -32,12 +33,12 @@ Writer = Annotated[Client, Depends(require("responses:write"))]
 REPLAYED = {"Idempotent-Replayed": "true"}
 
 
-def stored_request(body: CompletionCreate, prompt: str, on_restart: str) -> dict[str, Any]:
-    """The response request a completion is stored as."""
+def create_request(body: CompletionCreate, prompt: str, on_restart: str) -> CreateRequest:
+    """The Responses create a completion is: its prompt as the one input item, read raw."""
     stop = body.stop
     given: dict[str, Any] = {
         "model": body.model,
-        "input": prompt,
+        "given": prompt,
         completions.RAW: True,
         "max_output_tokens": body.max_tokens or COMPLETION_MAX_TOKENS,
         "temperature": body.temperature,
@@ -53,7 +54,7 @@ def stored_request(body: CompletionCreate, prompt: str, on_restart: str) -> dict
         "background": False,
         "store": True,
     }
-    return stored_task_request(given, body.seed, body.on_restart, on_restart)
+    return translated_request(given, body.seed, body.on_restart, on_restart)
 
 
 @router.post("/completions")
@@ -61,9 +62,9 @@ async def create_completion(body: CompletionCreate, request: Request, client: Wr
     """A legacy text completion: the prompt as raw text in, the text that follows out."""
     svc = service(request)
     prompt = check_completion(body)
-    stored = stored_request(body, prompt, svc.settings.default_on_restart)
+    given = create_request(body, prompt, svc.settings.default_on_restart)
     key = await idempotency_key(request, client)
-    created = await svc.create(client, stored, key, input_param="prompt")
+    created = await svc.create(client, given, key, input_param="prompt")
     headers = dict(REPLAYED) if created.replayed else {}
     if body.stream:
         return _stream(request, created.task_id, body, headers, client)

@@ -6,11 +6,13 @@ import json
 import secrets
 from typing import Any
 
+import msgspec
 from fastapi import Request
 
 from lmsp import errors
 from lmsp.api import leaving
 from lmsp.app.service import Service
+from lmsp.protocol.request import CreateRequest
 from lmsp.store import idempotency
 from lmsp.store.clients import Client
 
@@ -84,13 +86,19 @@ async def idempotency_key(request: Request, client: Client) -> idempotency.Key |
     return idempotency.Key(client.id, raw_key, digest, service(request).settings.idempotency_ttl)
 
 
-def stored_task_request(
-    given: dict[str, Any], seed: int | None, on_restart: str | None, default_on_restart: str
-) -> dict[str, Any]:
-    """The response request a dialect's body is stored as: the fields it gave (``None``
-    dropped), a seed drawn now when it gave none (so a retried or resumed task samples
-    the same way), and its ``on_restart`` policy or the service's."""
-    stored = {name: value for name, value in given.items() if value is not None}
-    stored["seed"] = seed if seed is not None else secrets.randbits(31)
-    stored["on_restart"] = on_restart or default_on_restart
-    return stored
+def translated_request(
+    given: dict[str, Any],
+    seed: int | None,
+    on_restart: str | None,
+    default_on_restart: str,
+    **typed_fields: Any,
+) -> CreateRequest:
+    """The Responses create a dialect's body is: the fields it gave (``None`` dropped),
+    a seed drawn now when it gave none (so a retried or resumed task samples the same
+    way), and its ``on_restart`` policy or the service's; ``typed_fields``: the ones
+    already typed (its checked input items, its tools)."""
+    fields = {name: value for name, value in given.items() if value is not None}
+    fields["seed"] = seed if seed is not None else secrets.randbits(31)
+    fields["on_restart"] = on_restart or default_on_restart
+    create = msgspec.convert(fields, CreateRequest)
+    return msgspec.structs.replace(create, **typed_fields)

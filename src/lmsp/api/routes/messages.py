@@ -10,10 +10,9 @@ Anthropic's envelope (:mod:`lmsp.api.errors`); a token may come in ``x-api-key``
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -24,15 +23,18 @@ from lmsp.api import inputs
 from lmsp.api.auth import require
 from lmsp.api.message_schemas import CountTokens, MessageCreate, check_message
 from lmsp.api.revocation import until_revoked
-from lmsp.api.routes.deps import answered, idempotency_key, service, stored_task_request
+from lmsp.api.routes.deps import answered, idempotency_key, service, translated_request
 from lmsp.api.sse import MessagesPing, event_response, sse, task_events
 from lmsp.app import toolcheck
 from lmsp.app.service import Service
 from lmsp.protocol import events as ev
 from lmsp.protocol import items, messages
 from lmsp.protocol.chat import Untranslatable
+from lmsp.protocol.itemtypes import typed
+from lmsp.protocol.request import CreateRequest
+from lmsp.protocol.tools import typed_choice, typed_tools
 from lmsp.runner.plan import messages_of, tools_of
-from lmsp.store import events, models
+from lmsp.store import events
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
 from lmsp.store.db import Database
@@ -48,9 +50,17 @@ TERMINAL = frozenset({"message_stop", "error"})
 CLOSING_EVENTS = 8
 
 
-def prompt_of(body: CountTokens) -> dict[str, Any]:
-    """The prompt-making fields of a Messages body in their Responses form: ``input``,
-    ``instructions``, ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``text``."""
+class Prompt(NamedTuple):
+    """The prompt-making fields of a Messages body in their Responses form: ``given``
+    (``instructions``, ``parallel_tool_calls``, ``text``) and ``typed`` (``input``, its
+    items checked once, ``tools`` and ``tool_choice``)."""
+
+    given: dict[str, Any]
+    typed: dict[str, Any]
+
+
+def prompt_of(body: CountTokens) -> Prompt:
+    """The prompt of a Messages body, parsed once (see :class:`Prompt`)."""
     check_message(body)
     try:
         translated = messages.items_from_messages([m.model_dump() for m in body.messages])
@@ -67,27 +77,32 @@ def prompt_of(body: CountTokens) -> dict[str, Any]:
     stop = body.stop_sequences if isinstance(body, MessageCreate) else None
     for problem in toolcheck.problems(tools, choice, fmt, stop, messages.tools_param):
         raise problem
-    translated_items = [
+    checked = typed(
         items.normalize_item(item, f"messages.{origin}")
         for item, origin in zip(translated.items, translated.origin, strict=True)
-    ]
-    prompt = {
-        "input": translated_items,
+    )
+    plain = {
         "instructions": instructions,
-        "tools": tools or None,
-        "tool_choice": choice,
         "parallel_tool_calls": parallel,
         "text": {"format": fmt} if fmt else None,
     }
-    return {name: value for name, value in prompt.items() if value is not None}
+    return Prompt(
+        plain,
+        {
+            "input": checked,
+            "tools": typed_tools(tools) if tools else None,
+            "tool_choice": typed_choice(choice),
+        },
+    )
 
 
-def stored_request(body: MessageCreate, on_restart: str) -> dict[str, Any]:
-    """The response request a message is stored as."""
+def create_request(body: MessageCreate, on_restart: str) -> CreateRequest:
+    """The Responses create a message is, parsed once."""
     user = body.metadata.user_id if body.metadata else None
+    prompt = prompt_of(body)
     given: dict[str, Any] = {
         "model": body.model,
-        **prompt_of(body),
+        **prompt.given,
         "max_output_tokens": body.max_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -98,18 +113,18 @@ def stored_request(body: MessageCreate, on_restart: str) -> dict[str, Any]:
         "background": False,
         "store": True,
     }
-    return stored_task_request(given, body.seed, body.on_restart, on_restart)
+    return translated_request(given, body.seed, body.on_restart, on_restart, **prompt.typed)
 
 
 @router.post("")
 async def create_message(body: MessageCreate, request: Request, client: Writer) -> Response:
     """Create a message (Anthropic's Messages API); ``stream: true`` answers its events."""
     svc = service(request)
-    stored = stored_request(body, svc.settings.default_on_restart)
+    given = create_request(body, svc.settings.default_on_restart)
     key = await idempotency_key(request, client)
     try:
         created = await svc.create(
-            client, stored, key, input_param="messages", param=messages.tools_param
+            client, given, key, input_param="messages", param=messages.tools_param
         )
     except errors.LmspError as exc:
         raise _named_models(exc) from None
@@ -126,14 +141,13 @@ async def count_tokens(body: CountTokens, request: Request, client: Writer) -> d
     the context check of a create does)."""
     svc = service(request)
     prompt = prompt_of(body)
+    counted = translated_request({"model": body.model, **prompt.given}, 0, None, "", **prompt.typed)
     try:
         record = await svc.model(body.model, client)
     except errors.LmspError as exc:
         raise _named_models(exc) from None
-    prompt["input"] = await asyncio.to_thread(
-        items.normalize, prompt["input"], capabilities=models.capabilities(record), param="messages"
-    )
-    size = await svc.read(svc.host.prompt_size, record, messages_of(prompt), tools_of(prompt))
+    shown = messages_of(counted, counted.input)
+    size = await svc.read(svc.host.prompt_size, record, shown, tools_of(counted))
     if size is None:
         raise errors.LmspError(
             "model_load_failed", f"The tokenizer of {body.model!r} cannot be read now."

@@ -6,6 +6,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
+import msgspec
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -14,12 +15,15 @@ from lmsp.api import inputs
 from lmsp.api.auth import require
 from lmsp.api.revocation import until_revoked
 from lmsp.api.routes.deps import answered, idempotency_key, service
-from lmsp.api.schemas import INCLUDABLE, CreateResponse, check_response, unsupported
+from lmsp.api.schemas import INCLUDABLE, CreateResponse, ReadTools, check_response
 from lmsp.api.sse import event_response, framed, task_events
 from lmsp.app import turns
 from lmsp.app.service import Service
+from lmsp.errors import unsupported
 from lmsp.protocol import events as ev
 from lmsp.protocol import mcp
+from lmsp.protocol.request import CreateRequest
+from lmsp.protocol.tools import typed_choice, typed_tools
 from lmsp.store import idempotency
 from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
@@ -72,15 +76,34 @@ def _stream(
     )
 
 
-def stored_request(body: CreateResponse, on_restart: str) -> dict[str, Any]:
-    """What the store keeps: the request as given, with the numbers it runs with."""
-    stored = body.stored()
-    stored["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
-    stored["on_restart"] = body.on_restart or on_restart
-    headers = mcp.take_headers(stored)  # MCP header values: kept apart, never shown
-    if headers:
-        stored[mcp.HEADERS_KEY] = headers
-    return stored
+def create_request(
+    body: CreateResponse, read: ReadTools, turn: turns.Turn, on_restart: str
+) -> CreateRequest:
+    """The create a body asks for, parsed once: its fields as given (``None`` left out),
+    its tools and ``tool_choice`` as :func:`check_response` read them (MCP header values
+    taken out, kept apart), its conversation as ``{"id"}``, and the numbers it runs with
+    (a seed drawn now when it gave none, so a retried or resumed task samples the same
+    way)."""
+    given = body.model_dump(exclude_none=True, by_alias=True, exclude=_READ_APART)
+    if isinstance(given.get("stop"), str):
+        given["stop"] = [given["stop"]]
+    given["seed"] = body.seed if body.seed is not None else secrets.randbits(31)
+    given["on_restart"] = body.on_restart or on_restart
+    if turn.conversation is not None:
+        given["conversation"] = {"id": turn.conversation}
+    create = msgspec.convert(given, CreateRequest)
+    headers = mcp.take_headers(read.tools or [])  # MCP header values: kept apart, never shown
+    return msgspec.structs.replace(
+        create,
+        given=body.input,
+        tools=None if read.tools is None else typed_tools(read.tools),
+        tool_choice=typed_choice(read.choice),
+        mcp_headers=headers,
+    )
+
+
+#: the fields :func:`create_request` takes from elsewhere than the body's dump
+_READ_APART = {"input", "tools", "tool_choice", "conversation", "context_management"}
 
 
 async def create_turn(
@@ -94,14 +117,13 @@ async def create_turn(
     route, or a WebSocket's ``response.create``: :mod:`lmsp.api.websocket`); ``key_of``:
     its idempotency key, read once the body is known to be supported; ``item_names``:
     how errors name its input items (``input.3`` by default)."""
-    check_response(body)
+    read = check_response(body)
     turn = turns.read(body.conversation, body.context_management, body.previous_response_id)
     key = await key_of()
-    stored = stored_request(body, svc.settings.default_on_restart)
-    mcp.check_hosts(stored.get("tools") or [], svc.settings.mcp_hosts)
-    turns.store(turn, stored)
+    given = create_request(body, read, turn, svc.settings.default_on_restart)
+    mcp.check_hosts(given.tools or (), svc.settings.mcp_hosts)
     return await svc.create(
-        client, stored, key, compact_over=turn.compact_over, item_names=item_names
+        client, given, key, compact_over=turn.compact_over, item_names=item_names
     )
 
 
