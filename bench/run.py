@@ -41,6 +41,9 @@
 (s) a remote model (bench/remote.py): lmsp in front of llama-server against llama-server
     used directly: 8-stream throughput (goal: >= 0.97x), time to first text (goal: +5 ms at
     most), the upstream's slot free after a cancel (goal: 100 ms).
+(r) WebSocket mode (bench/websocket.py): a turn over a socket against the same turn over
+    SSE (TTFT and tokens/s, goal: within 5 %); a short turn on an open socket against a
+    new HTTP request (goal: faster).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -574,6 +577,7 @@ def main() -> None:
             "mcp",
             "conversations",
             "remote",
+            "websocket",
         ],
         default=None,
     )
@@ -647,6 +651,10 @@ def main() -> None:
             from bench.remote import bench_remote
 
             bench_remote(work, table)
+        if args.only in (None, "websocket"):
+            from bench.websocket import bench_websocket
+
+            bench_websocket(work, args.tokens, args.reps, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -113,6 +113,32 @@ def warning_bomb(objects: int = 5_000) -> bytes:
     )
 
 
+def without_xref(pdf: bytes) -> bytes:
+    """``pdf`` with its cross-reference table, trailer and ``startxref`` cut off, a
+    trailer with no ``/Size`` and no final newline in their place (what hand-made PDFs,
+    the Open Responses suite's among them, look like): pypdf alone says "startxref not
+    found"."""
+    head, _, _ = pdf.partition(b"xref\n")
+    return head + b"trailer << /Root 1 0 R >>\n%%EOF"
+
+
+def damaged_pdf(text: bytes = b"Title: OpenResponses File Input Fixture") -> bytes:
+    """The Open Responses suite's ``file-input`` fixture, byte for byte: one page,
+    an uncompressed content stream whose ``/Length`` is 4 bytes too long, no xref table,
+    no ``startxref``, a trailer without ``/Size``."""
+    content = b"BT\n/F1 12 Tf\n72 72 Td\n(" + text + b") Tj\nET\n"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 144] /Contents 4 0 R"
+        b" /Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % (len(content) + 4) + content + b"endstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    body = b"".join(b"%d 0 obj\n%s\nendobj\n" % (n, o) for n, o in enumerate(objects, start=1))
+    return b"%PDF-1.1\n" + body + b"trailer\n<< /Root 1 0 R >>\n%%EOF"
+
+
 def data_url(pdf: bytes) -> str:
     return f"data:application/pdf;base64,{base64.b64encode(pdf).decode()}"
 

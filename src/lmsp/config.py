@@ -332,6 +332,26 @@ class Settings:
         "LMSP_MAX_HEADERS", INT, "100",
         "header fields in one request (`431` above)",
         least="8")
+    ws_idle_timeout: float = setting(
+        "LMSP_WS_IDLE_TIMEOUT", DURATION, "10m",
+        "a WebSocket with no turn running and no frame for this long is closed",
+        above="0s")
+    ws_max_age: float = setting(
+        "LMSP_WS_MAX_AGE", DURATION, "60m",
+        "a WebSocket is closed after this long (`websocket_connection_limit_reached`)",
+        above="0s")
+    ws_per_client: int = setting(
+        "LMSP_WS_PER_CLIENT", INT, "32",
+        "WebSockets one client may hold open (`429 too_many_websockets` past it)",
+        least="1")
+    ws_send_timeout: float = setting(
+        "LMSP_WS_SEND_TIMEOUT", DURATION, "60s",
+        "a WebSocket that takes no event for this long is closed (a stored turn runs on)",
+        above="0s")
+    ws_cache_bytes: int = setting(
+        "LMSP_WS_CACHE_BYTES", INT, "8388608",
+        "a WebSocket's `store: false` responses kept for continuation (oldest out)",
+        least="0")
     allowed_hosts: tuple[str, ...] = setting(
         "LMSP_ALLOWED_HOSTS", NAMES, "",
         "`Host` names answered besides the bound address and `localhost` (others get `421`)")

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lmsp import __version__, errors, logs
-from lmsp.api import inputs, leaving
+from lmsp.api import inputs, leaving, websocket
 from lmsp.api.crosssite import CrossSiteGate
 from lmsp.api.errors import anthropic_response, error_response, is_messages
 from lmsp.api.errors import body as error_body
@@ -49,8 +49,10 @@ from lmsp.api.routes import compaction as compaction_routes
 from lmsp.api.routes import conversations as conversation_routes
 from lmsp.api.routes import webhooks as webhook_routes
 from lmsp.api.routes.deps import idempotency_supported
+from lmsp.api.sockets import Sockets
 from lmsp.api.state import Http
 from lmsp.api.tokens import TokenCache
+from lmsp.api.validation import validation_problem
 from lmsp.app import clients, root
 from lmsp.app.service import Service
 from lmsp.cluster.startup import HeadStart
@@ -126,10 +128,11 @@ class HttpMetrics:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         began = time.perf_counter()
+        answered: float | None = None  # a WebSocket's upgrade: accepted or refused then
         status = 500
         noted: dict[str, str] = {}
         scope[_ROUTE_KEY] = noted  # shared by the copies of ``scope`` made further in
@@ -140,11 +143,19 @@ class HttpMetrics:
         refused_token = logs.refusal.set(refused)
 
         async def sending(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
+            nonlocal status, answered
+            if message["type"] in ("http.response.start", "websocket.http.response.start"):
                 status = int(message["status"])
                 headers = [*message.get("headers", []), (b"x-request-id", rid.encode())]
                 message = dict(message, headers=headers)
+            elif message["type"] == "websocket.close" and answered is None:
+                status = 403  # closed before it was accepted (no such route)
+            elif message["type"] == "websocket.accept":
+                status = 101
+                headers = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+                message = dict(message, headers=headers)
+            if answered is None and scope["type"] == "websocket":
+                answered = time.perf_counter()
             await send(message)
 
         try:
@@ -159,7 +170,8 @@ class HttpMetrics:
                 kept.refusals.add(refusal(scope, status, refused, refused.get("client_id")))
             if svc is not None:
                 route = noted.get("route") or ("unmatched" if status == 404 else "other")
-                svc.metrics.http(scope["method"], route, status, time.perf_counter() - began)
+                ended = answered or time.perf_counter()  # a socket's life is not a latency
+                svc.metrics.http(scope.get("method", "GET"), route, status, ended - began)
 
 
 _ROUTE_KEY = "lmsp.route"
@@ -194,42 +206,9 @@ def _unusable_json(body: bytes) -> errors.LmspError | None:
     return None
 
 
-def _param(loc: tuple[Any, ...]) -> str | None:
-    # the first element names where the value was (body, query …); a field may be "path"
-    located = bool(loc) and loc[0] in ("body", "query", "path", "header")
-    parts = [str(p) for p in (loc[1:] if located else loc)]
-    # pydantic names union branches ("str", "list[InputMessage]", "ToolChoiceObject"):
-    # keep field names (snake_case) and list indexes
-    clean = [p for p in parts if p not in _UNION_TAGS and not _TAG.search(p)]
-    return ".".join(clean) or None
-
-
-_UNION_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
-_TAG = re.compile(r"[\[\](]|^[A-Z]|^constrained-")
-
-
-def _weight(problem: dict[str, Any]) -> tuple[int, bool]:
-    kind = str(problem.get("type", ""))
-    return len(problem.get("loc", ())), not (kind.endswith("_type") or kind == "is_instance_of")
-
-
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    path = request.url.path
-    problems: list[dict[str, Any]] = list(exc.errors())
-    if any(p.get("type") == "json_invalid" for p in problems):
-        invalid_json = errors.invalid("The body is not valid JSON.", code="invalid_json")
-        return error_response(invalid_json, path)
-    # in a union, the deepest error names the field the client got wrong; at one depth,
-    # a broken limit ("at most 4 items") before another branch's type ("a valid string")
-    first = max(problems, key=_weight, default={})
-    loc = tuple(first.get("loc", ()))
-    param = _param(loc)
-    if first.get("type") == "missing" and param is None:
-        required = errors.invalid("A JSON body is required.", code="invalid_json")
-        return error_response(required, path)
-    message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
-    return error_response(errors.invalid(message, param=param, code="invalid_value"), path)
+    return error_response(validation_problem(list(exc.errors())), request.url.path)
 
 
 async def _lmsp_error(request: Request, exc: Exception) -> JSONResponse:
@@ -289,6 +268,7 @@ def create_app(
         app.state.lmsp = svc
         _announce_console(svc, kept)
         gc = asyncio.create_task(root.sweep_forever(svc))
+        svc.metrics.add_collector(sockets.figures)
         try:
             yield
         finally:
@@ -327,6 +307,9 @@ def create_app(
     app.include_router(compaction_routes.router)
     app.include_router(conversation_routes.router)
     app.include_router(aliases.router)
+    # ``GET /v1/responses`` upgraded to a WebSocket (its own checks: lmsp.api.websocket)
+    app.router.routes.extend(websocket.routes())
+    sockets = app.state.lmsp_sockets = Sockets(settings.ws_per_client)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     app.add_middleware(CrossSiteGate)  # before BodyGate reads every body as JSON
     app.add_middleware(

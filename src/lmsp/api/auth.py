@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from lmsp import errors, logs
 from lmsp.api import sessions
@@ -38,7 +39,7 @@ api_key_scheme = APIKeyHeader(
 )
 
 
-def bearer(request: Request) -> str | None:
+def bearer(request: HTTPConnection) -> str | None:
     header = request.headers.get("authorization", "")
     scheme_name, _, token = header.partition(" ")
     if scheme_name.lower() != "bearer" or not token.strip():
@@ -46,7 +47,7 @@ def bearer(request: Request) -> str | None:
     return token.strip()
 
 
-def console_client(request: Request) -> Client | None:
+def console_client(request: HTTPConnection) -> Client | None:
     """The client a console session stands for (``None`` without a live session): the
     session's secret comes in its own header (:mod:`lmsp.api.sessions`), which no page
     of another origin holds and no browser adds by itself."""
@@ -87,8 +88,9 @@ def require(scope: str, *, api_key: bool = False) -> Callable[..., Awaitable[Cli
     return dependency
 
 
-async def authorize(request: Request, scope: str, *, api_key: bool = False) -> Client:
+async def authorize(request: HTTPConnection, scope: str, *, api_key: bool = False) -> Client:
     """The calling client, which must hold ``scope`` (or ``admin``): else 401 / 403.
+    ``request``: a request's or a WebSocket upgrade's (the same headers are read).
 
     A bearer token (with ``api_key``, else one in ``x-api-key``), or else a console
     session (its secret in ``X-Lmsp-Session``)."""

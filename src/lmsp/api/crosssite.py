@@ -45,6 +45,27 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 def problem(scope: Scope) -> errors.LmspError | None:
     """Why a request to a route that takes no token is refused (``None``: it is not)."""
+    refused = cross_site(scope)
+    if refused is not None:
+        return refused
+    kind = _header(scope, b"content-type")
+    length = _header(scope, b"content-length")
+    empty = length in (None, "0") and _header(scope, b"transfer-encoding") is None
+    if kind is None and empty:  # a poll with no body (nothing for a page to smuggle)
+        return None
+    media = (kind or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        return errors.LmspError(
+            "unsupported_media_type",
+            "This route takes a JSON body: send Content-Type: application/json.",
+        )
+    return None
+
+
+def cross_site(scope: Scope) -> errors.LmspError | None:
+    """A browser's request from another site (``Sec-Fetch-Site``) or another origin
+    (``Origin`` other than the ``Host`` it came to): also how a WebSocket upgrade, which
+    a page may open to any address, is checked (:mod:`lmsp.api.websocket`)."""
     site = _header(scope, b"sec-fetch-site")
     if site is not None and site.strip().lower() not in SAME_SITE:
         return errors.LmspError(
@@ -62,17 +83,6 @@ def problem(scope: Scope) -> errors.LmspError | None:
                 f"A browser sent this request from another origin ({origin});"
                 " this route is for agents on this machine.",
             )
-    kind = _header(scope, b"content-type")
-    length = _header(scope, b"content-length")
-    empty = length in (None, "0") and _header(scope, b"transfer-encoding") is None
-    if kind is None and empty:  # a poll with no body (nothing for a page to smuggle)
-        return None
-    media = (kind or "").split(";", 1)[0].strip().lower()
-    if media != "application/json":
-        return errors.LmspError(
-            "unsupported_media_type",
-            "This route takes a JSON body: send Content-Type: application/json.",
-        )
     return None
 
 

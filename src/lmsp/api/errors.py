@@ -48,6 +48,7 @@ STATUS: dict[str, int] = {
     "queue_full": 429,
     "too_many_pairing_requests": 429,
     "rate_limit_exceeded": 429,  # over a client's limit (PROTOCOL.md 13)
+    "too_many_websockets": 429,  # a client's open WebSockets (LMSP_WS_PER_CLIENT)
     # 5xx
     "internal_error": 500,
     "service_unavailable": 503,

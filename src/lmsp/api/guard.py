@@ -110,6 +110,7 @@ class _Guard(asyncio.Protocol):
         self._between = False  # a response went out; no byte of the next request yet
         self._head_bytes = 0  # bytes read of a head not complete yet
         self._in_head = True
+        self._upgraded = False  # the connection became a WebSocket
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -163,6 +164,15 @@ class _Guard(asyncio.Protocol):
         if not self.transport.is_closing() and not pipelined:
             self._between = True
             self.idle[self] = None  # between requests: uvicorn's keep-alive timer runs
+
+    def handle_websocket_upgrade(self, *args: Any) -> None:
+        """An upgrade to a WebSocket: no HTTP deadline applies to the socket any more
+        (its own limits do: :mod:`lmsp.api.websocket`). Before, h11's body deadline
+        fired into the upgraded socket and wrote a raw ``408`` into its frames."""
+        self._upgraded = True
+        self._disarm()
+        self.idle.pop(self, None)
+        super().handle_websocket_upgrade(*args)  # type: ignore[misc]
 
     # -- deadlines ---------------------------------------------------------------------------
     def _await_headers(self) -> None:
@@ -219,7 +229,7 @@ def _httptools_class() -> type[Any]:
         def on_headers_complete(self) -> None:
             self._head_done(body_follows=False)
             super().on_headers_complete()
-            if not self.transport.is_closing():
+            if not self.transport.is_closing() and not self._upgraded:
                 self._deadline = self.loop.call_later(self.body_timeout, self._body_late)
 
         def on_message_complete(self) -> None:
@@ -273,6 +283,8 @@ def _h11_class() -> type[Any]:
             except HeadTooLarge:
                 self.stats["heads_too_large"] += 1
                 self._close_with(head_too_large(self.max_header_bytes))
+                return
+            if self._upgraded:  # the socket's own protocol reads from now on
                 return
             state = self.conn.their_state
             if self._phase == "head" and state is not h11.IDLE:

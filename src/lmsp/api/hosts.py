@@ -79,7 +79,7 @@ class RequestGate:
         self.max_headers = max_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):  # an upgrade's head is checked too
             await self.app(scope, receive, send)
             return
         problem = self.problem(scope)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lmsp import errors
-from lmsp.app import compaction, fitting, responses, toolcheck
+from lmsp.app import compaction, fitting, responses, toolcheck, toolresults
 from lmsp.app import models as model_uses
 from lmsp.app.core import Core
 from lmsp.app.models import model_not_found
@@ -202,9 +202,11 @@ class Service(Core):
                 )
             )
         names = item_names or []
-        checked = await self.files.with_texts(
-            checked, lambda i: names[i] if i < len(names) else f"{input_param}.{i}", ticket
-        )
+
+        def name(index: int) -> str:
+            return names[index] if index < len(names) else f"{input_param}.{index}"
+
+        checked = await self.files.with_texts(checked, name, ticket)
         previous = given.previous_response_id
         if previous is not None:  # its history is read when it is counted (:meth:`fit`)
             await self.read(
@@ -218,6 +220,11 @@ class Service(Core):
                     self.db.reader(), conversation, client, self.quota, checked
                 )
             )
+        # a tool output answers a call of the input or of the history it continues
+        started = None if given.conversation is None or upto is None else (conversation, upto)
+        await self.read(
+            lambda: toolresults.check(self.db.reader(), checked, previous, started, name)
+        )
         request = stored_request.prepared(
             given, checked, model=record.id, conversation_upto=upto, **sampling
         )

@@ -185,6 +185,11 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
             host=settings.host,
             port=settings.port,
             http=protocol,
+            # WebSockets (lmsp.api.websocket): a frame is a create body, capped as one;
+            # no compression state held per idle socket
+            ws="websockets-sansio",
+            ws_max_size=settings.max_body_bytes,
+            ws_per_message_deflate=False,
             # X-Forwarded-For and -Proto are believed only from a configured proxy:
             # uvicorn's default trusts them from loopback, where every local process is
             proxy_headers=bool(settings.trusted_proxies),

@@ -174,6 +174,30 @@ def pdf_job(raw: bytes, max_text: int = MAX_FILE_TEXT) -> Extracted:
     return Extracted(result.text, result.code, result.message, handler.count, handler.first)
 
 
+#: what makes pypdf rebuild a PDF's cross-reference table: a ``startxref`` of 0, which
+#: it takes as broken and repairs by scanning the file for its objects (non-strict)
+REBUILD_XREF = b"\nstartxref\n0\n%%EOF\n"
+
+
+def _open(reader_type: Any, raw: bytes) -> Any:
+    """A reader of ``raw``; a PDF with no (findable) ``startxref`` — no xref table, as
+    hand-made and truncated files often are — is read again with :data:`REBUILD_XREF`
+    appended, so pypdf's own repair rebuilds its table (a wrong ``/Length`` it copes
+    with already). The same worker, limits and budget apply to the second read."""
+    try:
+        return reader_type(io.BytesIO(raw))
+    except (MemoryError, RecursionError):
+        raise
+    except Exception:
+        try:
+            return reader_type(io.BytesIO(raw + REBUILD_XREF))
+        except (MemoryError, RecursionError):
+            raise
+        except Exception:
+            pass
+        raise
+
+
 def _pdf_text(reader_type: Any, raw: bytes, max_text: int) -> Extracted:
     shown = 0
 
@@ -185,7 +209,7 @@ def _pdf_text(reader_type: Any, raw: bytes, max_text: int) -> Extracted:
                 raise _TextLimit()
 
     try:
-        reader = reader_type(io.BytesIO(raw))
+        reader = _open(reader_type, raw)
         if reader.is_encrypted:
             return Extracted(None, "unsupported_input", "encrypted PDFs are not supported.")
         pages: list[str] = []

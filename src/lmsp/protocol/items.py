@@ -70,7 +70,10 @@ FILE_TEXT = "lmsp_text"
 ROLES = ("system", "developer", "user", "assistant")
 
 #: the fields each item and part type may carry (anything else is refused, never dropped)
-_MESSAGE_KEYS = {"type", "role", "content", "id", "status"}
+_MESSAGE_KEYS = {"type", "role", "content", "id", "status", "phase"}
+#: an assistant message's ``phase`` (Open Responses 2026-04-24): kept and listed back,
+#: not shown to the model
+PHASES = ("commentary", "final_answer")
 _CALL_KEYS = {"type", "call_id", "name", "arguments", "id", "status", "namespace"}
 _OUTPUT_KEYS = {"type", "call_id", "output", "id", "status"}
 _PART_KEYS = {
@@ -147,6 +150,16 @@ def _unique_calls(normalized: list[Item], param: str) -> None:
                 f"call ids must be unique: {item['call_id']!r} is the call_id of"
                 f" {param}.{first} too.",
             )
+
+
+def no_call_for(call_id: str, where: str) -> LmspError:
+    """``400``: a tool output that answers no call of the request or its history (as
+    OpenAI refuses it)."""
+    return _error(
+        where,
+        f"no function_call with call_id {call_id!r} precedes this function_call_output"
+        " (in the input, or the history it continues).",
+    )
 
 
 def normalize_item(
@@ -244,7 +257,19 @@ def _message_item(
         ]
     else:
         raise _error(f"{where}.content", "must be a string or a non-empty list of parts.")
-    return _message(role, parts, _id(item, where, "msg", make_id))
+    message = _message(role, parts, _id(item, where, "msg", make_id))
+    phase = item.get("phase")
+    if phase is not None:
+        if role != "assistant":
+            raise LmspError(
+                "unsupported_parameter",
+                f"{where}.phase: phase is for assistant messages only.",
+                param=f"{where}.phase",
+            )
+        if phase not in PHASES:
+            raise _error(f"{where}.phase", f"phase must be one of {', '.join(PHASES)}.")
+        message["phase"] = phase
+    return message
 
 
 def _text_part(kind: str, text: str) -> Item:

@@ -59,6 +59,8 @@ class Message(Typed, frozen=True, tag="message"):
     role: str
     content: tuple[Part, ...]
     status: str | UnsetType = UNSET
+    #: an assistant message's ``commentary`` or ``final_answer`` (kept, not shown)
+    phase: str | UnsetType = UNSET
 
 
 class FunctionCall(Typed, frozen=True, tag="function_call"):

@@ -19,4 +19,6 @@ Admin = Annotated[Client, Depends(require("admin"))]
 
 @router.get("/activity")
 async def activity(request: Request, client: Admin) -> dict[str, Any]:
-    return await activities.activity(service(request))
+    shown = await activities.activity(service(request))
+    shown["websockets"] = request.app.state.lmsp_sockets.activity()  # HTTP's own state
+    return shown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -17,11 +18,14 @@ from lmsp.api.schemas import INCLUDABLE, CreateResponse, ReadTools, check_respon
 from lmsp.api.sse import as_stored
 from lmsp.api.streams import followed
 from lmsp.app import responses, tasks, turns
+from lmsp.app.service import Service
 from lmsp.errors import unsupported
 from lmsp.protocol import events as ev
 from lmsp.protocol import mcp
 from lmsp.protocol.request import CreateRequest
 from lmsp.protocol.tools import typed_choice, typed_tools
+from lmsp.store import idempotency
+from lmsp.store import responses as response_store
 from lmsp.store.clients import Client
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
@@ -87,15 +91,31 @@ def create_request(
 _READ_APART = {"input", "tools", "tool_choice", "conversation", "context_management"}
 
 
+async def create_turn(
+    svc: Service,
+    body: CreateResponse,
+    client: Client,
+    key_of: Callable[[], Awaitable[idempotency.Key | None]],
+    item_names: list[str] | None = None,
+) -> response_store.Created:
+    """Create the response ``body`` asks for, whichever transport it came by (this
+    route, or a WebSocket's ``response.create``: :mod:`lmsp.api.websocket`); ``key_of``:
+    its idempotency key, read once the body is known to be supported; ``item_names``:
+    how errors name its input items (``input.3`` by default)."""
+    read = check_response(body)
+    turn = turns.read(body.conversation, body.context_management, body.previous_response_id)
+    key = await key_of()
+    given = create_request(body, read, turn, svc.settings.default_on_restart)
+    mcp.check_hosts(given.tools or (), svc.settings.mcp_hosts)
+    return await svc.create(
+        client, given, key, compact_over=turn.compact_over, item_names=item_names
+    )
+
+
 @router.post("", status_code=200, responses={202: {"description": "Accepted (background)"}})
 async def create_response(body: CreateResponse, request: Request, client: Writer) -> Response:
     svc = service(request)
-    read = check_response(body)
-    turn = turns.read(body.conversation, body.context_management, body.previous_response_id)
-    key = await idempotency_key(request, client)
-    given = create_request(body, read, turn, svc.settings.default_on_restart)
-    mcp.check_hosts(given.tools or (), svc.settings.mcp_hosts)
-    created = await svc.create(client, given, key, compact_over=turn.compact_over)
+    created = await create_turn(svc, body, client, lambda: idempotency_key(request, client))
     headers = dict(REPLAYED) if created.replayed else {}
     forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:
