@@ -12,7 +12,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from lmsp.protocol import events as ev
-from lmsp.protocol import messages
+from lmsp.protocol import message_events, messages
 from lmsp.protocol.assembler import OutputAssembler, TextDelta
 from lmsp.protocol.chat import Untranslatable
 from lmsp.protocol.toolcalls import CallAssembler
@@ -290,7 +290,7 @@ def logged_text(pieces: list[str], stop: tuple[str, ...] = ()) -> list[dict[str,
 
 
 def stream_of(logged: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    translator = messages.MessageEvents("resp_1", "m")
+    translator = message_events.MessageEvents("resp_1", "m")
     out = [pair for event in logged for pair in translator.feed(event)]
     for name, payload in out:
         assert payload["type"] == name

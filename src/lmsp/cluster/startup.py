@@ -22,9 +22,9 @@ from lmsp import datadir
 from lmsp.bootstrap import bootstrap
 from lmsp.cluster.nodes import Membership
 from lmsp.config import Settings
-from lmsp.engines.base import Engine
 from lmsp.engines.deterministic import DeterministicEngine
 from lmsp.engines.host import ModelHost
+from lmsp.engines.kind import Engine
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_cpp import LlamaEngine
 from lmsp.engines.remote import RemoteEngine

@@ -14,14 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    from lmsp.engines.core import Backend
 
 
 class EngineError(Exception):
@@ -221,29 +217,6 @@ class Serving(Protocol):
     def memory_bytes(self) -> int: ...
 
     def close(self) -> None: ...
-
-
-class Engine(Protocol):
-    """An engine kind (llama.cpp, the test engine). It must pickle (a plain class): an
-    engine process receives it and calls :meth:`load` there."""
-
-    name: str
-    constrains: bool  # holds output to a grammar (tools, JSON schemas)
-
-    def load(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Backend | Serving:
-        """Load the model, in the engine process. ``n_ctx``: one sequence's context;
-        ``options``: how many sequences run together and where saved prefixes live."""
-        ...
-
-    def tokenizer(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> Tokenizer:
-        """The prompt formatter of the API process; its ``n_ctx`` is the context an
-        engine loaded with the same ``options`` has (``0``: the model's own)."""
-        ...
-
-    def context_length(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> int:
-        """One sequence's context an engine loaded with these ``options`` has, read off
-        the file's header without loading it (what ``GET /v1/models`` shows)."""
-        ...
 
 
 def penalized(

@@ -27,16 +27,16 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from lmsp.engines.base import Engine, EngineCrashed, EngineError, LoadOptions, Tokenizer
+from lmsp.engines.base import EngineCrashed, EngineError, LoadOptions, Tokenizer
 from lmsp.engines.client import EngineClient
+from lmsp.engines.hosted import EngineStatus, Loaded, LockedTokenizer
+from lmsp.engines.kind import Engine
 from lmsp.engines.remote import constrains as remote_constrains
 from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
@@ -46,65 +46,6 @@ from lmsp.store.models import ModelRecord
 __all__ = ["ModelHost", "blob_path"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Loaded:
-    record: ModelRecord
-    client: EngineClient
-    last_used: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class EngineStatus:
-    """One model's engine as ``lmsp ps``, ``/healthz`` and ``/metrics`` show it."""
-
-    model: str
-    digest: str
-    state: str = "starting"  # starting, ready, restarting, failed, stopped
-    pid: int | None = None
-    restarts: int = 0  # started again after a crash, since the service started
-    crashes: int = 0
-    last_exit: str | None = None  # how its last process ended unasked
-    error: str | None = None  # why it is failed
-    crash_times: deque[float] = field(default_factory=deque)
-
-    def shown(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "state": self.state,
-            "pid": self.pid,
-            "restarts": self.restarts,
-            "crashes": self.crashes,
-            "last_exit": self.last_exit,
-            "error": self.error,
-        }
-
-
-class _LockedTokenizer:
-    """A shared vocabulary-only tokenizer, used by one thread at a time."""
-
-    def __init__(self, tokenizer: Tokenizer, lock: threading.Lock) -> None:
-        self.tokenizer = tokenizer
-        self.n_ctx = tokenizer.n_ctx
-        self.n_embd = tokenizer.n_embd
-        self.n_vocab = tokenizer.n_vocab
-        self._lock = lock
-
-    def text_tokens(self, text: str) -> list[int]:
-        with self._lock:
-            return self.tokenizer.text_tokens(text)
-
-    def prompt_tokens(
-        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
-    ) -> list[int]:
-        with self._lock:
-            if tools:
-                return self.tokenizer.prompt_tokens(messages, tools)
-            return self.tokenizer.prompt_tokens(messages)
-
-    def close(self) -> None:
-        return None
 
 
 class ModelHost:
@@ -148,7 +89,7 @@ class ModelHost:
         self.exact = exact  # LMSP_EXACT: the exact schedule and layout
         self.kv_budget = kv_budget  # LMSP_KV_BUDGET: what one model's KV caches may take
         self.embed_share = embed_share  # LMSP_EMBED_SHARE (lmsp.engines.share)
-        self._loaded: dict[str, _Loaded] = {}  # model id → its running engine
+        self._loaded: dict[str, Loaded] = {}  # model id → its running engine
         self._starting: set[str] = set()  # model ids whose engine is being started
         self._busy: dict[int, str] = {}  # runner slot → model id it is using
         self._cond = threading.Condition()
@@ -325,7 +266,7 @@ class ModelHost:
         with self._cond:
             late = self._closed and slot is None  # a restart the shutdown overtook
             if not late:
-                self._loaded[record.id] = _Loaded(record, client)
+                self._loaded[record.id] = Loaded(record, client)
                 if slot is not None:
                     self._busy[slot] = record.id
             self._cond.notify_all()
@@ -587,7 +528,7 @@ class ModelHost:
         """The model's shared tokenizer (one thread at a time); ``model_load_failed``
         when its vocabulary cannot be read (then neither can the model)."""
         try:
-            return _LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
+            return LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
         except Exception as exc:
             log.warning("reading the vocabulary of %s failed: %s", record.id, exc)
             raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
@@ -616,7 +557,7 @@ class ModelHost:
             return None
         try:
             self.check(record)
-            tokenizer = _LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
+            tokenizer = LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
             prompt = tokenizer.prompt_tokens(messages, tools)
             return len(prompt), tokenizer.n_ctx
         except Exception as exc:

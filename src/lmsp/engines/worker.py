@@ -38,7 +38,7 @@ log = logging.getLogger("lmsp.engine")
 class EngineSpec:
     """What an engine process needs to load its model (pickled to it)."""
 
-    engine: Any  # an :class:`lmsp.engines.base.Engine`: its ``load`` runs in the engine
+    engine: Any  # an :class:`lmsp.engines.kind.Engine`: its ``load`` runs in the engine
     path: Path
     n_ctx: int
     options: LoadOptions

@@ -27,7 +27,7 @@ from lmsp.api.sse import MessagesPing, sse
 from lmsp.api.streams import followed
 from lmsp.app import follow, responses, tasks, toolcheck
 from lmsp.app.core import Core
-from lmsp.protocol import items, messages
+from lmsp.protocol import items, message_events, messages
 from lmsp.protocol.chat import Untranslatable
 from lmsp.protocol.itemtypes import typed
 from lmsp.protocol.request import CreateRequest
@@ -179,7 +179,7 @@ def _message(core: Core, task_id: str) -> dict[str, Any]:
     cancelled one raises its error."""
     obj = responses.response_object(core, task_id)
     if obj["status"] in ("failed", "cancelled"):
-        _, text = messages.failure(obj)
+        _, text = message_events.failure(obj)
         code = "cancelled" if obj["status"] == "cancelled" else (obj["error"] or {}).get("code")
         raise errors.LmspError(code or "engine_error", text)
     stop = None
@@ -208,7 +208,7 @@ def _stream(
     ``cancel``: a client that leaves before the end cancels the task."""
     core = service(request)
     obj = responses.response_object(core, task_id)
-    translator = messages.MessageEvents(obj["id"], obj["model"])
+    translator = message_events.MessageEvents(obj["id"], obj["model"])
 
     def frames(seq: int, kind: str, data: str) -> Iterator[ServerSentEvent]:
         out = translator.feed(json.loads(data))
