@@ -70,11 +70,14 @@ def one_error(result: Result, code: str | None = None) -> re.Match[str]:
 
 
 def filled(command: click.Command, model_file: Path) -> list[str]:
-    """Arguments and required options with values that parse (what they name need not
-    exist), and what a command needs beyond them to reach the service."""
+    """Arguments (required ones, and a file an optional one names: ``models add``'s PATH,
+    optional beside ``--remote``) and required options with values that parse (what they
+    name need not exist), and what a command needs beyond them to reach the service."""
     args: list[str] = []
     for param in command.params:
-        if isinstance(param, click.Argument) and param.required:
+        if isinstance(param, click.Argument) and (
+            param.required or isinstance(param.type, click.Path)
+        ):
             args.append(str(model_file) if isinstance(param.type, click.Path) else "x_1")
         elif isinstance(param, click.Option) and param.required:
             args += [param.opts[-1], "responses:read" if param.name == "scopes" else "x"]
