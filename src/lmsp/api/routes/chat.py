@@ -18,7 +18,7 @@ from sse_starlette import ServerSentEvent
 from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.errors import body as error_body
-from lmsp.api.routes.deps import answered, idempotency_key, service, translated_request
+from lmsp.api.routes.deps import finished_chat, idempotency_key, service, translated_request
 from lmsp.api.schemas import ChatCompletionCreate, ReadTools, check_chat
 from lmsp.api.sse import sse
 from lmsp.api.streams import followed
@@ -123,13 +123,7 @@ async def create_chat_completion(
     forget = None if body.store is not False else (created.response_id, client.id)
     if body.stream:
         return _stream(request, created.task_id, body, forget, headers, client)
-    await answered(request, created.task_id, forget)
-    obj = await svc.read(svc.response_object, created.task_id)
-    if forget is not None:
-        await responses.forget(svc, *forget)
-    if obj["status"] in ("failed", "cancelled"):
-        problem = chat.error_of(obj)
-        raise errors.LmspError(problem["code"], problem["message"])
+    obj = await finished_chat(request, created.task_id, forget)
     return JSONResponse(chat.completion(obj), headers=headers)
 
 

@@ -19,12 +19,12 @@ from sse_starlette import ServerSentEvent
 from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.errors import body as error_body
-from lmsp.api.routes.deps import answered, idempotency_key, service, translated_request
+from lmsp.api.routes.deps import finished_chat, idempotency_key, service, translated_request
 from lmsp.api.schemas import COMPLETION_MAX_TOKENS, CompletionCreate, check_completion
 from lmsp.api.sse import sse
 from lmsp.api.streams import followed
 from lmsp.app import responses, tasks
-from lmsp.protocol import chat, completions
+from lmsp.protocol import completions
 from lmsp.protocol.request import CreateRequest
 from lmsp.store.clients import Client
 
@@ -69,11 +69,7 @@ async def create_completion(body: CompletionCreate, request: Request, client: Wr
     headers = dict(REPLAYED) if created.replayed else {}
     if body.stream:
         return _stream(request, created.task_id, body, headers, client)
-    await answered(request, created.task_id)
-    obj = await svc.read(svc.response_object, created.task_id)
-    if obj["status"] in ("failed", "cancelled"):
-        problem = chat.error_of(obj)
-        raise errors.LmspError(problem["code"], problem["message"])
+    obj = await finished_chat(request, created.task_id)
     return JSONResponse(completions.completion(obj), headers=headers)
 
 

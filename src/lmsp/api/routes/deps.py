@@ -12,7 +12,8 @@ from fastapi import Request
 from lmsp import errors
 from lmsp.api import leaving
 from lmsp.api.state import service
-from lmsp.app import tasks
+from lmsp.app import responses, tasks
+from lmsp.protocol import chat
 from lmsp.protocol.request import CreateRequest
 from lmsp.store import idempotency
 from lmsp.store.clients import Client
@@ -21,6 +22,8 @@ __all__ = [
     "IDEMPOTENT_ROUTES",
     "answered",
     "deleted",
+    "finished",
+    "finished_chat",
     "idempotency_key",
     "idempotency_supported",
     "service",
@@ -73,6 +76,31 @@ async def answered(request: Request, task_id: str, forget: tuple[str, str] | Non
     except leaving.ClientGone:
         tasks.Departure(core, task_id, forget=forget).left()  # as a stream's departure does
         raise
+
+
+async def finished(
+    request: Request, task_id: str, forget: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """The response object of a task its client waits for, once it has ended
+    (:func:`answered`); a ``store: false`` one (``forget``) is forgotten then."""
+    await answered(request, task_id, forget)
+    core = service(request)
+    obj = await core.read(core.response_object, task_id)
+    if forget is not None:
+        await responses.forget(core, *forget)
+    return obj
+
+
+async def finished_chat(
+    request: Request, task_id: str, forget: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """:func:`finished` for the chat-shaped dialects (chat and legacy completions),
+    which answer a failed or cancelled response with its error."""
+    obj = await finished(request, task_id, forget)
+    if obj["status"] in ("failed", "cancelled"):
+        problem = chat.error_of(obj)
+        raise errors.LmspError(problem["code"], problem["message"])
+    return obj
 
 
 async def idempotency_key(request: Request, client: Client) -> idempotency.Key | None:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.params import Includes, ItemsQuery, ReplayQuery
-from lmsp.api.routes.deps import answered, deleted, idempotency_key, service
+from lmsp.api.routes.deps import deleted, finished, idempotency_key, service
 from lmsp.api.schemas import INCLUDABLE, CreateResponse, ReadTools, check_response
 from lmsp.api.sse import as_stored
 from lmsp.api.streams import followed
@@ -134,10 +134,7 @@ async def create_response(body: CreateResponse, request: Request, client: Writer
         # the object as committed: a worker may claim the task before a re-read
         obj = created.response or await svc.read(svc.response_object, created.task_id)
         return JSONResponse(obj, 202, headers=headers)
-    await answered(request, created.task_id, forget)
-    obj = await svc.read(svc.response_object, created.task_id)
-    if forget is not None:
-        await responses.forget(svc, *forget)
+    obj = await finished(request, created.task_id, forget)
     return JSONResponse(obj, 200, headers=headers)
 
 
