@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmsp.errors import LmspError
+from lmsp.protocol.fields import only_fields
 from lmsp.protocol.itemtypes import Compaction, InputItem, Message
 
 Item = dict[str, Any]
@@ -115,13 +116,7 @@ def item(summary: str, count: int, make_id: Callable[[str], str], key: bytes) ->
 def normalize(given: Item, where: str, make_id: Callable[[str], str], key: bytes | None) -> Item:
     """A ``compaction`` input item checked under ``key`` (``400`` naming the field at
     fault; without a key, where none was given, a compaction item is refused)."""
-    for name in given:
-        if name not in KEYS:
-            raise LmspError(
-                "unsupported_parameter",
-                f"{where}.{name}: a compaction item has no field {name!r} here.",
-                param=f"{where}.{name}",
-            )
+    only_fields(given, KEYS, where, "compaction item")
     content = given.get("encrypted_content")
     if key is None:
         raise LmspError(

@@ -41,6 +41,7 @@ import msgspec
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.protocol import compaction, filetext, mcpitems, toolcalls
+from lmsp.protocol.fields import only_fields
 from lmsp.protocol.filetext import MAX_FILE_BYTES, MAX_FILE_TEXT, file_format
 from lmsp.protocol.itemtypes import (
     AdditionalTools,
@@ -97,16 +98,6 @@ def _string(value: Any, param: str, *, empty: bool = True) -> str:
     if not isinstance(value, str) or (not empty and not value):
         raise _error(param, "must be a non-empty string." if not empty else "must be a string.")
     return value
-
-
-def _keys(given: dict[str, Any], allowed: set[str], where: str, kind: str) -> None:
-    for key in given:
-        if key not in allowed:
-            raise LmspError(
-                "unsupported_parameter",
-                f"{where}.{key}: a {kind} has no field {key!r} here.",
-                param=f"{where}.{key}",
-            )
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -192,7 +183,7 @@ def _item(
     if kind == "message":
         return _message_item(item, where, caps, make_id)
     if kind == "function_call":
-        _keys(item, _CALL_KEYS, where, "function_call item")
+        only_fields(item, _CALL_KEYS, where, "function_call item")
         arguments = _string(item.get("arguments"), f"{where}.arguments")
         return {
             "type": "function_call",
@@ -209,7 +200,7 @@ def _item(
             ),
         }
     if kind == "function_call_output":
-        _keys(item, _OUTPUT_KEYS, where, "function_call_output item")
+        only_fields(item, _OUTPUT_KEYS, where, "function_call_output item")
         return {
             "type": "function_call_output",
             "id": _id(item, where, "fco", make_id),
@@ -242,7 +233,7 @@ def _id(item: Item, where: str, prefix: str, make_id: Callable[[str], str]) -> s
 def _message_item(
     item: Item, where: str, caps: frozenset[str], make_id: Callable[[str], str]
 ) -> Item:
-    _keys(item, _MESSAGE_KEYS, where, "message")
+    only_fields(item, _MESSAGE_KEYS, where, "message")
     role = item.get("role")
     if role not in ROLES:
         raise _error(f"{where}.role", f"role must be one of {', '.join(ROLES)}.")
@@ -288,7 +279,7 @@ def _part(part: Any, where: str, role: str, caps: frozenset[str]) -> Item:
     if kind not in _PART_KEYS:
         shown = kind if isinstance(kind, str) else repr(kind)
         raise _unsupported(f"{where}.type", f"content parts of type {shown!r} are not supported.")
-    _keys(part, _PART_KEYS[kind], where, f"{kind} part")
+    only_fields(part, _PART_KEYS[kind], where, f"{kind} part")
     if kind in ("input_text", "output_text"):
         return _text_part(kind, _string(part.get("text"), f"{where}.text"))
     if kind == "refusal":
@@ -323,7 +314,7 @@ def _tool_output(output: Any, where: str, caps: frozenset[str]) -> str | list[It
             raise _unsupported(
                 f"{inner}.type", f"tool output parts of type {kind!r} are not supported."
             )
-        _keys(part, _PART_KEYS["input_text"], inner, "input_text part")
+        only_fields(part, _PART_KEYS["input_text"], inner, "input_text part")
         parts.append(_text_part("input_text", _string(part.get("text"), f"{inner}.text")))
     return parts
 

@@ -17,6 +17,7 @@ from msgspec import UnsetType
 
 from lmsp.errors import LmspError
 from lmsp.protocol import mcp, toolcalls
+from lmsp.protocol.fields import only_fields
 from lmsp.protocol.itemtypes import InputItem, McpApprovalRequest, McpApprovalResponse, McpCall
 
 Item = dict[str, Any]
@@ -58,13 +59,7 @@ def _text(item: Item, key: str, where: str, optional: bool = False) -> Any:
 
 def normalize(item: Item, kind: str, where: str, item_id: str) -> Item:
     """One MCP item of ``input`` (``400`` naming the field at fault)."""
-    for key in item:
-        if key not in _KEYS[kind]:
-            raise LmspError(
-                "unsupported_parameter",
-                f"{where}.{key}: a {kind} item has no field {key!r} here.",
-                param=f"{where}.{key}",
-            )
+    only_fields(item, _KEYS[kind], where, f"{kind} item")
     out: Item = {"type": kind, "id": item_id}
     if kind == "mcp_approval_response":
         out["approval_request_id"] = _text(item, "approval_request_id", where)
