@@ -145,7 +145,7 @@ def test_load_keep_and_reuse(blobs: Path) -> None:
 
 def test_every_slot_shares_one_context_of_a_model(blobs: Path) -> None:
     engine = FakeEngine()
-    h = host(blobs, engine, sequences=4)
+    h = host(blobs, engine, load=LoadOptions(sequences=4))
     a = record(blobs, "a")
     first, second = h.get(a, 0), h.get(a, 1)  # two tasks at once
     assert first is second and engine.loads == ["a"] and first.sequences == 4

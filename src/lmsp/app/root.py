@@ -64,7 +64,9 @@ def open_service(
         membership.start()  # the lease is renewed from now on (it ends with the database)
         db.on_task_change(runner.heard)
     figures.collect(metrics, db, host)
-    service = Service(settings, db, host, runner, service_id, report, metrics, kv=host.prefix_files)
+    service = Service(
+        settings, db, host, runner, service_id, report, metrics, kv=host.load.prefix_files
+    )
     service.membership = membership
     runner.grammars = service.grammars  # an MCP loop's schemas: the API's budget
     policy = DeliveryPolicy(

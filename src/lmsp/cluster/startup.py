@@ -22,6 +22,7 @@ from lmsp import datadir
 from lmsp.bootstrap import bootstrap
 from lmsp.cluster.nodes import Membership
 from lmsp.config import Settings
+from lmsp.engines.base import LoadOptions
 from lmsp.engines.deterministic import DeterministicEngine
 from lmsp.engines.host import ModelHost
 from lmsp.engines.kind import Engine
@@ -110,17 +111,19 @@ def open_host(settings: Settings, db: Database, metrics: Metrics) -> ModelHost:
         settings.n_ctx,
         keep_alive=settings.keep_alive,
         max_loaded=settings.max_loaded_models,
-        sequences=settings.parallel + settings.reserved_sequences,
-        prefix_files=kv,
         in_thread=settings.in_thread_engines,
         max_restarts=settings.engine_restarts,
         restart_window=settings.engine_restart_window,
         log_format=settings.log_format,
-        embed_tokens=settings.embed_max_tokens,
-        exact=settings.exact,
-        kv_budget=settings.kv_budget,
-        embed_share=settings.embed_share,
-        rope_scaling=settings.rope_scaling,
+        load=LoadOptions(
+            sequences=settings.parallel + settings.reserved_sequences,
+            prefix_files=kv,
+            embed_tokens=settings.embed_max_tokens,
+            exact=settings.exact,
+            kv_budget=settings.kv_budget,
+            embed_share=settings.embed_share,
+            rope_scaling=settings.rope_scaling,
+        ),
     )
     host.metrics = metrics
     return host

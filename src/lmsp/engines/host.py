@@ -27,6 +27,7 @@ import itertools
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,35 +61,26 @@ class ModelHost:
         *,
         keep_alive: float = 300.0,
         max_loaded: int = 1,
-        sequences: int = 1,
-        prefix_files: Any = None,
         in_thread: frozenset[str] | set[str] = frozenset(),
         max_restarts: int = 5,
         restart_window: float = 600.0,
         log_format: str = "text",
-        embed_tokens: int = 512,
-        exact: bool = False,
-        kv_budget: int = 0,
-        embed_share: float = 1 / 4,
-        rope_scaling: bool = True,
+        load: LoadOptions | None = None,
     ) -> None:
         self.blobs_dir = blobs_dir
-        self.rope_scaling = rope_scaling
         self.engines = engines
         self.n_ctx = n_ctx
         self.keep_alive = keep_alive
         self.max_loaded = max(1, max_loaded)
-        self.sequences = max(1, sequences)
-        self.prefix_files = prefix_files  # a PrefixFiles: saved prompt prefixes
+        # how every engine loads (its sequences, saved prefixes, LMSP_EXACT …); each
+        # model's own digest and upstream are added by :meth:`_options`
+        given = load or LoadOptions()
+        self.load = replace(given, sequences=max(1, given.sequences))
         self.in_thread = frozenset(in_thread)  # engine names run on a thread (tests)
         self.max_restarts = max(0, max_restarts)
         self.restart_window = restart_window
         self.log_format = log_format
-        self.embed_tokens = embed_tokens  # the engines' embedding context size
         self._embed_slots = itertools.count(-1, -1)  # in-use marks of embeddings
-        self.exact = exact  # LMSP_EXACT: the exact schedule and layout
-        self.kv_budget = kv_budget  # LMSP_KV_BUDGET: what one model's KV caches may take
-        self.embed_share = embed_share  # LMSP_EMBED_SHARE (lmsp.engines.share)
         self._loaded: dict[str, Loaded] = {}  # model id → its running engine
         self._starting: set[str] = set()  # model ids whose engine is being started
         self._busy: dict[int, str] = {}  # runner slot → model id it is using
@@ -504,17 +496,7 @@ class ModelHost:
     def _options(self, record: ModelRecord) -> LoadOptions:
         """How ``record``'s engine loads: the API side's tokenizer sizes the context with
         the same options, so both agree on it before the engine has started."""
-        return LoadOptions(
-            self.sequences,
-            record.digest,
-            self.prefix_files,
-            exact=self.exact,
-            kv_budget=self.kv_budget,
-            embed_tokens=self.embed_tokens,
-            embed_share=self.embed_share,
-            rope_scaling=self.rope_scaling,
-            remote=record.remote,
-        )
+        return replace(self.load, digest=record.digest, remote=record.remote)
 
     def constrains(self, record: ModelRecord) -> bool:
         """Whether ``record``'s engine holds output to a grammar (tools, JSON schemas): a
