@@ -25,7 +25,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from lmsp.api.schemas import Generation, ModelId, OutputTokens, StopString, ToolName, TopK
+from lmsp.api.schemas import (
+    Generation,
+    ModelId,
+    OutputTokens,
+    StopString,
+    ToolName,
+    TopK,
+    Unavailable,
+    unavailable,
+)
 from lmsp.errors import LmspError, unsupported
 
 
@@ -96,8 +105,8 @@ class CountTokens(Strict):
     output_config: OutputConfig | None = None
     context_management: ContextManagement | None = None
     cache_control: CacheControl | None = None
-    # Anthropic features lmsp does not have: declared so that they are refused by name
-    mcp_servers: Any = None
+    # Anthropic features lmsp does not have
+    mcp_servers: Unavailable = None
     speed: Literal["standard", "fast"] | None = None
 
 
@@ -112,23 +121,12 @@ class MessageCreate(CountTokens, Generation):
     top_k: TopK | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
-    # Anthropic features lmsp does not have: declared so that they are refused by name
-    container: Any = None
-    inference_geo: Any = None
-    diagnostics: Any = None
-    user_profile_id: Any = None
-    workspace_id: Any = None
-
-
-#: refused whenever set (Anthropic features with no counterpart here)
-UNAVAILABLE = (
-    "mcp_servers",
-    "container",
-    "inference_geo",
-    "diagnostics",
-    "user_profile_id",
-    "workspace_id",
-)
+    # Anthropic features lmsp does not have
+    container: Unavailable = None
+    inference_geo: Unavailable = None
+    diagnostics: Unavailable = None
+    user_profile_id: Unavailable = None
+    workspace_id: Unavailable = None
 
 
 def check_message(body: CountTokens) -> None:
@@ -138,9 +136,7 @@ def check_message(body: CountTokens) -> None:
 
 
 def _problems(body: CountTokens) -> Iterator[LmspError]:
-    for name in UNAVAILABLE:
-        if getattr(body, name, None) is not None:
-            yield unsupported(name, f"{name} is not supported by this server.")
+    yield from unavailable(body)
     if body.speed == "fast":
         yield unsupported("speed", "There is one speed here (standard).")
     thinking = body.thinking

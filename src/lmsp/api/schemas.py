@@ -27,7 +27,14 @@ class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+class _Unavailable:
+    """The mark of :data:`Unavailable` fields."""
+
+
 # -- shared field types ---------------------------------------------------------------------
+#: a field of the API's body that lmsp does not have, declared ``name: Unavailable = None``
+#: so that a value is refused by name (:func:`unavailable`), never ignored
+Unavailable = Annotated[Any, _Unavailable()]
 ModelId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 ToolName = Annotated[str, StringConstraints(pattern=rf"^{tooldefs.NAME.pattern}$")]
 ShortId = Annotated[str, StringConstraints(max_length=64)]
@@ -142,14 +149,14 @@ class CreateResponse(Body):
     # read by :mod:`.turns` (a conversation; compaction first)
     conversation: Any = None
     context_management: Any = None
-    # OpenAI features lmsp does not have: declared so that they are refused, not ignored
-    prompt: Any = None
-    prompt_cache_retention: Any = None
-    prompt_cache_options: Any = None
-    background_options: Any = None
-    moderation: Any = None
-    image: Any = None
-    access_programs: Any = None
+    # OpenAI features lmsp does not have
+    prompt: Unavailable = None
+    prompt_cache_retention: Unavailable = None
+    prompt_cache_options: Unavailable = None
+    background_options: Unavailable = None
+    moderation: Unavailable = None
+    image: Unavailable = None
+    access_programs: Unavailable = None
     # LMSP extensions
     seed: Seed | None = None
     on_restart: OnRestart | None = None
@@ -169,18 +176,6 @@ class ReadTools:
     choice: Any
 
 
-#: OpenAI features lmsp does not have, refused whenever they are set
-UNAVAILABLE = (
-    "prompt",
-    "prompt_cache_retention",
-    "prompt_cache_options",
-    "background_options",
-    "moderation",
-    "image",
-    "access_programs",
-)
-
-
 def _chat_logprobs(body: ChatCompletionCreate) -> Iterator[LmspError]:
     """Chat completions carry no log probabilities (``/v1/responses`` does)."""
     if body.logprobs:
@@ -198,9 +193,12 @@ def _first(problems: Iterator[LmspError]) -> None:
         raise problem
 
 
-def _unavailable(body: BaseModel, names: tuple[str, ...]) -> Iterator[LmspError]:
-    for name in names:
-        if getattr(body, name) is not None:
+def unavailable(body: BaseModel) -> Iterator[LmspError]:
+    """The refusal of each :data:`Unavailable` field ``body`` sets, in declared order."""
+    for name, field in type(body).model_fields.items():
+        if getattr(body, name) is not None and any(
+            isinstance(mark, _Unavailable) for mark in field.metadata
+        ):
             yield unsupported(name, f"{name} is not supported by this server.")
 
 
@@ -238,7 +236,7 @@ def check_response(body: CreateResponse) -> ReadTools:
 
 
 def _response_head(body: CreateResponse) -> Iterator[LmspError]:
-    yield from _unavailable(body, UNAVAILABLE)
+    yield from unavailable(body)
     if body.background and body.store is False:
         yield LmspError(
             "invalid_value", "A background response must be stored (store: true).", param="store"
@@ -359,34 +357,22 @@ class ChatCompletionCreate(OpenAIBody):
     verbosity: Verbosity | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     modalities: list[Literal["text", "audio"]] | None = None
-    # OpenAI features lmsp does not have: declared so that they are refused, not ignored
-    audio: Any = None
-    prediction: Any = None
-    functions: Any = None
-    function_call: Any = None
-    web_search_options: Any = None
-    prompt_cache_retention: Any = None
-    prompt_cache_options: Any = None
-    moderation: Any = None
-
-
-CHAT_UNAVAILABLE = (
-    "audio",
-    "prediction",
-    "functions",
-    "function_call",
-    "web_search_options",
-    "prompt_cache_retention",
-    "prompt_cache_options",
-    "moderation",
-)
+    # OpenAI features lmsp does not have
+    audio: Unavailable = None
+    prediction: Unavailable = None
+    functions: Unavailable = None
+    function_call: Unavailable = None
+    web_search_options: Unavailable = None
+    prompt_cache_retention: Unavailable = None
+    prompt_cache_options: Unavailable = None
+    moderation: Unavailable = None
 
 
 def check_chat(body: ChatCompletionCreate) -> ReadTools:
     """Raise the first ``unsupported_parameter`` (or cross-field ``invalid_value``);
     the body's tools and ``tool_choice`` as read (in the Responses form, once) and
     checked."""
-    _first(_unavailable(body, CHAT_UNAVAILABLE))
+    _first(unavailable(body))
     _first(_one_choice(body))
     if (
         body.max_tokens is not None
