@@ -8,7 +8,8 @@ through a few calls: the writer (:meth:`Metrics.transaction`), the runner
 :meth:`engine_restarted`), the embeddings route (:meth:`embedded`), startup recovery
 (:meth:`recovered`)
 and the HTTP middleware (:meth:`http`). Figures that live in the database (tasks by
-status, the queue) are read from it when scraped, through :meth:`add_collector`.
+status, the queue) are read from it when scraped, through :meth:`add_collector`
+(:func:`per_model` shapes a gauge of one figure a model).
 
 The live view of the sequences being generated (:meth:`sequences`) is what ``lmsp ps``
 shows: no prompt or output text is kept here, only counts and times.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -79,6 +80,15 @@ def holdups(sequences: list[Sequence]) -> dict[str, str]:
         what = f"the prompt of task {other.task_id} is being read ({read})"
         found[seq.task_id] = f"{'sharing' if seq.reading else 'slowed'}: {what}"
     return found
+
+
+def per_model(name: str, text: str, values: Iterable[tuple[str, float]]) -> Metric:
+    """A gauge read when ``/metrics`` is scraped: one figure a model (label ``model``)
+    of ``values``, ``(model, figure)`` pairs."""
+    family = GaugeMetricFamily(name, text, labels=["model"])
+    for model, value in values:
+        family.add_metric([model], value)
+    return family
 
 
 class _Callback(Collector):

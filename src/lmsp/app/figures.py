@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from lmsp.engines.host import ModelHost
-from lmsp.metrics import Metrics
+from lmsp.metrics import Metrics, per_model
 from lmsp.protocol.states import Status
 from lmsp.store import tasks as task_store
 from lmsp.store import usage as usage_store
@@ -25,19 +25,19 @@ def collect(metrics: Metrics, db: Database, host: ModelHost) -> None:
 def engine_figures(host: ModelHost) -> list[Metric]:
     """Each model's engine process: its pid while it runs, and whether its crash loop
     marked the model failed."""
-    pid = GaugeMetricFamily(
-        "lmsp_engine_pid", "The process id of a model's engine.", labels=["model"]
-    )
-    failed = GaugeMetricFamily(
-        "lmsp_engine_failed",
-        "1 when a model's engine crashed too often and is not started again.",
-        labels=["model"],
-    )
-    for status in host.engine_status():
-        if status["pid"] is not None:
-            pid.add_metric([status["model"]], status["pid"])
-        failed.add_metric([status["model"]], 1 if status["state"] == "failed" else 0)
-    return [pid, failed]
+    statuses = host.engine_status()
+    return [
+        per_model(
+            "lmsp_engine_pid",
+            "The process id of a model's engine.",
+            ((status["model"], status["pid"]) for status in statuses if status["pid"] is not None),
+        ),
+        per_model(
+            "lmsp_engine_failed",
+            "1 when a model's engine crashed too often and is not started again.",
+            ((status["model"], int(status["state"] == "failed")) for status in statuses),
+        ),
+    ]
 
 
 def database_figures(db: Database) -> list[Metric]:

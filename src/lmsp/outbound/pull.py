@@ -38,12 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from lmsp import errors
 from lmsp.datadir import ensure_private_dir
 from lmsp.gguf import NotGGUF, check_structure, metadata_of, read_header_from
-from lmsp.metrics import Metrics
+from lmsp.metrics import Metrics, per_model
 from lmsp.outbound.hub import FailedAttempt, Hub
 from lmsp.protocol.states import Status
 from lmsp.store import blobs, nodes, pulls, retrying
@@ -435,18 +435,19 @@ class Downloader:
 
     # -- figures -------------------------------------------------------------------------------
     def figures(self) -> list[Metric]:
-        done = GaugeMetricFamily(
-            "lmsp_model_pull_bytes", "Bytes a model pull in progress has on disk.", labels=["model"]
-        )
-        total = GaugeMetricFamily(
-            "lmsp_model_pull_total_bytes",
-            "Bytes a model pull in progress fetches.",
-            labels=["model"],
-        )
-        for row in pulls.active(self.db.reader()):
-            done.add_metric([row["model_id"]], float(row["bytes_done"]))
-            total.add_metric([row["model_id"]], float(row["total_bytes"]))
-        return [done, total]
+        rows = pulls.active(self.db.reader())
+        return [
+            per_model(
+                "lmsp_model_pull_bytes",
+                "Bytes a model pull in progress has on disk.",
+                ((row["model_id"], float(row["bytes_done"])) for row in rows),
+            ),
+            per_model(
+                "lmsp_model_pull_total_bytes",
+                "Bytes a model pull in progress fetches.",
+                ((row["model_id"], float(row["total_bytes"])) for row in rows),
+            ),
+        ]
 
 
 class _Part:
