@@ -278,11 +278,8 @@ class RemoteBackend:
             self.cancelled += 1
             self._send(Done(message.id, CANCELLED))
             return
-        except UpstreamRefused as exc:
-            self._send(Error(message.id, "engine_error", str(exc)))
-            return
-        except UpstreamLost as exc:
-            self._lost(message.id, url, str(exc))
+        except (UpstreamRefused, UpstreamLost) as exc:
+            self._failed(message.id, url, exc, "engine_error")
             return
         except Exception as exc:  # a bug here: this sequence fails, the engine goes on
             log.exception("remote engine: a sequence failed")
@@ -348,6 +345,16 @@ class RemoteBackend:
         self.refilled += 1
         return ids
 
+    def _failed(
+        self, sid: int, url: str, exc: UpstreamRefused | UpstreamLost, refused: str
+    ) -> None:
+        """An upstream call of sequence ``sid`` failed: a refusal fails that sequence
+        (``refused``: its error code), a lost upstream the engine (:meth:`_lost`)."""
+        if isinstance(exc, UpstreamLost):
+            self._lost(sid, url, str(exc))
+        else:
+            self._send(Error(sid, refused, str(exc)))
+
     def _lost(self, sid: int, url: str, why: str) -> None:
         """An upstream broke off: every open sequence hears it (naming the upstream),
         then the engine exits as a crashed one does (see the module docstring); it
@@ -368,11 +375,8 @@ class RemoteBackend:
         except asyncio.CancelledError:
             self._send(Done(message.id, CANCELLED))
             return
-        except UpstreamRefused as exc:
-            self._send(Error(message.id, "model_cannot_embed", str(exc)))
-            return
-        except UpstreamLost as exc:
-            self._lost(message.id, url, str(exc))
+        except (UpstreamRefused, UpstreamLost) as exc:
+            self._failed(message.id, url, exc, "model_cannot_embed")
             return
         raw = np.asarray(rows, dtype=np.float64)
         norms = np.linalg.norm(raw, axis=1, keepdims=True)
