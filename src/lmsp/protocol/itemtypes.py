@@ -95,19 +95,21 @@ class McpApprovalResponse(Typed, frozen=True, tag="mcp_approval_response"):
     reason: str | UnsetType = UNSET
 
 
-class McpApprovalRequest(Typed, frozen=True, tag="mcp_approval_request"):
+class McpToolCall(Typed, frozen=True):
+    """What an MCP approval request asks to run and an ``mcp_call`` ran: a server's
+    tool, with its arguments (JSON text)."""
+
     id: str
     server_label: str
     name: str
     arguments: str
+
+
+class McpApprovalRequest(McpToolCall, frozen=True, tag="mcp_approval_request"):
     status: str | UnsetType = UNSET
 
 
-class McpCall(Typed, frozen=True, tag="mcp_call"):
-    id: str
-    server_label: str
-    name: str
-    arguments: str
+class McpCall(McpToolCall, frozen=True, tag="mcp_call"):
     output: str | UnsetType | None = UNSET
     error: Any = UNSET
     status: str | UnsetType = UNSET

@@ -18,7 +18,13 @@ from msgspec import UnsetType
 from lmsp.errors import LmspError
 from lmsp.protocol import mcp, toolcalls
 from lmsp.protocol.fields import only_fields
-from lmsp.protocol.itemtypes import InputItem, McpApprovalRequest, McpApprovalResponse, McpCall
+from lmsp.protocol.itemtypes import (
+    InputItem,
+    McpApprovalRequest,
+    McpApprovalResponse,
+    McpCall,
+    McpToolCall,
+)
 
 Item = dict[str, Any]
 INPUT_TYPES = frozenset(
@@ -90,7 +96,7 @@ def normalize(item: Item, kind: str, where: str, item_id: str) -> Item:
     return out
 
 
-def _call(item: McpCall | McpApprovalRequest) -> str:
+def _call(item: McpToolCall) -> str:
     arguments = item.arguments or "{}"
     try:
         shown = json.dumps(json.loads(arguments), ensure_ascii=False)
