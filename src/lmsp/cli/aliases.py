@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from lmsp.cli.models import models
-from lmsp.cli.remote import ask, connect, print_json, remote_options, table, when
+from lmsp.cli.remote import ask, connect, limit_option, print_json, remote_options, table, when
 from lmsp.cli.safe import clean
 
 
@@ -50,9 +50,7 @@ def alias(
 @click.option(
     "--errors", "errors_only", is_flag=True, help="The recent 4xx/5xx answers (the default)."
 )
-@click.option(
-    "--limit", default=50, show_default=True, type=click.IntRange(1, 256), help="How many to list."
-)
+@limit_option(256, 50)
 @remote_options
 def logs(errors_only: bool, limit: int, url: str | None, token: str | None, as_json: bool) -> None:
     """The refused requests the service keeps in memory (newest first): status, error

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from lmsp.cli.errors import CliError
-from lmsp.cli.remote import connect, note, print_json, remote_options, table, when
+from lmsp.cli.remote import connect, limit_option, note, print_json, remote_options, table, when
 from lmsp.cli.safe import clean
 from lmsp.client import Client
 
@@ -181,14 +181,7 @@ def _totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @click.command("audit", short_help="The audit log of owner and admin actions.")
 @click.option("--after", type=int, default=0, help="Rows after this id.")
-@click.option(
-    "--limit",
-    "count",
-    type=click.IntRange(1, 1000),
-    default=100,
-    show_default=True,
-    help="How many to list.",
-)
+@limit_option(1000, 100, "count")
 @click.option("--target", help="Only rows about this client, pairing or model id.")
 @remote_options
 def audit(

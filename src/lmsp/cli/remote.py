@@ -32,6 +32,19 @@ def remote_options(func: F) -> F:
     return func
 
 
+def limit_option(most: int, default: int, name: str = "limit") -> Callable[[F], F]:
+    """``--limit``: how many rows a listing asks for (1 to ``most``, the server's bound);
+    ``name``: the command's parameter."""
+    return click.option(
+        "--limit",
+        name,
+        type=click.IntRange(1, most),
+        default=default,
+        show_default=True,
+        help="How many to list.",
+    )
+
+
 def _error(exc: ClientError, where: Target | None) -> CliError:
     if isinstance(exc, APIError):
         return api_error(exc.status, exc.code, exc.message, where)

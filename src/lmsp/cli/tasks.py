@@ -11,6 +11,7 @@ from lmsp.cli.remote import (
     connect,
     console,
     finish,
+    limit_option,
     print_json,
     print_stream,
     remote_options,
@@ -68,13 +69,7 @@ def _details(api: Client, page: list[dict[str, Any]]) -> dict[str, str]:
 @click.option(
     "--status", type=click.Choice(STATUSES), help="Only tasks in this state (the STATUS column)."
 )
-@click.option(
-    "--limit",
-    type=click.IntRange(1, 100),
-    default=20,
-    show_default=True,
-    help="How many to list.",
-)
+@limit_option(100, 20)
 @click.option(
     "--client",
     "client_id",

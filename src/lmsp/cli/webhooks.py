@@ -7,7 +7,16 @@ from typing import Any
 
 import click
 
-from lmsp.cli.remote import ask, connect, note, print_json, remote_options, table, when
+from lmsp.cli.remote import (
+    ask,
+    connect,
+    limit_option,
+    note,
+    print_json,
+    remote_options,
+    table,
+    when,
+)
 from lmsp.protocol.webhooks import EVENTS
 
 EVENT_OPTION = click.option(
@@ -145,9 +154,7 @@ def remove(webhook_id: str, url: str | None, token: str | None, as_json: bool) -
 
 @webhooks.command("deliveries", short_help="A webhook's recent deliveries and their state.")
 @click.argument("webhook_id")
-@click.option(
-    "--limit", type=click.IntRange(1, 100), default=20, show_default=True, help="How many to list."
-)
+@limit_option(100, 20)
 @remote_options
 def list_deliveries(
     webhook_id: str, limit: int, url: str | None, token: str | None, as_json: bool
