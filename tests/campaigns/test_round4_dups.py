@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.api.test_unavailable_fields import CHAT, MESSAGES, RESPONSES
 from tests.campaigns.invariants import long_run, report, wait_all_finished
 from tests.helpers import Server, open_db
 
@@ -35,33 +36,9 @@ TEST = "lmsp-test"
 
 #: each API's fields lmsp does not have, in declared order (the first set is named)
 UNAVAILABLE = {
-    "/v1/responses": (
-        "prompt",
-        "prompt_cache_retention",
-        "prompt_cache_options",
-        "background_options",
-        "moderation",
-        "image",
-        "access_programs",
-    ),
-    "/v1/chat/completions": (
-        "audio",
-        "prediction",
-        "functions",
-        "function_call",
-        "web_search_options",
-        "prompt_cache_retention",
-        "prompt_cache_options",
-        "moderation",
-    ),
-    "/v1/messages": (
-        "mcp_servers",
-        "container",
-        "inference_geo",
-        "diagnostics",
-        "user_profile_id",
-        "workspace_id",
-    ),
+    "/v1/responses": RESPONSES,
+    "/v1/chat/completions": CHAT,
+    "/v1/messages": MESSAGES,
 }
 BASE: dict[str, dict[str, Any]] = {
     "/v1/responses": {"model": TEST, "input": "hi", "max_output_tokens": 2},
