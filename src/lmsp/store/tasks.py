@@ -111,7 +111,7 @@ def move(
 ) -> TaskRecord | None:
     """Move a task to ``target`` if it is in one of ``from_states``.
 
-    Returns the updated row, or ``None`` when another transition won first (nothing is
+    Returns the task as updated, or ``None`` when another transition won first (nothing is
     written then). ``before`` events are logged ahead of the lifecycle event. A terminal
     move records ``usage`` with the response (what the task consumed, however it
     ended: completed, cancelled or failed), else what its snapshot says it generated,
@@ -372,7 +372,7 @@ def fail(
 def cancel(conn: Conn, task_id: str) -> TaskRecord | None:
     """A cancel request: ``queued → cancelled`` or ``loading|running → cancelling``.
 
-    Returns the moved row, or ``None`` when the task was already past cancelling
+    Returns the task as moved, or ``None`` when the task was already past cancelling
     (finished, cancelling or cancelled): cancel is idempotent and changes nothing then.
     """
     moved = move(conn, task_id, Status.CANCELLED, from_states=frozenset({Status.QUEUED}))
