@@ -45,7 +45,7 @@ def old_append(
     """The scheme before m007: the whole snapshot, every token id, as JSON each flush."""
     task = task_store.get(conn, task_id)
     assert task is not None
-    seq = events.append(conn, task_id, batch) if batch else task["last_sequence_number"]
+    seq = events.append(conn, task_id, batch) if batch else task.last_sequence_number
     text = json.dumps(dict(snap, sequence_number=seq), separators=(",", ":"))
     conn.execute("UPDATE tasks SET snapshot = ? WHERE id = ?", (text, task_id))
     return len(text)
@@ -57,9 +57,8 @@ def new_append(
     """Today's: the new token ids as a chunk, the small fields as JSON."""
     before = _chunk_bytes(conn, task_id)
     assert task_store.append_output(conn, task_id, batch, snap)
-    task = task_store.get(conn, task_id)
-    assert task is not None
-    return len(task["snapshot"]) + _chunk_bytes(conn, task_id) - before
+    text = conn.execute("SELECT snapshot FROM tasks WHERE id = ?", (task_id,)).fetchone()[0]
+    return len(text) + _chunk_bytes(conn, task_id) - before
 
 
 def no_snapshot(

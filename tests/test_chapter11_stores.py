@@ -77,14 +77,14 @@ def test_status_and_sequence_move_in_one_transaction(svc: Service) -> None:
         svc.db.write_sync(broken)
     conn = svc.db.reader()
     task = task_store.get(conn, task_id)
-    assert task is not None and task["status"] == "queued"
-    assert task["last_sequence_number"] == 1  # neither the status nor an event landed
+    assert task is not None and task.status == "queued"
+    assert task.last_sequence_number == 1  # neither the status nor an event landed
     assert len(task_log(conn, task_id)) == 2
 
     moved = svc.db.write_sync(lambda c: task_store.move(c, task_id, Status.LOADING))
-    assert moved is not None and moved["status"] == "loading"
+    assert moved is not None and moved.status == "loading"
     log = task_log(conn, task_id)
-    assert moved["last_sequence_number"] == log[-1]["sequence_number"] == 2
+    assert moved.last_sequence_number == log[-1]["sequence_number"] == 2
     check_log_invariants(conn)
 
 

@@ -65,7 +65,7 @@ def test_an_earlier_request_runs_as_it_ran(svc: Service, name: str) -> None:
     task_id = with_old_request(svc, name)
     assert svc.runner.run_next() == task_id
     task = task_store.get(svc.db.reader(), task_id)
-    assert task is not None and Status(task["status"]) is Status.COMPLETED
+    assert task is not None and task.status is Status.COMPLETED
     shown = svc.response_object(task_id)
     assert shown["status"] == "incomplete"  # its max_output_tokens (3) ran out, as then
     text, input_tokens, output_tokens = OLD["written"][name]

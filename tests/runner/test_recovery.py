@@ -122,7 +122,7 @@ def prepare(settings: Settings, found: str, policy: str, seed: int) -> Prepared:
         if found == "queued":
             return created.response_id, task_id, text
         claimed = task_store.claim_next(conn)
-        assert claimed is not None and claimed["id"] == task_id
+        assert claimed is not None and claimed.id == task_id
         if found == "loading":
             return created.response_id, task_id, text
         record = models.get(conn, TEST_MODEL_ID)
@@ -137,15 +137,15 @@ def prepare(settings: Settings, found: str, policy: str, seed: int) -> Prepared:
             assert task_store.append_output(conn, task_id, batch, snap)
         if found == "cancelling":
             moved = task_store.cancel(conn, task_id)
-            assert moved is not None and moved["status"] == "cancelling"
+            assert moved is not None and moved.status == "cancelling"
         return created.response_id, task_id, text
 
     db = open_database(settings)
     try:
         response_id, task_id, snapshot_text = db.write_sync(job)
         task = task_store.get(db.reader(), task_id)
-        assert task is not None and task["status"] == found
-        last_seq = int(task["last_sequence_number"])
+        assert task is not None and task.status == found
+        last_seq = task.last_sequence_number
     finally:
         db.close()
     return Prepared(found, policy, task_id, response_id, request, last_seq, snapshot_text)
@@ -393,7 +393,7 @@ def test_cancel_of_a_resumed_task_before_the_runner_takes_it(settings: Settings)
     with started(settings) as svc:
         assert svc.recovered.resumed == [prep.task_id]
         moved = svc.db.write_sync(lambda c: task_store.cancel(c, prep.task_id))
-        assert moved is not None and moved["status"] == "cancelling"
+        assert moved is not None and moved.status == "cancelling"
         svc.runner.request_cancel(prep.task_id)
         svc.runner.start(resume=svc.recovered.resumed)
         wait_terminal(settings, [prep.task_id])

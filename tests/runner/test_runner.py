@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -50,7 +49,7 @@ def enqueue(svc: Service, **request: Any) -> str:
 def status(svc: Service, task_id: str) -> Status:
     task = task_store.get(svc.db.reader(), task_id)
     assert task is not None
-    return Status(task["status"])
+    return task.status
 
 
 def test_run_next_runs_a_task_to_completion(svc: Service) -> None:
@@ -130,7 +129,7 @@ def test_a_missing_blob_fails_with_model_corrupt(svc: Service, settings: Setting
 def test_cancel_of_a_queued_task_is_immediate(svc: Service) -> None:
     task_id = enqueue(svc)
     moved = svc.db.write_sync(lambda c: task_store.cancel(c, task_id))
-    assert moved is not None and moved["status"] == "cancelled"
+    assert moved is not None and moved.status == "cancelled"
     assert svc.runner.run_next() is None
     assert [e["type"] for e in task_log(svc.db.reader(), task_id)][-1] == "response.cancelled"
 
@@ -169,7 +168,9 @@ def test_cancel_races_completion_1000_times(svc: Service) -> None:
             barrier.wait()
             time.sleep(random.random() * 0.0005)
             results["settle"] = svc.db.write_sync(
-                lambda c: task_store.settle(c, task_id, closing, output, usage)
+                lambda c: task_store.settle(
+                    c, task_id, task_store.Completion(closing, output, usage)
+                )
             )
 
         def canceller(
@@ -187,7 +188,7 @@ def test_cancel_races_completion_1000_times(svc: Service) -> None:
         final = status(svc, task_id)
         if results["cancel"] is not None:
             # the cancel won: completion changed nothing, the runner's settle finished it
-            assert results["cancel"]["status"] == "cancelling"
+            assert results["cancel"].status == "cancelling"
             assert results["settle"] is Status.CANCELLED
             assert final is Status.CANCELLED
         else:
@@ -229,8 +230,8 @@ def test_snapshot_is_written_with_the_deltas_it_covers(svc: Service) -> None:
     task_id = _running_task(svc)
     task = task_store.get(svc.db.reader(), task_id)
     assert task is not None
-    snapshot = json.loads(task["snapshot"])
-    assert snapshot["sequence_number"] == task["last_sequence_number"]
+    assert task.snapshot is not None
+    assert task.snapshot["sequence_number"] == task.last_sequence_number
     deltas = [e for e in task_log(svc.db.reader(), task_id) if "delta" in e]
     assert "".join(e["delta"] for e in deltas) == "a b "
     # the output so far is what the log the snapshot covers describes

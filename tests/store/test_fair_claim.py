@@ -39,7 +39,7 @@ def queue(svc: Service, client_id: str, tier: str | None = None) -> str:
 
 def claim(svc: Service) -> str | None:
     row = svc.db.write_sync(lambda c: task_store.claim_next(c))
-    return None if row is None else str(row["id"])
+    return None if row is None else row.id
 
 
 def positions(svc: Service, ids: list[str]) -> dict[str, int | None]:
@@ -95,7 +95,7 @@ def test_the_client_with_fewest_running_goes_first(svc: Service) -> None:
 
 def newcomer(svc: Service) -> str | None:
     row = svc.db.write_sync(lambda c: task_store.claim_next(c, newcomer=True))
-    return None if row is None else str(row["id"])
+    return None if row is None else row.id
 
 
 def test_the_reserved_sequence_takes_only_a_client_with_nothing_running(svc: Service) -> None:

@@ -84,7 +84,7 @@ def test_claims_pass_over_rows_another_node_is_claiming(db: PgDatabase) -> None:
         pending.result(10)
     finally:
         other.close()
-    assert claimed["a"]["id"] == first and claimed["b"]["id"] == second
+    assert claimed["a"].id == first and claimed["b"].id == second
     assert waited < 5  # b did not wait for a's lock: it took the next row
     rows = {r["id"]: r for r in db.reader().execute("SELECT * FROM tasks")}
     assert rows[first]["node_id"] == "a" and rows[second]["node_id"] == "b"
@@ -97,7 +97,7 @@ def test_a_node_claims_only_models_it_has(db: PgDatabase) -> None:
     record = models.get(db.reader(), "lmsp-test")
     assert record is not None
     claimed = db.write_sync(lambda c: task_store.claim_next(c, a, [record.digest]))
-    assert claimed is not None and claimed["id"] == task_id
+    assert claimed is not None and claimed.id == task_id
 
 
 def test_writes_are_fenced_by_node_and_lease_epoch(db: PgDatabase) -> None:
@@ -127,8 +127,8 @@ def _leave_in(db: PgDatabase, node: nodes.Node, found: str, policy: str) -> tupl
     if found == "cancelling":
         db.write_sync(lambda c: task_store.cancel(c, task_id))
     row = task_store.get(db.reader(), task_id)
-    assert row is not None and row["status"] == found
-    return task_id, int(row["last_sequence_number"])
+    assert row is not None and row.status == found
+    return task_id, row.last_sequence_number
 
 
 def test_the_rescuer_applies_the_recovery_table_with_node_lost(db: PgDatabase) -> None:
@@ -149,19 +149,19 @@ def test_the_rescuer_applies_the_recovery_table_with_node_lost(db: PgDatabase) -
         row = task_store.get(conn, task_id)
         assert row is not None
         expected = TABLE[found][policy]
-        assert row["status"] == expected, (found, policy)
+        assert row.status == expected, (found, policy)
         new = [e["type"] for e in task_log(conn, task_id)[last + 1 :]]
         if expected == "failed":
-            assert row["error_code"] == "node_lost" and new == ["response.failed"]
+            assert row.error_code == "node_lost" and new == ["response.failed"]
         elif expected == "cancelled":
             assert new == ["response.cancelled"]
         elif expected == "queued":
-            assert new == ["response.queued"] and row["node_id"] is None
+            assert new == ["response.queued"] and row.node_id is None
         else:  # left running, held by nobody: the next claim resumes it
-            assert new == [] and row["node_id"] is None and row["snapshot"] is not None
+            assert new == [] and row.node_id is None and row.snapshot is not None
     assert rescuer.rescue().outcomes == []  # a second pass changes nothing
     node = nodes.Node("rescuer", rescuer.node.epoch if rescuer.node else 0)
     resumed = db.write_sync(lambda c: task_store.claim_next(c, node))
-    assert resumed is not None and resumed["status"] == Status.RUNNING
-    assert resumed["id"] == left[("running", "resume")][0]
+    assert resumed is not None and resumed.status == Status.RUNNING
+    assert resumed.id == left[("running", "resume")][0]
     check_log_invariants(conn)

@@ -53,7 +53,7 @@ def queue(db: PgDatabase, client_id: str, tier: str | None = None) -> str:
 
 def claim(db: PgDatabase, node: nodes.Node) -> str | None:
     row = db.write_sync(lambda c: task_store.claim_next(c, node))
-    return None if row is None else str(row["id"])
+    return None if row is None else row.id
 
 
 def finish(db: PgDatabase, task_id: str) -> None:
@@ -108,7 +108,7 @@ def test_the_reserved_sequence_claims_a_newcomer_only(db: PgDatabase) -> None:
 
     def newcomer() -> str | None:
         row = db.write_sync(lambda c: task_store.claim_next(c, node, newcomer=True))
-        return None if row is None else str(row["id"])
+        return None if row is None else row.id
 
     flood = [queue(db, heavy) for _ in range(2)]
     assert claim(db, node) == flood[0]
@@ -162,7 +162,7 @@ def test_usage_ledger_and_audit_chain(db: PgDatabase) -> None:
     assert claim(db, node) == task_id
     db.write_sync(lambda c: task_store.start(c, task_id, None))
     used = {"input_tokens": 7, "cached_tokens": 2, "output_tokens": 5, "total_tokens": 12}
-    db.write_sync(lambda c: task_store.complete(c, task_id, [], [], used))
+    db.write_sync(lambda c: task_store.complete(c, task_id, task_store.Completion([], [], used)))
     rows = usage.summary(db.reader(), a, None, None, ("model",))
     assert [
         (r["requests"], r["input_tokens"], r["cached_tokens"], r["output_tokens"]) for r in rows

@@ -91,9 +91,9 @@ def chunk_starts(conn: sqlite3.Connection, task_id: str) -> list[int]:
 
 
 def snapshot_json(conn: sqlite3.Connection, task_id: str) -> str | None:
-    task = task_store.get(conn, task_id)
-    assert task is not None
-    value: str | None = task["snapshot"]
+    row = conn.execute("SELECT snapshot FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    assert row is not None
+    value: str | None = row[0]
     return value
 
 
@@ -114,7 +114,7 @@ def test_the_chunks_round_trip_exactly(conn: sqlite3.Connection) -> None:
         "tokens": tokens,
         "seed": 7,
         "held": "h550",
-        "sequence_number": task["last_sequence_number"],
+        "sequence_number": task.last_sequence_number,
     }
     # sealed at 300 (all 300 so far) and 450 (150 more); 100 wait in the tail
     assert chunk_starts(conn, task_id) == [0, 300]
@@ -160,7 +160,7 @@ def test_a_retried_task_starts_with_no_tokens(conn: sqlite3.Connection) -> None:
     assert flush(conn, task_id, LONG)
     assert chunk_rows(conn, task_id) == 1
     moved = tx(conn, lambda c: task_store.requeue(c, task_id, reset=True))
-    assert moved is not None and moved["snapshot"] is None
+    assert moved is not None and moved.snapshot is None
     assert chunk_rows(conn, task_id) == 0
     assert task_store.snapshot(conn, task_id) is None
     # the next attempt writes its own tokens from the first
@@ -179,7 +179,7 @@ def test_a_fresh_start_drops_a_snapshot_kept_by_a_requeue(conn: sqlite3.Connecti
     assert tx(conn, lambda c: task_store.requeue(c, task_id, reset=False)) is not None
     assert tx(conn, lambda c: task_store.claim_next(c)) is not None
     started = tx(conn, lambda c: task_store.start(c, task_id, None))
-    assert started is not None and started["snapshot"] is None
+    assert started is not None and started.snapshot is None
     assert chunk_rows(conn, task_id) == 0
     assert flush(conn, task_id, [1])
 
@@ -192,7 +192,7 @@ def test_a_finished_task_keeps_no_snapshot(conn: sqlite3.Connection) -> None:
         # the runner's last word: its final batch and snapshot, then the completion
         task_store.append_output(c, done, [], {"tokens": [*LONG, 1], "seed": 7})
         usage = {"input_tokens": 1, "output_tokens": 301, "total_tokens": 302}
-        return task_store.settle(c, done, [], [], usage)
+        return task_store.settle(c, done, task_store.Completion([], [], usage))
 
     assert tx(conn, finish) == Status.COMPLETED
     failed = running_task(conn)

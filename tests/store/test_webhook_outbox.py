@@ -79,7 +79,7 @@ def test_the_delivery_commits_with_the_terminal_state_or_not_at_all(svc: Service
 
     with pytest.raises(Boom):
         svc.db.write_sync(fail_then_break)
-    assert task_store.get(svc.db.reader(), task_id)["status"] == "queued"
+    assert task_store.get(svc.db.reader(), task_id).status == "queued"
     assert rows(svc) == []
     svc.db.write_sync(lambda c: task_store.fail(c, task_id, "engine_error", "no"))
     (row,) = rows(svc)

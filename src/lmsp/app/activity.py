@@ -65,10 +65,10 @@ def _sequences(conn: Conn, live: list[Sequence], now: float) -> list[dict[str, A
         shown.append(
             {
                 "task_id": seq.task_id,
-                "response_id": task["response_id"],
-                "client_id": task["client_id"],
+                "response_id": task.response_id,
+                "client_id": task.client_id,
                 "model": seq.model,
-                "status": task["status"],
+                "status": task.status.value,
                 "phase": "reading" if seq.reading else "generating",
                 "prompt_tokens": seq.prompt_tokens,
                 "cached_tokens": seq.cached_tokens,
@@ -133,17 +133,18 @@ def _pull(row: Row) -> dict[str, Any]:
     }
 
 
-def why_waiting(task: Row, busy: int, settings: Settings, live: list[Sequence]) -> str:
-    """Why a task is not generating yet, as the claim (store/tasks.py) and the runner's
-    sequences decide: its model loading, its client at its ``max_running``, every
-    sequence it may take busy (and a prompt being read holding one, if one is)."""
-    if task["status"] == "loading":
-        return f"loading: the model {task['model']} is being loaded"
-    limit = task["max_running"]
-    if limit is not None and task["running"] >= limit:
+def why_waiting(row: Row, busy: int, settings: Settings, live: list[Sequence]) -> str:
+    """Why a task (a row of :func:`lmsp.store.tasks.waiting`) is not generating yet, as
+    the claim (store/tasks.py) and the runner's sequences decide: its model loading, its
+    client at its ``max_running``, every sequence it may take busy (and a prompt being
+    read holding one, if one is)."""
+    if row["status"] == "loading":
+        return f"loading: the model {row['model']} is being loaded"
+    limit = row["max_running"]
+    if limit is not None and row["running"] >= limit:
         return f"queued: its client runs its max_running ({limit}) at once"
     parallel, reserved = settings.parallel, settings.reserved_sequences
-    newcomer = task["running"] == 0  # a reserved sequence may take it
+    newcomer = row["running"] == 0  # a reserved sequence may take it
     if busy < parallel or (newcomer and busy < parallel + reserved):
         return "queued: a sequence is free, starting"
     why = f"queued: all {parallel + (reserved if newcomer else 0)} sequences busy"

@@ -12,6 +12,7 @@ from typing import Any
 from lmsp import errors
 from lmsp.app import tasks
 from lmsp.app.core import Core
+from lmsp.protocol.records import TaskRecord
 from lmsp.store import audit, clients, limits
 from lmsp.store import service as config_store
 from lmsp.store import tasks as task_store
@@ -57,7 +58,7 @@ async def revoke(core: Core, actor: Client, client_id: str) -> dict[str, Any]:
     and its queued and running tasks are cancelled (``cancelled_tasks``: their ids).
     Its finished tasks and responses stay."""
 
-    def job(conn: Conn) -> tuple[Row, list[Row]]:
+    def job(conn: Conn) -> tuple[Row, list[TaskRecord]]:
         already = clients.get(conn, client_id)
         if already is None:
             raise errors.not_found("client", client_id)
@@ -78,7 +79,7 @@ async def revoke(core: Core, actor: Client, client_id: str) -> dict[str, Any]:
 
     row, cancelled = await core.db.write(job)
     tasks.cancelled(core, cancelled, why=f"client {client_id} revoked")
-    return dict(clients.render(row), revoked=True, cancelled_tasks=[t["id"] for t in cancelled])
+    return dict(clients.render(row), revoked=True, cancelled_tasks=[t.id for t in cancelled])
 
 
 async def change(

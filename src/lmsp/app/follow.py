@@ -17,10 +17,9 @@ from typing import Any
 from lmsp.app.core import Core
 from lmsp.protocol import events as ev
 from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
-from lmsp.protocol.states import Status
+from lmsp.protocol.records import TaskRecord
 from lmsp.store import clients, events
 from lmsp.store import tasks as task_store
-from lmsp.store.sql import Row
 
 PAGE = 500
 #: the table whose version moves when a client row changes (a revoke)
@@ -67,21 +66,19 @@ def _page(core: Core, task_id: str, last: int) -> tuple[list[tuple[int, str, str
     if rows:
         return rows, False
     task = task_store.get(conn, task_id)
-    over = task is None or (
-        Status(task["status"]).terminal and task["last_sequence_number"] <= last
-    )
+    over = task is None or (task.status.terminal and task.last_sequence_number <= last)
     return rows, over
 
 
-def attempt_start(core: Core, task: Row) -> int:
+def attempt_start(core: Core, task: TaskRecord) -> int:
     """Where a follower that translates the log starts (in a reader thread): before the
     last ``reset`` of a retried task (the output before it is void), else at the start
     of the log."""
-    if int(task["attempt"]) <= 1:
+    if task.attempt <= 1:
         return -1
     conn = core.db.reader()
     start = last = -1
-    while rows := events.after(conn, task["id"], last, 1000):
+    while rows := events.after(conn, task.id, last, 1000):
         for seq, kind, data in rows:
             last = seq
             if kind == ev.QUEUED and json.loads(data).get("reset"):
@@ -95,7 +92,7 @@ def closing_events(core: Core, task_id: str, count: int) -> list[dict[str, Any]]
     task = task_store.get(conn, task_id)
     if task is None:
         return []
-    since = max(-1, int(task["last_sequence_number"]) - count)
+    since = max(-1, task.last_sequence_number - count)
     return [json.loads(data) for _, _, data in events.after(conn, task_id, since, count + 1)]
 
 

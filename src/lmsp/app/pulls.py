@@ -21,10 +21,11 @@ from lmsp.datadir import ensure_private_dir
 from lmsp.outbound.hub import Hub, Reference, parse_reference
 from lmsp.outbound.pull import Downloader
 from lmsp.protocol import objects
+from lmsp.protocol.records import TaskRecord
 from lmsp.store import audit, blobs, idempotency, models, pulls
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
-from lmsp.store.sql import Conn, Row
+from lmsp.store.sql import Conn
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,10 @@ class Target:
 
 @dataclass(frozen=True)
 class Pulled:
-    """The pull's task object, and whether this answer replays an idempotency key."""
+    """The pull's task object (as rendered), and whether this answer replays an
+    idempotency key."""
 
-    task: dict[str, Any]
+    task_object: dict[str, Any]
     model_id: str
     replayed: bool = False
 
@@ -91,7 +93,7 @@ async def pull(core: Core, client: Client, wanted: Target, key: idempotency.Key 
     return Pulled(await core.read(_shown, core, task), wanted.model_id, again and key is not None)
 
 
-def _shown(core: Core, task: Row) -> dict[str, Any]:
+def _shown(core: Core, task: TaskRecord) -> dict[str, Any]:
     return objects.render_task(task, task_store.queue_position(core.db.reader(), task))
 
 
@@ -100,7 +102,7 @@ def _joined(core: Core, client: Client, wanted: Target) -> dict[str, Any] | None
     task = pulls.unfinished(core.db.reader(), wanted.ref.canonical, wanted.model_id, core.node)
     if task is None:
         return None
-    if not client.oversees(task["client_id"]):
+    if not client.oversees(task.client_id):
         raise errors.LmspError(
             "conflict", f"Another client is pulling {wanted.model_id!r}.", param="id"
         )

@@ -12,25 +12,25 @@ from typing import Any, Literal
 from lmsp import errors
 from lmsp.app import models, tasks
 from lmsp.app.core import Core
+from lmsp.protocol.records import ResponseRecord, TaskRecord
 from lmsp.protocol.request import CreateRequest
 from lmsp.runner.plan import messages_of, tools_of
 from lmsp.store import idempotency
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
-from lmsp.store.sql import Row
 
 
 @dataclass(frozen=True)
 class Found:
     """A response a client may see, and its task."""
 
-    response: Row
-    task: Row
+    response: ResponseRecord
+    task: TaskRecord
 
     @property
     def task_id(self) -> str:
-        return str(self.task["id"])
+        return self.task.id
 
 
 def owned(core: Core, response_id: str, client: Client) -> Found:
@@ -38,7 +38,7 @@ def owned(core: Core, response_id: str, client: Client) -> Found:
     else ``404`` (in a reader thread)."""
     conn = core.db.reader()
     response = task_store.get_response(conn, response_id)
-    if response is None or not client.oversees(response["client_id"]):
+    if response is None or not client.oversees(response.client_id):
         raise errors.not_found("response", response_id)
     task = task_store.of_response(conn, response_id)
     if task is None:  # deleted between the two reads
@@ -87,9 +87,7 @@ async def cancel(
     it stands then, and whether this was a replay of the key (nothing done again)."""
     task_id = found.task_id
     if key is not None:
-        replay = await core.db.write(
-            lambda c: idempotency.remember(c, key, str(found.response["id"]))
-        )
+        replay = await core.db.write(lambda c: idempotency.remember(c, key, found.response.id))
         if replay:
             return await current(core, task_id), True
     await tasks.cancel(core, task_id, wait=core.settings.cancel_wait)
@@ -100,7 +98,7 @@ async def delete(core: Core, response_id: str, client: Client) -> None:
     """Delete a finished response with its task and events: ``404`` for one the client
     may not see, ``409 response_in_progress`` for one unfinished."""
     found = await find(core, response_id, client)
-    owner = found.response["client_id"]  # the owner's (an admin may delete any response)
+    owner = found.response.client_id  # the owner's (an admin may delete any response)
     outcome = await core.db.write(lambda c: response_store.delete(c, response_id, owner))
     if outcome == "missing":
         raise errors.not_found("response", response_id)

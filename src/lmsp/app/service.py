@@ -23,7 +23,6 @@ from lmsp.protocol import items, itemtypes
 from lmsp.protocol import request as stored_request
 from lmsp.protocol.itemtypes import InputItem
 from lmsp.protocol.request import CreateRequest, PreparedRequest
-from lmsp.protocol.states import Status
 from lmsp.runner.plan import messages_of, tools_of
 from lmsp.sandbox import WALL_FACTOR
 from lmsp.store import clients as client_store
@@ -253,7 +252,7 @@ class Service(Core):
             )
         elif created.status_code != 202:
             task = await self.read(lambda: task_store.get(self.db.reader(), created.task_id))
-            if task is not None and not Status(task["status"]).terminal:
+            if task is not None and not task.status.terminal:
                 raise errors.LmspError(
                     "idempotency_request_in_progress",
                     "A request with this Idempotency-Key is still being processed.",

@@ -16,33 +16,34 @@ from typing import Any
 from lmsp import errors
 from lmsp.app.core import Core
 from lmsp.protocol import objects
+from lmsp.protocol.records import TaskRecord
 from lmsp.protocol.states import Status
 from lmsp.store import events, idempotency
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.clients import Client
-from lmsp.store.sql import Conn, Row
+from lmsp.store.sql import Conn
 
 log = logging.getLogger("lmsp")
 
 
 # -- lookups and pages (in a reader thread) --------------------------------------------------
-def owned(core: Core, task_id: str, client: Client) -> Row:
+def owned(core: Core, task_id: str, client: Client) -> TaskRecord:
     """The task if ``client`` may see it (its own; ``admin``: any), else ``404``."""
     task = task_store.get(core.db.reader(), task_id)
-    if task is None or not client.oversees(task["client_id"]):
+    if task is None or not client.oversees(task.client_id):
         raise errors.not_found("task", task_id)
     return task
 
 
-def shown(core: Core, conn: Conn, task: Row, client: Client) -> dict[str, Any]:
+def shown(core: Core, conn: Conn, task: TaskRecord, client: Client) -> dict[str, Any]:
     """The task object; an admin (who sees every client's tasks) also gets its owner.
     ``node``: the node holding (or that last held) the task when nodes share the
     database, ``null`` on a single machine (PROTOCOL.md section 5)."""
     obj = objects.render_task(task, task_store.queue_position(conn, task))
-    obj["node"] = task["node_id"] if core.membership is not None else None
+    obj["node"] = task.node_id if core.membership is not None else None
     if client.admin:
-        obj["client_id"] = task["client_id"]
+        obj["client_id"] = task.client_id
     return obj
 
 
@@ -77,9 +78,9 @@ def _page(core: Core, client: Client, listing: Listing) -> dict[str, Any]:
     before: int | None = None
     if listing.after is not None:
         cursor = task_store.get(conn, listing.after)
-        if cursor is None or not client.oversees(cursor["client_id"]):
+        if cursor is None or not client.oversees(cursor.client_id):
             raise errors.invalid(f"Unknown cursor {listing.after!r}.", param="after")
-        before = int(cursor["seq"])
+        before = cursor.seq
     wanted = listing.client_id
     owner = wanted or client.id if wanted is not None or not client.admin else None
     status = listing.status.value if listing.status else None
@@ -88,7 +89,7 @@ def _page(core: Core, client: Client, listing: Listing) -> dict[str, Any]:
     return objects.list_page(data, len(rows) > listing.limit)
 
 
-async def find(core: Core, task_id: str, client: Client) -> Row:
+async def find(core: Core, task_id: str, client: Client) -> TaskRecord:
     """The task if ``client`` may see it, else ``404`` (off the event loop)."""
     return await core.read(owned, core, task_id, client)
 
@@ -125,7 +126,7 @@ async def cancel(core: Core, task_id: str, wait: float = 0.0) -> None:
             extra={"event": "task.cancel_requested", "task_id": task_id},
         )
     _after_cancel(core, task_id, moved)
-    if moved is not None and moved["status"] == Status.CANCELLING and wait > 0:
+    if moved is not None and moved.status is Status.CANCELLING and wait > 0:
         await wait_finished(core, task_id, timeout=wait)
 
 
@@ -142,21 +143,21 @@ def cancel_nowait(core: Core, task_id: str) -> None:
     future.add_done_callback(done)
 
 
-def cancelled(core: Core, moved: list[Row], why: str) -> None:
+def cancelled(core: Core, moved: list[TaskRecord], why: str) -> None:
     """After a commit that cancelled tasks (a revoke): the runner stops generating
     for those now ``cancelling``."""
     for task in moved:
         log.info(
             "task %s: cancel requested (%s)",
-            task["id"],
+            task.id,
             why,
-            extra={"event": "task.cancel_requested", "task_id": task["id"]},
+            extra={"event": "task.cancel_requested", "task_id": task.id},
         )
-        _after_cancel(core, task["id"], task)
+        _after_cancel(core, task.id, task)
 
 
-def _after_cancel(core: Core, task_id: str, moved: Row | None) -> None:
-    if moved is not None and moved["status"] == Status.CANCELLING:
+def _after_cancel(core: Core, task_id: str, moved: TaskRecord | None) -> None:
+    if moved is not None and moved.status is Status.CANCELLING:
         core.runner.request_cancel(task_id)
 
 
@@ -172,7 +173,7 @@ async def wait_finished(core: Core, task_id: str, timeout: float | None = None) 
         stamp = core.db.versions.task(task_id)  # unchanged task: no read
         if stamp is None or stamp != seen:
             task = await core.read(lambda: task_store.get(core.db.reader(), task_id))
-            if task is None or Status(task["status"]).terminal:
+            if task is None or task.status.terminal:
                 return True
             seen = stamp
         left = 10.0 if deadline is None else min(10.0, deadline - time.monotonic())

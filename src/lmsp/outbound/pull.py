@@ -45,7 +45,6 @@ from lmsp.datadir import ensure_private_dir
 from lmsp.gguf import NotGGUF, check_structure, metadata_of, read_header_from
 from lmsp.metrics import Metrics, per_model
 from lmsp.outbound.hub import FailedAttempt, Hub
-from lmsp.protocol.states import Status
 from lmsp.store import blobs, nodes, pulls, retrying
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
@@ -186,7 +185,7 @@ class Downloader:
             if path.name in self._active:
                 continue
             task = task_store.get(conn, path.name)
-            if task is None or Status(task["status"]).terminal:
+            if task is None or task.status.terminal:
                 shutil.rmtree(path, ignore_errors=True)
                 gone.append(path)
         return gone

@@ -1,4 +1,4 @@
-"""The wire objects of PROTOCOL.md sections 4 and 5, rendered from stored rows (pure).
+"""The wire objects of PROTOCOL.md sections 4 and 5, rendered from stored records (pure).
 
 A response's ``output`` is given by the caller: the stored items once the task has
 finished, or the items its event log describes while it runs
@@ -7,13 +7,12 @@ finished, or the items its event log describes while it runs
 
 from __future__ import annotations
 
-import json
-from typing import Any, Protocol
+from typing import Any
 
 from lmsp.errors import LmspError
 from lmsp.protocol import items
-from lmsp.protocol import request as stored
 from lmsp.protocol.itemtypes import plain, plain_all
+from lmsp.protocol.records import ResponseRecord, TaskRecord
 from lmsp.protocol.request import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
@@ -27,28 +26,12 @@ from lmsp.protocol.states import Status, response_status
 from lmsp.protocol.tools import AllowedTools, FunctionTool, Tool, ToolChoice
 
 
-class Row(Protocol):
-    """A stored row (``sqlite3.Row`` or a mapping)."""
-
-    def __getitem__(self, key: str, /) -> Any: ...
-
-
-def load_json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def task_error(task: Row) -> dict[str, str] | None:
-    if task["error_code"] is None:
-        return None
-    return {"code": task["error_code"], "message": task["error_message"] or ""}
-
-
-def render_task_brief(task: Row, queue_position: int | None) -> dict[str, Any]:
+def render_task_brief(task: TaskRecord, queue_position: int | None) -> dict[str, Any]:
     return {
-        "id": task["id"],
-        "status": task["status"],
-        "on_restart": task["on_restart"],
-        "attempt": task["attempt"],
+        "id": task.id,
+        "status": task.status.value,
+        "on_restart": task.on_restart.value,
+        "attempt": task.attempt,
         "queue_position": queue_position,
     }
 
@@ -124,29 +107,32 @@ def render_text(text: TextConfig | None) -> dict[str, Any]:
 
 
 def render_response(
-    response: Row, task: Row, output: list[dict[str, Any]], queue_position: int | None
+    response: ResponseRecord,
+    task: TaskRecord,
+    output: list[dict[str, Any]],
+    queue_position: int | None,
 ) -> dict[str, Any]:
     """The response object: every field of the Open Responses ``ResponseResource``, plus
     the LMSP extensions ``model_digest``, ``task`` and ``truncated_input`` (``null``, or
     the oldest input items ``truncation: "auto"`` dropped: ``{"items": n, "first":
     {"id", "type", "role"}, "last": {…}}``)."""
-    request = stored.loads(response["request"])
-    status = Status(task["status"])
-    incomplete = response["incomplete_reason"]
+    request = response.request
+    status = task.status
+    incomplete = response.incomplete_reason
     shown = response_status(status, incomplete=bool(incomplete))
-    completed_at = task["finished_at"] if status is Status.COMPLETED else None
+    completed_at = task.finished_at if status is Status.COMPLETED else None
     return {
-        "id": response["id"],
+        "id": response.id,
         "object": "response",
-        "created_at": response["created_at"],
+        "created_at": response.created_at,
         "completed_at": completed_at,
         "status": shown,
         "incomplete_details": {"reason": incomplete} if incomplete else None,
-        "model": response["model"],
+        "model": response.model,
         "previous_response_id": request.previous_response_id,
         "instructions": request.instructions,
         "output": output,
-        "error": task_error(task),
+        "error": task.error,
         "tools": [render_tool(tool) for tool in request.tools or ()],
         "tool_choice": render_tool_choice(request.tool_choice),
         "truncation": request.truncation or "disabled",
@@ -164,16 +150,16 @@ def render_response(
         # as asked: the models here do no reasoning, so no item and no summary come of it
         "reasoning": _reasoning(request.reasoning),
         "user": request.user,
-        "usage": render_usage(load_json(response["usage"])),
+        "usage": render_usage(response.usage),
         "max_output_tokens": request.max_output_tokens,
         "max_tool_calls": request.max_tool_calls,
-        "store": bool(response["store"]),
-        "background": bool(response["background"]),
+        "store": response.store,
+        "background": response.background,
         "service_tier": tier_used(request.service_tier),
         "metadata": request.metadata or {},
         "safety_identifier": request.safety_identifier,
         "prompt_cache_key": request.prompt_cache_key,
-        "model_digest": response["model_digest"],
+        "model_digest": response.model_digest,
         "task": render_task_brief(task, queue_position),
         # LMSP extension: what ``truncation: "auto"`` left out of the model's context
         "truncated_input": render_truncated(request.truncated),
@@ -198,20 +184,20 @@ def _brief(brief: Brief | None) -> dict[str, Any] | None:
     return None if brief is None else {"id": brief.id, "type": brief.type, "role": brief.role}
 
 
-def render_task(task: Row, queue_position: int | None) -> dict[str, Any]:
+def render_task(task: TaskRecord, queue_position: int | None) -> dict[str, Any]:
     return {
-        "id": task["id"],
+        "id": task.id,
         "object": "task",
-        "response_id": task["response_id"],
-        "status": task["status"],
-        "on_restart": task["on_restart"],
-        "attempt": task["attempt"],
-        "created_at": task["created_at"],
-        "updated_at": task["updated_at"],
-        "finished_at": task["finished_at"],
-        "last_sequence_number": task["last_sequence_number"],
+        "response_id": task.response_id,
+        "status": task.status.value,
+        "on_restart": task.on_restart.value,
+        "attempt": task.attempt,
+        "created_at": task.created_at,
+        "updated_at": task.updated_at,
+        "finished_at": task.finished_at,
+        "last_sequence_number": task.last_sequence_number,
         "queue_position": queue_position,
-        "error": task_error(task),
+        "error": task.error,
     }
 
 

@@ -286,7 +286,9 @@ class Attempt(Generic[A]):
         def finish(conn: Conn) -> None:
             if last:
                 task_store.append_output(conn, task_id, last, snap)
-            task_store.settle(conn, task_id, closing, output, usage, incomplete)
+            task_store.settle(
+                conn, task_id, task_store.Completion(closing, output, usage, incomplete)
+            )
             if also is not None:
                 also(conn)
 

@@ -18,7 +18,6 @@ restart.
 
 from __future__ import annotations
 
-from lmsp.protocol.states import Status
 from lmsp.runner.recovery import Report, recover_task
 from lmsp.store import tasks as task_store
 from lmsp.store.sql import Conn
@@ -40,7 +39,7 @@ def settle_interrupted(
     became of it: ``failed``, ``cancelled``, ``requeued``, ``resume`` (still ``running``:
     run it again from its snapshot), ``queued`` or ``finished`` (nothing left to do)."""
     task = task_store.get(conn, task_id)
-    if task is None or Status(task["status"]).terminal:
+    if task is None or task.status.terminal:
         return "finished"
     report = Report()
     recover_task(conn, task_id, report, code, message, usage)

@@ -59,6 +59,7 @@ from lmsp.protocol.itemtypes import (
     typed,
 )
 from lmsp.protocol.mcpcalls import McpAssembler
+from lmsp.protocol.records import ResponseRecord
 from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.tools import mcp_tools
 from lmsp.runner import mcp_offer
@@ -66,7 +67,7 @@ from lmsp.runner.attempt import Attempt, Stopped, TaskContext
 from lmsp.runner.plan import context_of, sampling_of
 from lmsp.store import events, journal, mcp_headers
 from lmsp.store import tasks as task_store
-from lmsp.store.sql import Conn, Row
+from lmsp.store.sql import Conn
 
 log = logging.getLogger(__name__)
 Item = dict[str, Any]
@@ -109,7 +110,7 @@ class Turn:
 @dataclass
 class Loop:
     task: TaskContext
-    response: Row
+    response: ResponseRecord
     request: PreparedRequest
     model: LoadedModel
     grammars: GrammarBudget | None = None
@@ -263,7 +264,7 @@ class Loop:
 
     # -- starting (fresh, resumed or retried) ------------------------------------------------
     def start(self, conn: Conn, resumed: bool) -> None:
-        self.headers = mcp_headers.read(conn, self.response["id"])
+        self.headers = mcp_headers.read(conn, self.response.id)
         snapshot = (task_store.snapshot(conn, self.task.id) if resumed else None) or {}
         self.attempt.tokens = list(snapshot.get("tokens", []))
         self.turn = Turn(int(snapshot.get("turn", 0)), int(snapshot.get("turn_items", 0)))
@@ -380,7 +381,7 @@ class Loop:
         """The loop, from where the task's log ends to its terminal write (the
         attempt's); what it consumed is charged from the start, however it ends."""
         self.attempt.charge()
-        response_id = self.response["id"]
+        response_id = self.response.id
         self.attempt.conclude(
             lambda: self.turns(conn, resumed),
             also=lambda c: mcp_headers.forget(c, response_id),
@@ -409,7 +410,7 @@ class Loop:
 def run(
     task: TaskContext,
     conn: Conn,
-    response: Row,
+    response: ResponseRecord,
     request: PreparedRequest,
     model: LoadedModel,
     resumed: bool,

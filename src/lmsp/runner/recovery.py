@@ -51,10 +51,10 @@ def recover_task(
     task = task_store.get(conn, task_id)
     if task is None:
         return
-    found = Status(task["status"])
+    found = task.status
     if found.terminal:
         return
-    policy = Policy(task["on_restart"])
+    policy = task.on_restart
     target = recovery_target(found, policy)
     only_from = frozenset({found})
     outcome: str | None = None
@@ -74,7 +74,7 @@ def recover_task(
         report.kept_queued.append(task_id)
         outcome = "kept_queued"
     else:
-        reset = task["on_restart"] == Policy.RETRY
+        reset = task.on_restart is Policy.RETRY
         if task_store.requeue(conn, task_id, reset=reset):
             report.requeued.append(task_id)
             outcome = "requeued"
@@ -94,7 +94,7 @@ def recover(db: Database, node_id: str | None = None) -> Report:
     else:
         found = nodes.own_unfinished(conn, node_id)
     for task in found:
-        task_id: str = task["id"]
+        task_id = task.id
 
         def job(conn: Conn, task_id: str = task_id) -> None:
             recover_task(conn, task_id, report)

@@ -44,6 +44,7 @@ from lmsp.engines.host import ModelHost
 from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
 from lmsp.outbound.pull import Downloader
+from lmsp.protocol.records import TaskRecord
 from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import Status
 from lmsp.runner import durable, mcp_loop, relax, revocation
@@ -55,7 +56,7 @@ from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
 from lmsp.store.health import is_storage_error
 from lmsp.store.nodes import Node
-from lmsp.store.sql import Conn, Row
+from lmsp.store.sql import Conn
 
 log = logging.getLogger(__name__)
 
@@ -217,17 +218,17 @@ class Runner:
         node = self.node
         # on a shared database, only tasks of models whose blob this node has
         digests = None if node is None else self._local_digests()
-        claimed: Row | None = self.db.write_sync(
+        claimed: TaskRecord | None = self.db.write_sync(
             lambda c: task_store.claim_next(c, node, digests, newcomer=reserved)
         )
         if claimed is None:
             return None
         if node is not None:
-            self._held[claimed["id"]] = node
+            self._held[claimed.id] = node
         with self._holding(reserved):
             # a task a lost node left running is resumed from its snapshot
-            self._run(claimed["id"], slot, resumed=claimed["status"] != Status.LOADING)
-        return str(claimed["id"])
+            self._run(claimed.id, slot, resumed=claimed.status is not Status.LOADING)
+        return claimed.id
 
     @contextlib.contextmanager
     def _holding(self, reserved: bool) -> Iterator[None]:
@@ -382,8 +383,8 @@ class Runner:
     def _model_of(self, task_id: str) -> models.ModelRecord | None:
         conn = self.db.reader()
         task = task_store.get(conn, task_id)
-        response = task_store.get_response(conn, task["response_id"]) if task else None
-        return models.get(conn, response["model"]) if response else None
+        response = task_store.get_response(conn, task.response_id) if task else None
+        return models.get(conn, response.model) if response else None
 
     def _live_generation(self, task_id: str, generation: Generation | None) -> None:
         """``task_id``'s generation went to its engine: cancellable, and its prompt's
@@ -438,12 +439,12 @@ class Runner:
         task = task_store.get(conn, task_id)
         if task is None:
             return
-        response = task_store.get_response(conn, task["response_id"])
+        response = task_store.get_response(conn, task.response_id)
         assert response is not None
         request = response_store.given_request(conn, response)  # its history, as given
-        record = models.get(conn, response["model"])
+        record = models.get(conn, response.model)
         if record is None:
-            raise EngineError("model_load_failed", f"The model {response['model']!r} is gone.")
+            raise EngineError("model_load_failed", f"The model {response.model!r} is gone.")
         model = self.host.get(record, slot)
         if not self._begin(task_id, record.digest, resumed):
             self._cancelled(task_id)  # a cancel won while loading, or before the resume
@@ -500,20 +501,20 @@ def log_outcome(db: Database, task_id: str) -> None:
     log.info(
         "task %s left the runner %s (attempt %d, %d events)",
         task_id,
-        task["status"],
-        task["attempt"],
-        task["last_sequence_number"] + 1,
+        task.status,
+        task.attempt,
+        task.last_sequence_number + 1,
         extra={
             "event": "task.run_ended",
             "task_id": task_id,
-            "response_id": task["response_id"],
-            "client_id": task["client_id"],
-            "status": task["status"],
-            "error_code": task["error_code"],
+            "response_id": task.response_id,
+            "client_id": task.client_id,
+            "status": task.status.value,
+            "error_code": task.error_code,
         },
     )
 
 
 def status_of(db: Database, task_id: str) -> Status | None:
     task = task_store.get(db.reader(), task_id)
-    return None if task is None else Status(task["status"])
+    return None if task is None else task.status

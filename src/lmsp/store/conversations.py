@@ -33,6 +33,7 @@ from lmsp.ids import new_id
 from lmsp.protocol import items, objects
 from lmsp.protocol import request as stored_request
 from lmsp.protocol.itemtypes import InputItem, loads_one, plain_all
+from lmsp.protocol.records import TaskRecord
 from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import Status
 from lmsp.store.clients import Client
@@ -486,7 +487,7 @@ def bind(
     )
 
 
-def on_finished(conn: Conn, task: Row, target: Status) -> None:
+def on_finished(conn: Conn, task: TaskRecord, target: Status) -> None:
     """A task reached a terminal state (inside :func:`lmsp.store.tasks.move`): if its
     response belongs to a conversation and completed (``incomplete`` included), append
     its input items and then its output items, in this transaction."""
@@ -495,7 +496,7 @@ def on_finished(conn: Conn, task: Row, target: Status) -> None:
     row = conn.execute(
         "SELECT r.id, r.conversation_id, r.request, r.output FROM responses r"
         " JOIN conversations c ON c.id = r.conversation_id WHERE r.id = ?",
-        (task["response_id"],),
+        (task.response_id,),
     ).fetchone()
     if row is None:  # no conversation, or it was deleted meanwhile
         return

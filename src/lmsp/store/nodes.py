@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from lmsp.errors import LmspError
+from lmsp.protocol.records import TaskRecord
 from lmsp.protocol.states import UNFINISHED_SQL
 from lmsp.store.sql import Conn, Row, clock_sql
 
@@ -135,14 +136,15 @@ def held_by(conn: Conn, task_id: str, node_id: str) -> bool:
     return row is not None
 
 
-def own_unfinished(conn: Conn, node_id: str) -> list[Row]:
+def own_unfinished(conn: Conn, node_id: str) -> list[TaskRecord]:
     """The unfinished tasks this node id held (a node restarting recovers them)."""
-    return list(
-        conn.execute(
+    return [
+        TaskRecord.of(row)
+        for row in conn.execute(
             f"SELECT * FROM tasks WHERE node_id = ? AND status IN ({UNFINISHED_SQL}) ORDER BY seq",
             (node_id,),
         )
-    )
+    ]
 
 
 def others_alive(conn: Conn, node_id: str) -> bool:

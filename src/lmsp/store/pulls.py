@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsp.ids import now as _now
+from lmsp.protocol.records import TaskRecord
 from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import UNFINISHED_SQL, Status
 from lmsp.store import events, idempotency, models
@@ -84,16 +85,16 @@ def is_pull(conn: Conn, task_id: str) -> bool:
     return found is not None
 
 
-def unfinished(conn: Conn, ref: str, model_id: str, node: str) -> Row | None:
+def unfinished(conn: Conn, ref: str, model_id: str, node: str) -> TaskRecord | None:
     """The unfinished pull of ``ref`` into ``model_id`` on ``node``, if any (pulling the
     same reference again joins it: idempotent by reference)."""
-    row: Row | None = conn.execute(
+    row = conn.execute(
         "SELECT t.* FROM tasks t JOIN model_pulls p ON p.task_id = t.id"
         f" WHERE p.ref = ? AND p.model_id = ? AND p.node = ? AND t.status IN ({UNFINISHED_SQL})"
         " ORDER BY t.seq LIMIT 1",
         (ref, model_id, node),
     ).fetchone()
-    return row
+    return None if row is None else TaskRecord.of(row)
 
 
 def any_unfinished_into(conn: Conn, model_id: str, node: str) -> bool:
@@ -124,7 +125,7 @@ def create(
     unfinished pull of the same reference was found and is returned instead."""
     running = unfinished(conn, ref, model_id, node)
     if running is not None:
-        created = response_store.Created(running["response_id"], running["id"], 202, True)
+        created = response_store.Created(running.response_id, running.id, 202, True)
         return created, True
     request = PreparedRequest(
         model=model_id,
@@ -189,7 +190,7 @@ def claim(conn: Conn, node: str, owner: Node | None) -> tuple[str, bool] | None:
 
 def _running(conn: Conn, task_id: str) -> bool:
     task = task_store.get(conn, task_id)
-    return task is not None and task["status"] == Status.RUNNING
+    return task is not None and task.status is Status.RUNNING
 
 
 def progress(
@@ -234,7 +235,8 @@ def finish(
     )
     conn.execute("UPDATE model_pulls SET bytes_done = total_bytes WHERE task_id = ?", (task_id,))
     usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cached_tokens": 0}
-    if task_store.complete(conn, task_id, [], [], usage) is None:  # pragma: no cover - checked
+    done = task_store.Completion([], [], usage)
+    if task_store.complete(conn, task_id, done) is None:  # pragma: no cover - checked
         return None
     return "completed"
 

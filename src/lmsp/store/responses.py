@@ -23,6 +23,7 @@ from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
 from lmsp.protocol import itemtypes, objects
 from lmsp.protocol.itemtypes import InputItem, Items
+from lmsp.protocol.records import ResponseRecord, TaskRecord
 from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.request import dumps as dump_request
 from lmsp.protocol.request import loads as load_request
@@ -66,9 +67,9 @@ def create(
             resp = task_store.get_response(conn, stored.resource_id)
             if resp is not None:
                 task = conn.execute(
-                    "SELECT id FROM tasks WHERE response_id = ?", (resp["id"],)
+                    "SELECT id FROM tasks WHERE response_id = ?", (resp.id,)
                 ).fetchone()
-                return Created(resp["id"], task[0], stored.status_code, replayed=True)
+                return Created(resp.id, task[0], stored.status_code, replayed=True)
             # the key made a response that is gone (``store: false``, deleted, swept):
             # it can be neither replayed nor used to make a second one
             raise LmspError(
@@ -90,7 +91,7 @@ def create(
     response_id = new_id("resp")
     task_id = new_id("task")
     # the rows as stored (RETURNING): the first events render them with no reads back
-    response = conn.execute(
+    inserted = conn.execute(
         "INSERT INTO responses (id, client_id, model, created_at, request, background, store,"
         " previous_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
         (
@@ -103,13 +104,16 @@ def create(
             int(request.store is not False),
             request.previous_response_id,
         ),
-    ).fetchone()
-    task = conn.execute(
-        "INSERT INTO tasks (id, response_id, client_id, status, on_restart, attempt,"
-        " last_sequence_number, created_at, updated_at, tier)"
-        " VALUES (?, ?, ?, 'queued', ?, 1, -1, ?, ?, ?) RETURNING *",
-        (task_id, response_id, client_id, on_restart, stamp, stamp, tier_of(request)),
-    ).fetchone()
+    )
+    response = ResponseRecord.of(inserted.fetchone())
+    task = TaskRecord.of(
+        conn.execute(
+            "INSERT INTO tasks (id, response_id, client_id, status, on_restart, attempt,"
+            " last_sequence_number, created_at, updated_at, tier)"
+            " VALUES (?, ?, ?, 'queued', ?, 1, -1, ?, ?, ?) RETURNING *",
+            (task_id, response_id, client_id, on_restart, stamp, stamp, tier_of(request)),
+        ).fetchone()
+    )
     # no output yet; its place in the fair order the claim follows
     obj = objects.render_response(response, task, [], task_store.queue_position(conn, task))
     batch = [ev.lifecycle(ev.CREATED, obj)]
@@ -276,16 +280,16 @@ def _output(output: str | None) -> Items:
     return itemtypes.loads(output) if output else ()
 
 
-def request_of(conn: Conn, response: Row) -> PreparedRequest:
+def request_of(conn: Conn, response: ResponseRecord) -> PreparedRequest:
     """A stored response's request with its history expanded (what the model is
     given). ``history_deleted`` (an :class:`LmspError`) if a response of its history was
     deleted meanwhile."""
-    request = load_request(response["request"])
+    request = response.request
     if request.history is not None:  # stored inline (an earlier version)
         return request
     history: list[InputItem] | None = None
-    if response["previous_id"] is not None:
-        history = context_of(conn, response["previous_id"])
+    if response.previous_id is not None:
+        history = context_of(conn, response.previous_id)
     else:  # a turn of a conversation: its items so far
         history = conversations.history(conn, request)
     if history is None:
@@ -293,14 +297,14 @@ def request_of(conn: Conn, response: Row) -> PreparedRequest:
     return msgspec.structs.replace(request, history=tuple(history))
 
 
-def given_request(conn: Conn, response: Row) -> PreparedRequest:
+def given_request(conn: Conn, response: ResponseRecord) -> PreparedRequest:
     """:func:`request_of`, with only as much of the history as the model is given: a
     turn ``truncation: "auto"`` cut short (its record says how many items it ``kept``)
     reads its history newest first until it holds those, never the older ones it left
     out. The runner's one read of a task's request."""
-    request = load_request(response["request"])
+    request = response.request
     kept = request.truncated.kept if request.truncated is not None else None
-    previous = response["previous_id"]
+    previous = response.previous_id
     if kept is None or request.history is not None:
         return request_of(conn, response)
     wanted = kept - len(request.input)
@@ -322,11 +326,11 @@ def given_request(conn: Conn, response: Row) -> PreparedRequest:
 
 
 def input_items(
-    conn: Conn, response: Row, order: str, after: str | None, limit: int
+    conn: Conn, response: ResponseRecord, order: str, after: str | None, limit: int
 ) -> dict[str, Any]:
     """``GET /v1/responses/{id}/input_items``: a page of the items its model was given;
     a turn of a conversation's page is read alone, never the whole conversation."""
-    request = load_request(response["request"])
+    request = response.request
     if request.history is None and request.turn is not None:
         return conversations.input_page(conn, request, order, after, limit)
     return objects.input_items_page(request_of(conn, response), order, after, limit)

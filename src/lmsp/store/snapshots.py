@@ -51,11 +51,10 @@ def unpack(blob: bytes) -> list[int]:
     return list(struct.unpack(f"<{len(blob) // TOKEN_BYTES}i", blob))
 
 
-def _counts(snapshot_json: str | None) -> tuple[int, int]:
+def _counts(snap: dict[str, Any] | None) -> tuple[int, int]:
     """(tokens the snapshot covers, tokens of them in chunks)."""
-    if not snapshot_json:
+    if not snap:
         return 0, 0
-    snap = json.loads(snapshot_json)
     if "token_count" not in snap:  # legacy: every token in the JSON, none in chunks
         return len(snap.get("tokens", [])), 0
     total = int(snap["token_count"])
@@ -65,17 +64,17 @@ def _counts(snapshot_json: str | None) -> tuple[int, int]:
 def write(
     conn: Conn,
     task_id: str,
-    previous_json: str | None,
+    previous: dict[str, Any] | None,
     snapshot: dict[str, Any],
     sequence_number: int,
     stamp: int,
 ) -> bool:
     """Record ``snapshot`` (its ``tokens`` the whole list so far) for a ``running`` task
-    whose snapshot JSON was ``previous_json``: rewrite the small JSON with the tail, and
-    seal the tail into a chunk once it is ``SEAL`` long. Returns ``False``, writing
-    nothing, if the task is not running."""
+    whose stored snapshot was ``previous`` (its JSON, read): rewrite the small JSON
+    with the tail, and seal the tail into a chunk once it is ``SEAL`` long. Returns
+    ``False``, writing nothing, if the task is not running."""
     tokens: list[int] = list(snapshot.get("tokens", []))
-    covered, chunked = _counts(previous_json)
+    covered, chunked = _counts(previous)
     if len(tokens) < covered:
         raise ValueError(f"a snapshot of {len(tokens)} tokens after one of {covered}")
     tail = tokens[chunked:]

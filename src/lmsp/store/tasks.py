@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from lmsp.errors import client_message
@@ -14,6 +15,7 @@ from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
 from lmsp.protocol import objects
 from lmsp.protocol.assembler import items_from_events
+from lmsp.protocol.records import ResponseRecord, TaskRecord
 from lmsp.protocol.states import TERMINAL, UNFINISHED_SQL, Status, sources, sql_list
 from lmsp.store import conversations, events, fairness, snapshots, webhooks
 from lmsp.store import usage as ledger
@@ -23,16 +25,14 @@ from lmsp.store.sql import Conn, Row, clock_now, skip_locked, where
 log = logging.getLogger(__name__)
 
 
-def get(conn: Conn, task_id: str) -> Row | None:
-    row: Row | None = conn.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
-    return row
+def get(conn: Conn, task_id: str) -> TaskRecord | None:
+    row = conn.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    return None if row is None else TaskRecord.of(row)
 
 
-def get_response(conn: Conn, response_id: str) -> Row | None:
-    row: Row | None = conn.execute(
-        "SELECT * FROM responses WHERE id = ?", (response_id,)
-    ).fetchone()
-    return row
+def get_response(conn: Conn, response_id: str) -> ResponseRecord | None:
+    row = conn.execute("SELECT * FROM responses WHERE id = ?", (response_id,)).fetchone()
+    return None if row is None else ResponseRecord.of(row)
 
 
 #: ``service_tier`` → the task's tier in the claim order (higher first)
@@ -46,42 +46,41 @@ _RUNNING = (
 )
 
 
-def queue_position(conn: Conn, task: Row) -> int | None:
+def queue_position(conn: Conn, task: TaskRecord) -> int | None:
     """Where a queued task stands in the fair order the claim follows (1: next)."""
-    if task["status"] != Status.QUEUED:
+    if task.status is not Status.QUEUED:
         return None
-    return fairness.position(conn, task["id"])
+    return fairness.position(conn, task.id)
 
 
 def queued_count(conn: Conn) -> int:
     return int(conn.execute("SELECT count(*) FROM tasks WHERE status = 'queued'").fetchone()[0])
 
 
-def output_items(conn: Conn, response: Row, task_id: str) -> list[dict[str, Any]]:
+def output_items(conn: Conn, response: ResponseRecord, task_id: str) -> list[dict[str, Any]]:
     """The response's output: stored once its task finished, else what its log says."""
-    stored = objects.load_json(response["output"])
-    if stored is not None:
-        return list(stored)
+    if response.output is not None:
+        return list(response.output)
     return items_from_events(events.output_events(conn, task_id))
 
 
-def render_response(conn: Conn, task: Row) -> dict[str, Any]:
-    response = get_response(conn, task["response_id"])
+def render_response(conn: Conn, task: TaskRecord) -> dict[str, Any]:
+    response = get_response(conn, task.response_id)
     assert response is not None
     return objects.render_response(
-        response, task, output_items(conn, response, task["id"]), queue_position(conn, task)
+        response, task, output_items(conn, response, task.id), queue_position(conn, task)
     )
 
 
-def _seal_output(conn: Conn, task: Row) -> None:
+def _seal_output(conn: Conn, task: TaskRecord) -> None:
     """A task reached a terminal state: keep its output items with the response (items
     still open are ``incomplete``: a cancel or a failure stopped them)."""
-    response = get_response(conn, task["response_id"])
+    response = get_response(conn, task.response_id)
     assert response is not None
-    if response["output"] is not None:
+    if response.output is not None:
         return
-    items = closed(output_items(conn, response, task["id"]))
-    conn.execute("UPDATE responses SET output = ? WHERE id = ?", (_dumps(items), response["id"]))
+    items = closed(output_items(conn, response, task.id))
+    conn.execute("UPDATE responses SET output = ? WHERE id = ?", (_dumps(items), response.id))
 
 
 def closed(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -109,10 +108,10 @@ def move(
     extra: dict[str, Any] | None = None,
     emit: bool = True,
     usage: dict[str, int] | None = None,
-) -> Row | None:
+) -> TaskRecord | None:
     """Move a task to ``target`` if it is in one of ``from_states``.
 
-    Returns the updated row, or ``None`` when another transition won first (nothing is
+    Returns the task as updated, or ``None`` when another transition won first (nothing is
     written then). ``before`` events are logged ahead of the lifecycle event. A terminal
     move records ``usage`` with the response (what the task consumed, however it
     ended: completed, cancelled or failed), else what its snapshot says it generated,
@@ -131,12 +130,13 @@ def move(
     fields.update(sets or {})
     assignments = ", ".join(f"{name} = ?" for name in fields)
     states = sql_list(allowed)
-    row: Row | None = conn.execute(
+    moved = conn.execute(
         f"UPDATE tasks SET {assignments} WHERE id = ? AND status IN ({states}) RETURNING *",
         (*fields.values(), task_id),
     ).fetchone()
-    if row is None:
+    if moved is None:
         return None
+    row = TaskRecord.of(moved)
     if "snapshot" in fields and fields["snapshot"] is None:
         snapshots.clear(conn, task_id)  # the chunks go with the snapshot that counts them
     batch = list(before or [])
@@ -147,7 +147,7 @@ def move(
         if usage is not None:
             conn.execute(
                 "UPDATE responses SET usage = ? WHERE id = ? AND usage IS NULL",
-                (_dumps(usage), row["response_id"]),
+                (_dumps(usage), row.response_id),
             )
         _seal_output(conn, row)
         ledger.record_finished(conn, row)  # the ledger counts it in this transaction
@@ -170,7 +170,7 @@ def claim_next(
     digests: list[str] | None = None,
     *,
     newcomer: bool = False,
-) -> Row | None:
+) -> TaskRecord | None:
     """Take the next task: on a shared database (``node`` given) first a task a lost
     node left ``running`` to resume (it stays ``running``: the runner resumes it),
     then the next queued one in the fair order (PROTOCOL.md 13), moved to ``loading``:
@@ -205,7 +205,7 @@ def claim_next(
         )
     if node is not None and not newcomer:
         # (or cancelled since: the runner then finishes the cancel)
-        resumed: Row | None = conn.execute(
+        resumed = conn.execute(
             "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
             "SELECT id FROM tasks WHERE status IN ('running', 'cancelling')"
             f" AND node_id IS NULL{mine} ORDER BY seq LIMIT 1{lock})"
@@ -213,7 +213,7 @@ def claim_next(
             (*owner, *args),
         ).fetchone()
         if resumed is not None:
-            return resumed
+            return TaskRecord.of(resumed)
     row = conn.execute(
         "UPDATE tasks SET node_id = ?, lease_epoch = ? WHERE id = ("
         "SELECT t.id FROM tasks t JOIN clients c ON c.id = t.client_id"
@@ -252,10 +252,10 @@ def _record_digest(conn: Conn, task_id: str, digest: str | None) -> None:
         )
 
 
-def start(conn: Conn, task_id: str, model_digest: str | None) -> Row | None:
+def start(conn: Conn, task_id: str, model_digest: str | None) -> TaskRecord | None:
     """``loading → running`` once the model is ready; records which blob runs it."""
     task = get(conn, task_id)
-    if task is None or task["status"] != Status.LOADING:
+    if task is None or task.status is not Status.LOADING:
         return None
     _record_digest(conn, task_id, model_digest)
     # a fresh run generates from the first token: no earlier snapshot may linger
@@ -265,7 +265,7 @@ def start(conn: Conn, task_id: str, model_digest: str | None) -> Row | None:
 def mark_resumed(conn: Conn, task_id: str, model_digest: str | None) -> bool:
     """A task recovered in ``running`` is picked up again: log ``in_progress`` (resumed)."""
     task = get(conn, task_id)
-    if task is None or task["status"] != Status.RUNNING:
+    if task is None or task.status is not Status.RUNNING:
         return False
     _record_digest(conn, task_id, model_digest)
     moved = move(
@@ -290,10 +290,10 @@ def append_output(
     cancel won.
     """
     task = get(conn, task_id)
-    if task is None or task["status"] != Status.RUNNING:
+    if task is None or task.status is not Status.RUNNING:
         return False
-    seq = events.append(conn, task_id, batch) if batch else task["last_sequence_number"]
-    return snapshots.write(conn, task_id, task["snapshot"], snapshot, seq, _now())
+    seq = events.append(conn, task_id, batch) if batch else task.last_sequence_number
+    return snapshots.write(conn, task_id, task.snapshot, snapshot, seq, _now())
 
 
 def snapshot(conn: Conn, task_id: str) -> dict[str, Any] | None:
@@ -302,47 +302,44 @@ def snapshot(conn: Conn, task_id: str) -> dict[str, Any] | None:
     return snapshots.read(conn, task_id)
 
 
-def complete(
-    conn: Conn,
-    task_id: str,
-    closing: list[dict[str, Any]],
-    output: list[dict[str, Any]],
-    usage: dict[str, int],
-    incomplete_reason: str | None = None,
-) -> Row | None:
+@dataclass(frozen=True)
+class Completion:
+    """What a task completes with: the output's closing events, its final items, what
+    it consumed and, if it stopped short, why (``max_output_tokens``, ...)."""
+
+    closing: list[dict[str, Any]]
+    output: list[dict[str, Any]]
+    usage: dict[str, int]
+    incomplete_reason: str | None = None
+
+
+def complete(conn: Conn, task_id: str, done: Completion) -> TaskRecord | None:
     """``running → completed`` with the output's closing events and final items; loses
     (returns ``None``, writing nothing) if a cancel committed first."""
     task = get(conn, task_id)
-    if task is None or task["status"] != Status.RUNNING:
+    if task is None or task.status is not Status.RUNNING:
         return None
     conn.execute(
         "UPDATE responses SET output = ?, incomplete_reason = ? WHERE id = ?",
-        (_dumps(closed(output)), incomplete_reason, task["response_id"]),
+        (_dumps(closed(done.output)), done.incomplete_reason, task.response_id),
     )
     return move(
         conn,
         task_id,
         Status.COMPLETED,
-        before=closing,
-        event_type=ev.terminal_for(Status.COMPLETED, incomplete=bool(incomplete_reason)),
-        usage=usage,
+        before=done.closing,
+        event_type=ev.terminal_for(Status.COMPLETED, incomplete=bool(done.incomplete_reason)),
+        usage=done.usage,
     )
 
 
-def settle(
-    conn: Conn,
-    task_id: str,
-    closing: list[dict[str, Any]],
-    output: list[dict[str, Any]],
-    usage: dict[str, int],
-    incomplete_reason: str | None = None,
-) -> Status | None:
+def settle(conn: Conn, task_id: str, done: Completion) -> Status | None:
     """The runner's last word: complete the task, or, if a cancel committed first,
-    finish that cancel (charged ``usage`` all the same: the tokens were generated).
+    finish that cancel (charged its usage all the same: the tokens were generated).
     Returns the terminal state reached (``None``: nothing to do)."""
-    if complete(conn, task_id, closing, output, usage, incomplete_reason) is not None:
+    if complete(conn, task_id, done) is not None:
         return Status.COMPLETED
-    if finish_cancel(conn, task_id, usage) is not None:
+    if finish_cancel(conn, task_id, done.usage) is not None:
         return Status.CANCELLED
     return None
 
@@ -354,7 +351,7 @@ def fail(
     message: str,
     from_states: frozenset[Status] | None = None,
     usage: dict[str, int] | None = None,
-) -> Row | None:
+) -> TaskRecord | None:
     """Move a task to ``failed`` with its error (a message that shows a library's
     internals is logged and replaced: clients read it) and ``usage``, what it consumed
     before it failed (see :func:`move`)."""
@@ -372,10 +369,10 @@ def fail(
     )
 
 
-def cancel(conn: Conn, task_id: str) -> Row | None:
+def cancel(conn: Conn, task_id: str) -> TaskRecord | None:
     """A cancel request: ``queued → cancelled`` or ``loading|running → cancelling``.
 
-    Returns the moved row, or ``None`` when the task was already past cancelling
+    Returns the task as moved, or ``None`` when the task was already past cancelling
     (finished, cancelling or cancelled): cancel is idempotent and changes nothing then.
     """
     moved = move(conn, task_id, Status.CANCELLED, from_states=frozenset({Status.QUEUED}))
@@ -384,7 +381,9 @@ def cancel(conn: Conn, task_id: str) -> Row | None:
     return moved
 
 
-def finish_cancel(conn: Conn, task_id: str, usage: dict[str, int] | None = None) -> Row | None:
+def finish_cancel(
+    conn: Conn, task_id: str, usage: dict[str, int] | None = None
+) -> TaskRecord | None:
     """``cancelling → cancelled``: the runner has stopped generating; ``usage``: what
     the task consumed until then (see :func:`move`)."""
     return move(
@@ -396,7 +395,7 @@ def finish_cancel(conn: Conn, task_id: str, usage: dict[str, int] | None = None)
     )
 
 
-def requeue(conn: Conn, task_id: str, reset: bool) -> Row | None:
+def requeue(conn: Conn, task_id: str, reset: bool) -> TaskRecord | None:
     """Recovery: put a ``loading``/``running`` task back in the queue, next attempt."""
     attempt = _attempt(conn, task_id) + 1
     sets: dict[str, Any] = {"attempt": attempt, "node_id": None}
@@ -412,10 +411,13 @@ def _attempt(conn: Conn, task_id: str) -> int:
     return int(row[0]) if row else 0
 
 
-def unfinished(conn: Conn) -> list[Row]:
-    return list(
-        conn.execute(f"SELECT * FROM tasks WHERE status IN ({UNFINISHED_SQL}) ORDER BY seq")
-    )
+def unfinished(conn: Conn) -> list[TaskRecord]:
+    return [
+        TaskRecord.of(row)
+        for row in conn.execute(
+            f"SELECT * FROM tasks WHERE status IN ({UNFINISHED_SQL}) ORDER BY seq"
+        )
+    ]
 
 
 def unfinished_of(conn: Conn, client_id: str) -> list[str]:
@@ -442,24 +444,25 @@ def running_for_resume(conn: Conn) -> list[str]:
 # -- reads for the API's lists and figures --------------------------------------------------
 
 
-def of_response(conn: Conn, response_id: str) -> Row | None:
-    row: Row | None = conn.execute(
-        "SELECT * FROM tasks WHERE response_id = ?", (response_id,)
-    ).fetchone()
-    return row
+def of_response(conn: Conn, response_id: str) -> TaskRecord | None:
+    row = conn.execute("SELECT * FROM tasks WHERE response_id = ?", (response_id,)).fetchone()
+    return None if row is None else TaskRecord.of(row)
 
 
 def page(
     conn: Conn, client_id: str | None, status: str | None, before_seq: int | None, limit: int
-) -> list[Row]:
+) -> list[TaskRecord]:
     """Tasks newest first: of one client (or all), in one status (or any), before a
     queue position (the list's cursor)."""
     clause, args = where(
         ("client_id = ?", client_id), ("status = ?", status), ("seq < ?", before_seq)
     )
-    return list(
-        conn.execute(f"SELECT * FROM tasks{clause} ORDER BY seq DESC LIMIT ?", (*args, limit))
-    )
+    return [
+        TaskRecord.of(row)
+        for row in conn.execute(
+            f"SELECT * FROM tasks{clause} ORDER BY seq DESC LIMIT ?", (*args, limit)
+        )
+    ]
 
 
 def status_counts(conn: Conn) -> dict[str, int]:

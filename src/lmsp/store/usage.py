@@ -18,6 +18,7 @@ import json
 import time
 from typing import Any
 
+from lmsp.protocol.records import TaskRecord
 from lmsp.store.sql import Conn, Row, where
 
 GROUPS = ("day", "model")
@@ -29,19 +30,19 @@ def day_of(stamp: int) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(stamp))
 
 
-def record_finished(conn: Conn, task: Row) -> None:
+def record_finished(conn: Conn, task: TaskRecord) -> None:
     """Add a finished task's request and tokens to its client's ledger."""
     response = conn.execute(
-        "SELECT model, usage FROM responses WHERE id = ?", (task["response_id"],)
+        "SELECT model, usage FROM responses WHERE id = ?", (task.response_id,)
     ).fetchone()
     if response is None:
         return
     reported: dict[str, Any] = json.loads(response["usage"]) if response["usage"] else {}
     record(
         conn,
-        task["client_id"],
+        task.client_id,
         response["model"],
-        int(task["finished_at"] or task["updated_at"]),
+        task.finished_at or task.updated_at,
         prompt=int(reported.get("input_tokens") or 0),
         cached=int(reported.get("cached_tokens") or 0),
         generated=int(reported.get("output_tokens") or 0),

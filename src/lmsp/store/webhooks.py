@@ -35,6 +35,7 @@ from typing import Any
 from lmsp.errors import LmspError
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
+from lmsp.protocol.records import TaskRecord
 from lmsp.store.sql import Conn, Row, clock_sql, skip_locked, where
 
 #: webhooks one client may have
@@ -201,7 +202,7 @@ def render(row: Row, *, with_client: bool = False) -> dict[str, Any]:
 # -- the outbox -------------------------------------------------------------------------------
 
 
-def enqueue(conn: Conn, task: Row, event_type: str) -> int:
+def enqueue(conn: Conn, task: TaskRecord, event_type: str) -> int:
     """In the transaction that moved ``task`` to a terminal state: a delivery of the
     event to each webhook of the task's client (and each ``all_clients`` one) that asked
     for ``event_type``, under one event id. Returns how many."""
@@ -210,7 +211,7 @@ def enqueue(conn: Conn, task: Row, event_type: str) -> int:
         for row in conn.execute(
             "SELECT w.id, w.events FROM webhooks w JOIN clients c ON c.id = w.client_id"
             " WHERE (w.client_id = ? OR w.all_clients = 1) AND c.revoked_at IS NULL",
-            (task["client_id"],),
+            (task.client_id,),
         )
         if event_type in json.loads(row[1])
     ]
@@ -222,7 +223,7 @@ def enqueue(conn: Conn, task: Row, event_type: str) -> int:
         "INSERT INTO webhook_deliveries (event_id, webhook_id, type, response_id, client_id,"
         " created_at, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
         [
-            (event_id, target, event_type, task["response_id"], task["client_id"], stamp, stamp)
+            (event_id, target, event_type, task.response_id, task.client_id, stamp, stamp)
             for target in targets
         ],
     )

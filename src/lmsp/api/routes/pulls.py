@@ -36,8 +36,8 @@ async def pull_model(body: PullModel, request: Request, client: ModelWriter) -> 
     target = pulls.target(body.source, body.id)
     key = await idempotency_key(request, client)
     pulled = await pulls.pull(service(request), client, target, key)
-    shown = {"object": "model.pull", "task": pulled.task, "model": pulled.model_id}
-    headers = {"Location": f"/v1/tasks/{pulled.task['id']}"}
+    shown = {"object": "model.pull", "task": pulled.task_object, "model": pulled.model_id}
+    headers = {"Location": f"/v1/tasks/{pulled.task_object['id']}"}
     if pulled.replayed:
         headers["Idempotent-Replayed"] = "true"
     return JSONResponse(shown, 202, headers=headers)
