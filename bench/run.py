@@ -392,7 +392,7 @@ def lmsp_in_process(work: Path, concurrency: int, duration: float) -> tuple[Load
             def make() -> httpx.AsyncClient:
                 return httpx.AsyncClient(
                     transport=httpx.ASGITransport(app=app),
-                    base_url="http://lmsp",
+                    base_url="http://127.0.0.1",
                     headers={"Authorization": f"Bearer {token}"},
                 )
 
