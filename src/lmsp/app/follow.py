@@ -34,15 +34,26 @@ async def task_events(
 ) -> AsyncIterator[tuple[int, str, str]]:
     """``(sequence number, type, JSON)`` of ``task_id``'s events after ``after`` until its
     terminal event. Types in ``hide`` are skipped (they keep their numbers in the log)."""
+    async for page in task_pages(core, task_id, after, hide):
+        for row in page:
+            yield row
+
+
+async def task_pages(
+    core: Core, task_id: str, after: int, hide: Collection[str] = ()
+) -> AsyncIterator[list[tuple[int, str, str]]]:
+    """:func:`task_events`' events as they are read: each read's events together (what
+    one commit or more added since the last read), never an empty list; a transport may
+    send each list as one write."""
     db, broker = core.db, core.broker
     assert broker is not None
-    last = after
-    seen: int | None = None
     versions = db.versions
 
     def probe() -> int | None:
         return versions.task(task_id)
 
+    last = after
+    seen: int | None = None
     while True:
         waiter = broker.current()
         # read only when this task changed since the last read (its stamp, taken before
@@ -53,12 +64,19 @@ async def task_events(
             continue
         rows, over = await asyncio.to_thread(_page, core, task_id, last)
         seen = stamp if len(rows) < PAGE else None
+        page: list[tuple[int, str, str]] = []
+        ended = False
         for seq, kind, data in rows:
             last = seq
             if kind not in hide:
-                yield seq, kind, data
+                page.append((seq, kind, data))
             if kind in TERMINAL_EVENTS:
-                return
+                ended = True
+                break
+        if page:
+            yield page
+        if ended:
+            return
         if rows:
             continue
         if over:
