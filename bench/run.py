@@ -44,6 +44,9 @@
 (r) WebSocket mode (bench/websocket.py): a turn over a socket against the same turn over
     SSE (TTFT and tokens/s, goal: within 5 %); a short turn on an open socket against a
     new HTTP request (goal: faster).
+(t) the control plane's ceiling (bench/ceiling.py, issue 40): the test engine at full
+    speed; tokens/s streamed durably to 64 SSE clients and the API's CPU a token (goal:
+    20,000 tokens/s), durable creates/s from 64 clients (goal: 1,000/s).
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -389,7 +392,7 @@ def lmsp_in_process(work: Path, concurrency: int, duration: float) -> tuple[Load
             def make() -> httpx.AsyncClient:
                 return httpx.AsyncClient(
                     transport=httpx.ASGITransport(app=app),
-                    base_url="http://lmsp",
+                    base_url="http://127.0.0.1",
                     headers={"Authorization": f"Bearer {token}"},
                 )
 
@@ -578,6 +581,7 @@ def main() -> None:
             "conversations",
             "remote",
             "websocket",
+            "ceiling",
         ],
         default=None,
     )
@@ -655,6 +659,13 @@ def main() -> None:
             from bench.websocket import bench_websocket
 
             bench_websocket(work, args.tokens, args.reps, table)
+        if args.only in (None, "ceiling"):
+            from bench.ceiling import bench_ceiling
+
+            if compare.quick():
+                bench_ceiling(work, table, args.seconds, 1, (24,))
+            else:
+                bench_ceiling(work, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -444,6 +444,7 @@ NOT_SERVICE_SETTINGS = {
     "LMSP_TOKEN": "the CLI's and lmsp.Client's token (the CLI section)",
     "LMSP_ENABLE_TEST_ENGINE": "the test suite's deterministic engine",
     "LMSP_TEST_ENGINE_DELAY": "the test suite's deterministic engine",
+    "LMSP_TEST_ENGINE_LENGTH": "the test suite's deterministic engine",
 }
 
 

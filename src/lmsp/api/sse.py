@@ -7,7 +7,7 @@ end with ``\\n`` (PROTOCOL.md section 6): some SSE parsers split only on ``\\n``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -39,10 +39,39 @@ class KeepAlive(ServerSentEvent):
         return b": ping\n"
 
 
-def as_stored(seq: int, kind: str, data: str) -> list[ServerSentEvent]:
+class Stored(ServerSentEvent):
     """A log event as SSE, its JSON as stored: ``id:`` the sequence number, ``event:``
-    the payload's type."""
-    return [sse(data, event=kind, event_id=str(seq))]
+    the payload's type. Framed without a scan of its JSON for line breaks: compact JSON
+    has none (a string's are escaped), which is checked once, cheaply."""
+
+    def __init__(self, seq: int, kind: str, data: str) -> None:
+        super().__init__(data=data, event=kind, id=str(seq), sep=SEP)
+
+    def encode(self) -> bytes:
+        data = str(self.data)
+        if "\n" in data or "\r" in data:  # not compact JSON: framed line by line
+            return super().encode()
+        return f"id: {self.id}\nevent: {self.event}\ndata: {data}\n\n".encode()
+
+
+def as_stored(seq: int, kind: str, data: str) -> list[ServerSentEvent]:
+    """A log event as SSE, its JSON as stored (:class:`Stored`)."""
+    return [Stored(seq, kind, data)]
+
+
+class Batch(ServerSentEvent):
+    """Several events sent as one write (the events one read of the log found): one
+    pass through the ASGI stack and one socket write instead of one each. Its
+    ``event`` is the first of them in ``terminal``, else the last one's."""
+
+    def __init__(self, events: Sequence[ServerSentEvent], terminal: Collection[str]) -> None:
+        kinds = [e.event for e in events]
+        ends = [k for k in kinds if k in terminal]
+        super().__init__(event=ends[0] if ends else kinds[-1], sep=SEP)
+        self.events = events
+
+    def encode(self) -> bytes:
+        return b"".join(e.encode() for e in self.events)
 
 
 class MessagesPing(ServerSentEvent):

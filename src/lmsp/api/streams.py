@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from lmsp.api.revocation import until_revoked
-from lmsp.api.sse import KeepAlive, event_response
+from lmsp.api.sse import Batch, KeepAlive, event_response
 from lmsp.app import follow
 from lmsp.app.core import Core
 from lmsp.app.tasks import Departure
@@ -36,13 +36,18 @@ def followed(
     terminal: Collection[str] = TERMINAL_EVENTS,
 ) -> EventSourceResponse:
     """The log of ``departure``'s task after ``start`` (types in ``hide`` skipped) as
-    ``frames`` makes it; ``client``: the follower whose revocation ends it (``None``:
-    nobody's). See :func:`lmsp.api.sse.event_response` for the rest."""
+    ``frames`` makes it, the events of each read of the log sent together; ``client``:
+    the follower whose revocation ends it (``None``: nobody's). See
+    :func:`lmsp.api.sse.event_response` for the rest."""
 
     async def source() -> AsyncIterator[ServerSentEvent]:
-        async for seq, kind, data in follow.task_events(core, departure.task_id, start, hide):
-            for event in frames(seq, kind, data):
-                yield event
+        # the events of one read of the log go out as one write (a Batch)
+        async for page in follow.task_pages(core, departure.task_id, start, hide):
+            batch = [event for row in page for event in frames(*row)]
+            if len(batch) == 1:
+                yield batch[0]
+            elif batch:
+                yield Batch(batch, terminal)
 
     events = source()
     if client is not None:  # a revoked client's stream ends

@@ -3,9 +3,11 @@ terminal event; and the revocation of the client that follows it, which ends the
 following.
 
 Events are always read from the database, so a follower sees exactly the committed
-log — the same bytes before and after a restart. Every commit wakes every follower (the
-broker); a follower reads again only when its task changed since its last read. A
-transport frames what it reads (HTTP: server-sent events, :mod:`lmsp.api.sse`)."""
+log — the same bytes before and after a restart. A follower reads again only when its
+task changed since its last read: it waits on its task's stamp, which the broker checks
+after each commit, so a commit wakes only the followers of the tasks it changed (a task
+whose stamp is not known wakes on every commit). A transport frames what it reads
+(HTTP: server-sent events, :mod:`lmsp.api.sse`)."""
 
 from __future__ import annotations
 
@@ -31,31 +33,55 @@ async def task_events(
 ) -> AsyncIterator[tuple[int, str, str]]:
     """``(sequence number, type, JSON)`` of ``task_id``'s events after ``after`` until its
     terminal event. Types in ``hide`` are skipped (they keep their numbers in the log)."""
+    async for page in task_pages(core, task_id, after, hide):
+        for row in page:
+            yield row
+
+
+async def task_pages(
+    core: Core, task_id: str, after: int, hide: Collection[str] = ()
+) -> AsyncIterator[list[tuple[int, str, str]]]:
+    """:func:`task_events`' events as they are read: each read's events together (what
+    one commit or more added since the last read), never an empty list; a transport may
+    send each list as one write."""
     db, broker = core.db, core.broker
     assert broker is not None
+    versions = db.versions
+
+    def probe() -> int | None:
+        return versions.task(task_id)
+
     last = after
     seen: int | None = None
     while True:
         waiter = broker.current()
-        # every commit wakes every stream: read only when this task changed since the
-        # last read (its stamp, taken before the read), or when its stamp is unknown
-        stamp = db.versions.task(task_id)
+        # read only when this task changed since the last read (its stamp, taken before
+        # the read), or when its stamp is unknown
+        stamp = probe()
         if stamp is not None and stamp == seen:
-            await broker.wait(waiter, 10.0)
+            await broker.wait_change(probe, stamp, 10.0)
             continue
         rows, over = await asyncio.to_thread(_page, core, task_id, last)
         seen = stamp if len(rows) < PAGE else None
+        page: list[tuple[int, str, str]] = []
+        ended = False
         for seq, kind, data in rows:
             last = seq
             if kind not in hide:
-                yield seq, kind, data
+                page.append((seq, kind, data))
             if kind in TERMINAL_EVENTS:
-                return
+                ended = True
+                break
+        if page:
+            yield page
+        if ended:
+            return
         if rows:
             continue
         if over:
             return
-        await broker.wait(waiter, 10.0)
+        if stamp is None:  # not known: the next commit, whichever task it changed
+            await broker.wait(waiter, 10.0)
 
 
 def _page(core: Core, task_id: str, last: int) -> tuple[list[tuple[int, str, str]], bool]:
@@ -106,15 +132,20 @@ async def until_revoked(core: Core, client_id: str, every: float) -> None:
     """Return once ``client_id`` is revoked: the revoke's commit wakes the watch (the
     broker fires after every commit), which checks at least every ``every`` seconds and
     reads the client's row only when the ``clients`` table's version moved since its
-    last read (the version is bumped before a revoke is answered)."""
+    last read (the version is bumped before a revoke is answered); a commit that did
+    not move it does not wake the watch."""
     db, broker = core.db, core.broker
     assert broker is not None
+    versions = db.versions
+
+    def probe() -> int:
+        return versions[CLIENTS]
+
     checked: int | None = None
     while True:
-        waiter = broker.current()
-        version = db.versions[CLIENTS]
+        version = probe()
         if version != checked:
             if await asyncio.to_thread(revoked, core, client_id):
                 return
             checked = version
-        await broker.wait(waiter, every)
+        await broker.wait_change(probe, checked, every)

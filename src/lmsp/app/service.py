@@ -9,6 +9,7 @@ modules of :mod:`lmsp.app`."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -191,15 +192,16 @@ class Service(Core):
         # every input item checked (once), and each file read as text once, before any write
         checked = given.input
         if given.given is not None:
-            checked = itemtypes.typed(
-                await asyncio.to_thread(
-                    items.normalize,
-                    given.given,
-                    capabilities=models.capabilities(record),
-                    param=input_param,
-                    compaction_key=self.compaction_key,
-                )
+            normalize = functools.partial(
+                items.normalize,
+                given.given,
+                capabilities=models.capabilities(record),
+                param=input_param,
+                compaction_key=self.compaction_key,
             )
+            # a string is one message, made at once; a list of items is checked in a worker
+            plain = isinstance(given.given, str)
+            checked = itemtypes.typed(normalize() if plain else await asyncio.to_thread(normalize))
         names = item_names or []
 
         def name(index: int) -> str:
@@ -221,9 +223,10 @@ class Service(Core):
             )
         # a tool output answers a call of the input or of the history it continues
         started = None if given.conversation is None or upto is None else (conversation, upto)
-        await self.read(
-            lambda: toolresults.check(self.db.reader(), checked, previous, started, name)
-        )
+        if toolresults.unanswered(checked):  # its history is read only for these
+            await self.read(
+                lambda: toolresults.check(self.db.reader(), checked, previous, started, name)
+            )
         request = stored_request.prepared(
             given, checked, model=record.id, conversation_upto=upto, **sampling
         )

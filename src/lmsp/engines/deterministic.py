@@ -2,7 +2,9 @@
 
 It runs in an engine process like the real one (the same core, protocol and
 supervision). It "reads" the prompt and writes words chosen by ``(seed, position)``, one
-token a word, after an optional delay per step (``LMSP_TEST_ENGINE_DELAY`` seconds).
+token a word, after an optional delay per step (``LMSP_TEST_ENGINE_DELAY`` seconds), up
+to ``LMSP_TEST_ENGINE_LENGTH`` words an answer (24 unless set: long streams for the
+scale benchmarks).
 Fault seams, after the first three words: a prompt containing ``[engine-error]`` fails
 its sequence (``engine_error``), one containing ``[engine-crash]`` kills its engine
 process (``SIGKILL``, as a segfault would), and ``[context-overflow]`` is refused as too
@@ -97,10 +99,18 @@ class DeterministicModel:
         return None
 
 
-def word(prompt: list[int], sampling: Sampling, position: int) -> Piece | None:
-    """The piece at ``position`` (``None``: the end) — a pure function of the prompt,
-    the seed (when sampling) and the position."""
-    if position >= DEFAULT_LENGTH:
+def answer_length() -> int:
+    """Words an answer runs to: ``LMSP_TEST_ENGINE_LENGTH`` (at least 1), 24 unless set."""
+    raw = os.environ.get("LMSP_TEST_ENGINE_LENGTH", "")
+    return max(1, int(raw)) if raw.strip() else DEFAULT_LENGTH
+
+
+def word(
+    prompt: list[int], sampling: Sampling, position: int, length: int = DEFAULT_LENGTH
+) -> Piece | None:
+    """The piece at ``position`` (``None``: the end, after ``length`` words) — a pure
+    function of the prompt, the seed (when sampling) and the position."""
+    if position >= length:
         return None
     key = hashlib.sha256(bytes(prompt)).digest()
     salt = sampling.seed if sampling.temperature > 0 else 0
@@ -128,10 +138,11 @@ def _token_vector(token: int) -> npt.NDArray[np.float64]:
     return vector
 
 
-def reference(prompt: list[int], sampling: Sampling) -> list[Piece]:
+def reference(prompt: list[int], sampling: Sampling, length: int | None = None) -> list[Piece]:
     """What an uninterrupted run of ``prompt`` writes (for tests)."""
+    length = answer_length() if length is None else length
     pieces: list[Piece] = []
-    while (piece := word(prompt, sampling, len(pieces))) is not None:
+    while (piece := word(prompt, sampling, len(pieces), length)) is not None:
         pieces.append(piece)
     return pieces
 
@@ -143,8 +154,9 @@ class DeterministicBackend:
     n_ctx = N_CTX
     max_step_tokens = 512
 
-    def __init__(self, delay: float, sequences: int) -> None:
+    def __init__(self, delay: float, sequences: int, length: int = DEFAULT_LENGTH) -> None:
         self.delay = delay
+        self.length = length
         self.sequences = max(1, sequences)
         self._free = list(range(self.sequences))
         self.closed = False
@@ -174,12 +186,12 @@ class DeterministicBackend:
     def pick(self, seq: Seq, logits: Logits) -> Piece | None:
         position = len(seq.resume) + seq.produced
         text = _text(seq.prompt)
-        if position >= 3 and position < DEFAULT_LENGTH:
+        if position >= 3 and position < self.length:
             if "[engine-error]" in text:
                 raise EngineError("engine_error", "The test engine failed on request.")
             if "[engine-crash]" in text:
                 die()  # as a segfault would: the engine process is gone
-        return word(seq.prompt, seq.sampling, position)
+        return word(seq.prompt, seq.sampling, position, self.length)
 
     def release(self, seq: Seq, intact: bool) -> None:
         if seq.state is not None:
@@ -234,7 +246,8 @@ class DeterministicEngine:
         if path.read_bytes() != TEST_MODEL_BYTES:
             raise EngineError("model_load_failed", "Not a test-engine model file.")
         delay = float(os.environ.get("LMSP_TEST_ENGINE_DELAY", "0.002"))
-        return DeterministicBackend(delay, (options or LoadOptions()).sequences)
+        sequences = (options or LoadOptions()).sequences
+        return DeterministicBackend(delay, sequences, answer_length())
 
     def tokenizer(
         self, path: Path, n_ctx: int, options: LoadOptions | None = None

@@ -5,11 +5,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
 from lmsp.store.sql import Conn
 
 _OUTPUT_TYPES = ",".join(f"'{kind}'" for kind in sorted(ev.OUTPUT))
+_ENCODER = msgspec.json.Encoder()
+
+
+def encode(body: dict[str, Any]) -> str:
+    """An event as the compact JSON it is stored (and streamed) as: msgspec's encoder,
+    a twentieth of ``json.dumps``'s time; what it cannot write (a lone surrogate, which
+    UTF-8 cannot hold) goes through ``json.dumps``, which escapes it."""
+    try:
+        return _ENCODER.encode(body).decode()
+    except (TypeError, ValueError, UnicodeError, msgspec.EncodeError):
+        return json.dumps(body, separators=(",", ":"))
 
 
 def append(conn: Conn, task_id: str, events: list[dict[str, Any]]) -> int:
@@ -32,9 +45,10 @@ def append(conn: Conn, task_id: str, events: list[dict[str, Any]]) -> int:
     rows = []
     for event in events:
         seq += 1
-        body = {"type": event["type"], "sequence_number": seq}
-        body.update((k, v) for k, v in event.items() if k not in body)
-        rows.append((task_id, seq, event["type"], json.dumps(body, separators=(",", ":")), stamp))
+        kind = event["type"]
+        body = {"type": kind, "sequence_number": seq, **event}
+        body["type"], body["sequence_number"] = kind, seq  # first, whatever the event held
+        rows.append((task_id, seq, kind, encode(body), stamp))
     conn.executemany(
         "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
         " VALUES (?, ?, ?, ?, ?)",

@@ -1,0 +1,251 @@
+"""(t) The control plane's own ceiling (issue 40): lmsp with no model cost.
+
+A real ``lmsp serve`` runs the deterministic test engine at full speed
+(``LMSP_TEST_ENGINE_DELAY=0``: a step costs nothing), so what is measured is lmsp's own
+work — what would bound it in front of a GPU engine decoding thousands of tokens a second:
+
+- **streams**: 64 clients (a process of their own) each create streamed responses
+  (``POST /v1/responses``, ``stream: true``: every event committed before it is sent)
+  back to back for a window, ``LMSP_PARALLEL=64``; answers of ``LMSP_TEST_ENGINE_LENGTH``
+  words (24, the engine's default, and a long one). Generated tokens a second (each
+  stream's ``usage.output_tokens`` over the wall time from the first create to the last
+  stream's end) and the API process's CPU a token (user + system from ``/proc``; the
+  engine process's apart).
+- **creates**: 64 clients create durable background responses (``202`` after the
+  commit) back to back for a window; the server runs the created tasks meanwhile.
+  Creates a second, p50 / p99, errors, the API process's CPU a create.
+
+    .venv/bin/python bench/run.py --only ceiling
+    .venv/bin/python bench/ceiling.py [--seconds 10] [--reps 3] [--length 24,1000]
+
+Goals (issue 40): ≥ 20,000 tokens/s; ≥ 1,000 creates/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.clients import busy_cpus, creates_process, median, percentile, processes  # noqa: E402
+from tests.helpers import Server  # noqa: E402
+
+CLIENTS = 64
+MODEL = "lmsp-test"
+GOAL_TOKENS = 20_000.0
+GOAL_CREATES = 1_000.0
+Table = Callable[[str, list[str], list[list[str]]], None]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_pid(server: Server) -> int | None:
+    with server.client(timeout=30) as http:
+        engines = http.get("/v1/service/activity").json().get("engines") or []
+    pids = [e.get("pid") for e in engines if e.get("model") == MODEL]
+    return int(pids[0]) if pids and pids[0] else None
+
+
+def streams_process(
+    url: str, headers: dict[str, str], clients: int, start_at: float, seconds: float
+) -> tuple[int, int, float, list[str]]:
+    """In a child process: ``clients`` clients stream responses back to back, each a new
+    one as soon as the last ended, starting none after ``seconds``. The tokens of every
+    stream (from its terminal event), the streams, the wall time from the start to the
+    last end, and the errors. A stream's bytes are scanned only at its end: the client
+    must not be what is measured."""
+
+    async def one(http: httpx.AsyncClient, body: dict[str, Any]) -> int:
+        tail = b""
+        async with http.stream("POST", "/v1/responses", json=body) as answer:
+            if answer.status_code != 200:
+                raise RuntimeError(f"{answer.status_code}: {(await answer.aread())[:120]!r}")
+            async for chunk in answer.aiter_raw():
+                tail = (tail + chunk)[-65536:]
+        at = tail.rfind(b'"output_tokens":')
+        if b"response.completed" not in tail or at < 0:
+            raise RuntimeError(f"no completed event at the end: {tail[-200:]!r}")
+        digits = tail[at + 16 : at + 32].split(b",")[0].split(b"}")[0]
+        return int(digits)
+
+    async def main() -> tuple[int, int, float, list[str]]:
+        body = {"model": MODEL, "input": "stream hello", "stream": True}
+        counts: list[int] = []
+        errors: list[str] = []
+        limits = httpx.Limits(max_connections=clients)
+        async with httpx.AsyncClient(
+            base_url=url, headers=headers, limits=limits, timeout=300
+        ) as http:
+            await asyncio.gather(*(http.get("/healthz") for _ in range(clients)))
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            began = time.perf_counter()
+            stop_at = began + seconds
+
+            async def worker() -> None:
+                while time.perf_counter() < stop_at:
+                    try:
+                        counts.append(await one(http, body))
+                    except (httpx.HTTPError, RuntimeError) as exc:
+                        errors.append(repr(exc)[:160])
+
+            await asyncio.gather(*(worker() for _ in range(clients)))
+            wall = time.perf_counter() - began
+        return sum(counts), len(counts), wall, errors
+
+    return asyncio.run(main())
+
+
+@dataclass
+class Figures:
+    rate: float  # tokens or creates a second
+    api_ms: float  # API process CPU ms per token or create
+    engine_ms: float
+    detail: str
+
+
+def _serve(work: Path, length: int) -> Server:
+    env = {
+        "LMSP_TEST_ENGINE_DELAY": "0",
+        "LMSP_TEST_ENGINE_LENGTH": str(length),
+        "LMSP_PARALLEL": str(CLIENTS),
+        "LMSP_MAX_QUEUE": "1000000",
+    }
+    return Server(work, env=env).start()
+
+
+def _headers(server: Server) -> dict[str, str]:
+    return {"Authorization": f"Bearer {server.token}"}
+
+
+def run_streams(work: Path, pool: ProcessPoolExecutor, length: int, seconds: float) -> Figures:
+    server = _serve(work, length)
+    try:
+        with server.client() as http:  # the engine loaded, before the window
+            http.post("/v1/responses", json={"model": MODEL, "input": "warm"})
+        assert server.proc is not None
+        api, engine = server.proc.pid, engine_pid(server)
+        start_at = time.time() + 1.5
+        job = pool.submit(streams_process, server.url, _headers(server), CLIENTS, start_at, seconds)
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu0 = cpu_seconds(api), cpu_seconds(engine) if engine else 0.0
+        tokens, streams, wall, errors = job.result()
+        cpu1 = cpu_seconds(api), cpu_seconds(engine) if engine else 0.0
+    finally:
+        server.stop()
+    per = max(tokens, 1)
+    return Figures(
+        tokens / wall,
+        1000 * (cpu1[0] - cpu0[0]) / per,
+        1000 * (cpu1[1] - cpu0[1]) / per,
+        f"{streams} streams, {tokens:,} tokens in {wall:.1f} s, {len(errors)} errors"
+        + (f" ({errors[0]})" if errors else ""),
+    )
+
+
+def run_creates(work: Path, pool: ProcessPoolExecutor, seconds: float) -> Figures:
+    server = _serve(work, 24)
+    try:
+        body = {"model": MODEL, "input": "durable hello", "background": True}
+        with server.client() as http:
+            http.post("/v1/responses", json={"model": MODEL, "input": "warm"})
+        assert server.proc is not None
+        api = server.proc.pid
+        start_at = time.time() + 1.5
+        job = pool.submit(
+            creates_process, server.url, _headers(server), body, CLIENTS, start_at, seconds
+        )
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu0 = cpu_seconds(api)
+        latencies, errors = job.result()
+        cpu1 = cpu_seconds(api)
+    finally:
+        server.stop()
+    n = max(len(latencies), 1)
+    return Figures(
+        len(latencies) / seconds,
+        1000 * (cpu1 - cpu0) / n,
+        0.0,
+        f"p50 {percentile(latencies, 0.5) * 1000:.0f} ms, "
+        f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms, {len(errors)} errors"
+        + (f" ({errors[0][:120]})" if errors else ""),
+    )
+
+
+def bench_ceiling(
+    work: Path,
+    table: Table,
+    seconds: float = 10.0,
+    reps: int = 3,
+    lengths: tuple[int, ...] = (24, 1000),
+) -> None:
+    other = busy_cpus()
+    rows: list[list[str]] = []
+    with processes(1) as pool:
+        for length in lengths:
+            runs = [
+                run_streams(work / f"streams-{length}-{i}", pool, length, seconds)
+                for i in range(reps)
+            ]
+            rate = median([r.rate for r in runs])
+            rows.append(
+                [
+                    f"tokens/s, 64 SSE streams of {length} tokens",
+                    f"{rate:,.0f} ({', '.join(f'{r.rate:,.0f}' for r in runs)})",
+                    f"{median([r.api_ms for r in runs]):.3f} ms a token "
+                    f"(engine {median([r.engine_ms for r in runs]):.3f})",
+                    f"≥ {GOAL_TOKENS:,.0f}: {'MET' if rate >= GOAL_TOKENS else 'MISSED'}",
+                    runs[len(runs) // 2].detail,
+                ]
+            )
+        runs = [run_creates(work / f"creates-{i}", pool, seconds) for i in range(reps)]
+        rate = median([r.rate for r in runs])
+        rows.append(
+            [
+                "durable creates/s, 64 clients",
+                f"{rate:,.0f} ({', '.join(f'{r.rate:,.0f}' for r in runs)})",
+                f"{median([r.api_ms for r in runs]):.2f} ms a create",
+                f"≥ {GOAL_CREATES:,.0f}: {'MET' if rate >= GOAL_CREATES else 'MISSED'}",
+                runs[len(runs) // 2].detail,
+            ]
+        )
+    table(
+        f"(t) control-plane ceiling, test engine at full speed, {reps} runs of {seconds:.0f} s, "
+        f"medians (other load before: {other:.2f} CPUs)",
+        ["measure", "median (runs)", "API process CPU", "goal", "middle run"],
+        rows,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--length", default="24,1000", help="answer lengths, comma-separated")
+    args = parser.parse_args()
+    from bench.run import table
+
+    lengths = tuple(int(v) for v in args.length.split(",") if v)
+    with tempfile.TemporaryDirectory(prefix="lmsp-ceiling-") as work:
+        bench_ceiling(Path(work), table, args.seconds, args.reps, lengths)
+
+
+if __name__ == "__main__":
+    main()
