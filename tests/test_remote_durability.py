@@ -9,81 +9,28 @@ frees its slot; a JSON schema on an upstream without grammar support is refused.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from tests.helpers import Server, open_db, seeded_data_dir, task_log
-from tests.test_remote_engine import MODEL, add, decoded, output_text, prompt_tokens, sse
+from tests import remote_fixtures
+from tests.helpers import Server, open_db
+from tests.remote_fixtures import (
+    MODEL,
+    add,
+    after_deltas,
+    final,
+    greedy_text,
+    output_text,
+    start,
+    task_events,
+)
 from tests.upstream import Upstream
 
+# the fixtures every remote-engine test takes
+lmsp = remote_fixtures.lmsp
+upstream = remote_fixtures.upstream
+
 pytestmark = pytest.mark.slow
-
-#: a prompt the bundled model answers at length (it counts on and on)
-LONG = "Count from 1 to 300, one number per line."
-TOKENS = 160
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> Iterator[Upstream]:
-    server = Upstream(tmp_path / "llama-server.log").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def lmsp(tmp_path: Path, blob_cache: Path) -> Iterator[Server]:
-    server = Server(seeded_data_dir(tmp_path / "data", blob_cache), env={"LMSP_PARALLEL": "2"})
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def start(http: httpx.Client, policy: str, tokens: int = TOKENS) -> str:
-    body = {
-        "model": MODEL,
-        "input": LONG,
-        "background": True,
-        "temperature": 0,
-        "max_output_tokens": tokens,
-        "on_restart": policy,
-    }
-    created = http.post("/v1/responses", json=body)
-    assert created.status_code == 202, created.text
-    rid: str = created.json()["id"]
-    return rid
-
-
-def after_deltas(http: httpx.Client, rid: str, count: int) -> list[dict[str, Any]]:
-    """The response's events until ``count`` text deltas have been committed."""
-    seen: list[dict[str, Any]] = []
-    with http.stream("GET", f"/v1/responses/{rid}", params={"stream": "true"}) as stream:
-        for event in sse(stream):
-            seen.append(event)
-            if sum(e["type"] == "response.output_text.delta" for e in seen) >= count:
-                break
-    return seen
-
-
-def final(http: httpx.Client, rid: str, deadline: float = 300) -> dict[str, Any]:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        response: dict[str, Any] = http.get(f"/v1/responses/{rid}").json()
-        if response["status"] not in ("queued", "in_progress"):
-            return response
-        time.sleep(0.2)
-    raise AssertionError(f"{rid} did not finish")
-
-
-def greedy_text(upstream: Upstream, tokens: int = TOKENS) -> str:
-    return decoded(upstream.greedy(prompt_tokens(LONG), tokens))
 
 
 def test_an_upstream_killed_mid_generation_under_fail_fails_naming_it_and_keeps_the_text(
@@ -118,12 +65,7 @@ def test_an_upstream_killed_mid_generation_under_resume_ends_with_the_greedy_ans
         expected = greedy_text(upstream)
     assert done["status"] in ("completed", "incomplete"), done
     assert output_text(done) == expected
-    conn = open_db(lmsp.data_dir)
-    try:
-        row = conn.execute("SELECT id FROM tasks WHERE response_id = ?", (rid,)).fetchone()
-        events = task_log(conn, row[0])
-    finally:
-        conn.close()
+    events = task_events(lmsp, rid)
     resumed = [e for e in events if e["type"] == "response.in_progress" and e.get("resumed")]
     assert resumed, "the task was not resumed: the kill came too late"
 
@@ -142,12 +84,7 @@ def test_an_upstream_killed_mid_generation_under_retry_resets_then_completes(
         expected = greedy_text(upstream)
     assert done["status"] in ("completed", "incomplete"), done
     assert output_text(done) == expected
-    conn = open_db(lmsp.data_dir)
-    try:
-        row = conn.execute("SELECT id FROM tasks WHERE response_id = ?", (rid,)).fetchone()
-        events = task_log(conn, row[0])
-    finally:
-        conn.close()
+    events = task_events(lmsp, rid)
     assert any(e.get("reset") for e in events), [e["type"] for e in events]
 
 

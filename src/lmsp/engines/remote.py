@@ -8,10 +8,10 @@ Here a ``Submit`` is a streamed completion of the upstream with the prompt (and 
 resume's tokens) as token ids, at most ``inflight`` at once; a ``Cancel`` closes that
 stream (the upstream stops generating and frees its slot); an ``Embed`` is a
 ``/v1/embeddings`` request. Text is decoded here from the ids, with the model's own
-tokenizer (the record's blob: a GGUF read without its weights). A model may have several
-upstream replicas: a sequence goes to the one its prompt's start hashes to (its prefix is
-cached there) unless that one is busier than the least-loaded (:meth:`RemoteBackend.
-route`).
+tokenizer (the record's blob: a GGUF read without its weights, or a ``tokenizer.json``).
+A model may have several upstream replicas: a sequence goes to the one its prompt's
+start hashes to (its prefix is cached there) unless that one is busier than the
+least-loaded (:meth:`RemoteBackend.route`).
 
 An upstream that breaks off (refused, reset, killed mid-stream) is an engine crash:
 every sequence still open is told so (``engine_crashed``, naming the upstream) after
@@ -41,6 +41,7 @@ import numpy.typing as npt
 from lmsp.engines import upstream
 from lmsp.engines.base import EngineError, LoadOptions, Piece, Utf8Stream
 from lmsp.engines.client import UPSTREAM_LOST
+from lmsp.engines.hf_tokenizer import JsonTokenizer, is_gguf
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.engines.protocol import (
     CANCELLED,
@@ -91,6 +92,16 @@ class RemoteTokenizer(LlamaTokenizer):
         self.eog |= self.stop_ids
 
 
+def remote_tokenizer(path: Path, spec: RemoteSpec) -> RemoteTokenizer | JsonTokenizer:
+    """The model's tokenizer from its blob: a GGUF's vocabulary, or a ``tokenizer.json``
+    (:mod:`lmsp.engines.hf_tokenizer`) with the configuration its record keeps."""
+    if is_gguf(path):
+        return RemoteTokenizer(path, spec)
+    tokenizer = JsonTokenizer(path, spec.tokenizer_config)
+    tokenizer.n_ctx = int(spec.capabilities.get("n_ctx") or 0)
+    return tokenizer
+
+
 def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> list[str]:
     """The model's upstreams that answer ``/health`` (or ``/v1/models``) with a 200, once
     one does: tried again, backing off from 0.1 s to 5 s; :class:`EngineError`
@@ -135,7 +146,7 @@ class RemoteBackend:
         self.spec = spec
         self.live = live or [spec.url]  # the upstreams that answered when it started
         self.load = {url: 0 for url in self.live}  # sequences on each, waiting ones too
-        self.tokenizer = RemoteTokenizer(path, spec)
+        self.tokenizer = remote_tokenizer(path, spec)
         self.n_ctx = self.tokenizer.n_ctx
         self.sequences = max(1, spec.inflight)
         self.streams = 0  # sequences streamed
@@ -413,8 +424,8 @@ class RemoteEngine:
 
     def tokenizer(
         self, path: Path, n_ctx: int, options: LoadOptions | None = None
-    ) -> RemoteTokenizer:
-        return RemoteTokenizer(path, spec_of(options))
+    ) -> RemoteTokenizer | JsonTokenizer:
+        return remote_tokenizer(path, spec_of(options))
 
     def context_length(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> int:
         return int(spec_of(options).capabilities.get("n_ctx") or 0)

@@ -50,6 +50,9 @@ class RemoteSpec:
     capabilities: dict[str, Any] = field(default_factory=dict)
     #: more upstreams serving the same model (replicas: least-loaded, prefix affinity)
     replicas: tuple[str, ...] = ()
+    #: a ``tokenizer.json`` model's chat template, BOS and EOS (read beside it when the
+    #: model was added: :func:`lmsp.engines.hf_tokenizer.read_config`); empty for a GGUF
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stored: dict[str, Any]) -> RemoteSpec:
@@ -60,6 +63,7 @@ class RemoteSpec:
             inflight=int(stored.get("inflight", 4)),
             capabilities=dict(stored.get("capabilities") or {}),
             replicas=tuple(str(u).rstrip("/") for u in stored.get("replicas") or ()),
+            tokenizer_config=dict(stored.get("tokenizer_config") or {}),
         )
 
     def stored(self) -> dict[str, Any]:
@@ -70,6 +74,7 @@ class RemoteSpec:
             "api_key_env": self.api_key_env,
             "inflight": self.inflight,
             "capabilities": self.capabilities,
+            **({"tokenizer_config": self.tokenizer_config} if self.tokenizer_config else {}),
         }
 
     @property
