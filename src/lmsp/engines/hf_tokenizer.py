@@ -190,5 +190,10 @@ class JsonTokenizer:
     def text_tokens(self, text: str) -> list[int]:
         return self.raw_tokens(text)
 
+    def piece(self, token: int) -> bytes:
+        """``token``'s bytes, as the model writes it (a special token's: none)."""
+        pieces = self.llm.pieces
+        return pieces[token] if 0 <= token < len(pieces) else b""
+
     def close(self) -> None:
         return None

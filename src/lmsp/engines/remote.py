@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import hashlib
 import logging
 import os
@@ -87,9 +88,28 @@ class RemoteTokenizer(LlamaTokenizer):
         self.n_ctx = int(spec.capabilities.get("n_ctx") or 0) or self.n_ctx
         import llama_cpp
 
-        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
-        self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
         self.eog |= self.stop_ids
+        self._pieces: dict[int, bytes] = {}
+
+    def piece(self, token: int) -> bytes:
+        """``token``'s bytes, as the model writes it (a control token's: none), read once.
+        Not llama-cpp-python's ``detokenize``: it drops a piece over 32 bytes (a run of
+        33 spaces is one token of SmolLM2's)."""
+        found = self._pieces.get(token)
+        if found is None:
+            import llama_cpp
+
+            size = 64
+            while True:
+                buf = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, size, 0, False)
+                if n >= 0:
+                    break
+                size = -n
+            found = self._pieces[token] = buf.raw[:n]
+        return found
 
 
 def remote_tokenizer(path: Path, spec: RemoteSpec) -> RemoteTokenizer | JsonTokenizer:
@@ -308,7 +328,7 @@ class RemoteBackend:
         tokenizer = self.tokenizer
         decoder = Utf8Stream()
         if message.resume:  # hold back the bytes of a character the snapshot left open
-            decoder.feed(bytes(tokenizer.llm.detokenize(message.resume)))
+            decoder.feed(b"".join(tokenizer.piece(t) for t in message.resume))
         first = True
         seen = 0  # tokens the upstream generated that this side has accounted for
         context = list(message.prompt) + list(message.resume)
@@ -328,11 +348,11 @@ class RemoteBackend:
                     raise UpstreamLost(f"it sent token {token}, not in the vocabulary")
                 if token in tokenizer.eog:
                     continue
-                raw = bytes(tokenizer.llm.detokenize([token]))
+                raw = tokenizer.piece(token)
                 entry = None
                 if message.sampling.logprobs:
                     top = message.sampling.top_logprobs
-                    entry = _logprob(tokenizer.llm, chunk.logprobs, i, token, top)
+                    entry = _logprob(tokenizer.piece, chunk.logprobs, i, token, top)
                 pieces.append(Piece(token, decoder.feed(raw), entry))
             if pieces or first:
                 cached = (chunk.cached or 0) if first else None
@@ -352,9 +372,9 @@ class RemoteBackend:
         if missing <= 0 or not chunk.content:
             return tokens
         data = chunk.content.encode("utf-8")
-        llm = self.tokenizer.llm
-        ids: list[int] = llm.tokenize(data, add_bos=False, special=False)
-        if bytes(llm.detokenize(ids)) != data:
+        tokenizer = self.tokenizer
+        ids: list[int] = tokenizer.llm.tokenize(data, add_bos=False, special=False)
+        if b"".join(tokenizer.piece(t) for t in ids) != data:
             return tokens
         self.refilled += 1
         return ids
@@ -394,7 +414,11 @@ class RemoteBackend:
 
 
 def _logprob(
-    llm: Any, entries: list[dict[str, Any]] | None, index: int, token: int, top: int
+    piece: Callable[[int], bytes],
+    entries: list[dict[str, Any]] | None,
+    index: int,
+    token: int,
+    top: int,
 ) -> dict[str, Any] | None:
     """llama-server's ``completion_probabilities`` entry of ``token`` in lmsp's shape:
     each token's text and bytes decoded here (as lmsp's own engine gives them), the
@@ -404,7 +428,7 @@ def _logprob(
     entry = entries[index]
 
     def shaped(tok: int, logprob: Any) -> dict[str, Any]:
-        data = bytes(llm.detokenize([tok]))
+        data = piece(tok)
         text = data.decode("utf-8", errors="replace")
         return {"token": text, "logprob": float(logprob), "bytes": list(data)}
 
