@@ -104,6 +104,9 @@ def bench_remote(work: Path, table: Callable[[str, list[str], list[list[str]]], 
     upstream, server = start_pair(work)
     try:
         lm, ll = remote_side(server), llama_side(upstream, "llama-server direct")
+        for side in (lm, ll):  # the model's engine started, not timed as a first text
+            with side.client() as http:
+                side.stream(http, messages_for(SUBJECTS[2]), 4)
         rates: dict[str, list[float]] = {lm.name: [], ll.name: []}
         firsts: dict[str, list[float]] = {lm.name: [], ll.name: []}
         for _ in range(reps):
