@@ -198,3 +198,15 @@ def final(http: httpx.Client, rid: str, deadline: float = 300) -> dict[str, Any]
 
 def greedy_text(upstream: Upstream, tokens: int = TOKENS) -> str:
     return decoded(upstream.greedy(prompt_tokens(LONG), tokens))
+
+
+def under_way(
+    http: httpx.Client, upstream: Upstream, policy: str, tokens: int = TOKENS, **remote: Any
+) -> str:
+    """The bundled model added as a remote model on ``upstream``, a background task of
+    :data:`LONG` under ``policy`` started on it and followed until 5 text deltas are
+    committed: the response's id."""
+    add(http, upstream, **remote)
+    rid = start(http, policy, tokens)
+    after_deltas(http, rid, 5)
+    return rid

@@ -17,12 +17,11 @@ from tests.helpers import Server, open_db
 from tests.remote_fixtures import (
     MODEL,
     add,
-    after_deltas,
     final,
     greedy_text,
     output_text,
-    start,
     task_events,
+    under_way,
 )
 from tests.upstream import Upstream
 
@@ -37,9 +36,7 @@ def test_an_upstream_killed_mid_generation_under_fail_fails_naming_it_and_keeps_
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "fail")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "fail")
         upstream.kill()
         done = final(http, rid)
         upstream.start()
@@ -55,9 +52,7 @@ def test_an_upstream_killed_mid_generation_under_resume_ends_with_the_greedy_ans
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "resume")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "resume")
         upstream.kill()
         time.sleep(1.0)  # the engine sees its upstream gone and waits for it
         upstream.start()
@@ -74,9 +69,7 @@ def test_an_upstream_killed_mid_generation_under_retry_resets_then_completes(
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "retry")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "retry")
         upstream.kill()
         time.sleep(1.0)
         upstream.start()
@@ -92,9 +85,7 @@ def test_lmsp_killed_mid_generation_on_a_remote_model_resumes_per_policy(
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "resume")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "resume")
     lmsp.kill()
     lmsp.start()
     with lmsp.client(timeout=300) as http:
@@ -107,9 +98,7 @@ def test_a_cancel_closes_the_upstream_stream_and_frees_its_slot(
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "fail", tokens=1500)
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "fail", tokens=1500)
         assert upstream.busy() == 1
         cancelled = http.post(f"/v1/responses/{rid}/cancel")
         assert cancelled.status_code == 200, cancelled.text

@@ -21,14 +21,13 @@ from tests.helpers import Server
 from tests.remote_fixtures import (
     MODEL,
     add,
-    after_deltas,
     decoded,
     final,
     greedy_text,
     output_text,
     prompt_tokens,
     serve,
-    start,
+    under_way,
     upstreams,
 )
 from tests.upstream import Upstream
@@ -108,9 +107,7 @@ def test_a_replica_killed_mid_generation_resumes_on_the_other(
 ) -> None:
     a, b = pair
     with lmsp.client(timeout=300) as http:
-        add(http, a, replicas=[b.url], inflight=4)
-        rid = start(http, "resume")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, a, "resume", replicas=[b.url], inflight=4)
         busy = a if a.busy() else b
         other = b if busy is a else a
         busy.kill()
