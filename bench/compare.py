@@ -185,17 +185,19 @@ def at_least(value: float, bound: float) -> bool | None:
 # -- the sides -----------------------------------------------------------------------------
 
 
-def lmsp_side(server: Server) -> Side:
+def lmsp_side(server: Server, name: str = "lmsp", model: str = MODEL) -> Side:
+    """Streams through ``server``'s ``/v1/responses`` on ``model``."""
+
     def pid() -> int:
         assert server.proc is not None
         return server.proc.pid
 
     return Side(
-        "lmsp",
+        name,
         server.url,
         {"Authorization": f"Bearer {server.token}"},
         lambda http, messages, max_tokens, **extra: lmsp_stream(
-            http, messages, max_tokens, model=MODEL, **extra
+            http, messages, max_tokens, model=model, **extra
         ),
         "/healthz",
         pid,
@@ -708,11 +710,11 @@ def bench_creates(server: Server, plan: Plan, figures: Figures) -> None:
 # -- an engine crash while streams generate ------------------------------------------------
 
 
-def engine_pid(server: Server) -> int | None:
-    """The process id of the bundled model's engine, ``None`` while it has none."""
+def engine_pid(server: Server, model: str = MODEL) -> int | None:
+    """The process id of ``model``'s engine, ``None`` while it has none."""
     with server.client(timeout=30) as http:
         engines = http.get("/v1/service/activity").json().get("engines") or []
-    pids = [e.get("pid") for e in engines if e.get("model") == MODEL]
+    pids = [e.get("pid") for e in engines if e.get("model") == model]
     return int(pids[0]) if pids and pids[0] else None
 
 

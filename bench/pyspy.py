@@ -1,21 +1,24 @@
 """Profile both processes of lmsp — the API process and the model's engine process —
-with py-spy under one of three loads:
+with py-spy under one of four loads:
 
 - ``streams`` (the default): 8 streams generate (the 8 x 128 benchmark's load, repeated);
 - ``creates``: 64 clients create durable responses as fast as they are answered while
   8 streams generate (the peak-creates benchmark's load);
+- ``remote``: 8 streams on a remote model whose upstream is a ``llama-server`` with 8
+  slots (bench/remote.py's pair), the API process and the remote engine recorded;
 - ``resume``: a task is killed with its server ~1,000 tokens in, and the relaunched
   server is recorded from its first instant (``py-spy record --subprocesses``) until
   the task's next text arrives (the resume benchmark's case).
 
-    .venv/bin/python bench/pyspy.py [--load streams|creates|resume] [--seconds 20]
+    .venv/bin/python bench/pyspy.py [--load streams|creates|resume|remote] [--svg] [--seconds 20]
         [--out pyspy] [--exact]
 
 py-spy (a dev dependency) samples each process from outside, at 100 Hz, idle threads
 left out (``llama_decode`` shows as the Python frame that calls it, ``LlamaContext.decode``);
-the collapsed stacks go to ``OUT-api.txt`` and ``OUT-engine.txt`` and a summary is
-printed: for each process the functions holding the most samples, inclusive (a frame
-anywhere on the stack) and by the frame the samples were taken in (self).
+the collapsed stacks go to ``OUT-api.txt`` and ``OUT-engine.txt`` (``--svg``: flame
+graphs too, ``OUT-*.svg``) and a summary is printed: for each process the functions
+holding the most samples, inclusive (a frame anywhere on the stack) and by the frame
+the samples were taken in (self).
 """
 
 from __future__ import annotations
@@ -35,16 +38,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import compare  # noqa: E402
-from bench.clients import creates_process  # noqa: E402
+from bench.clients import Side, creates_process  # noqa: E402
 from tests.helpers import Server  # noqa: E402
 
 
 def record(
-    pid: int, seconds: float, out: Path, native: bool, children: bool = False
+    pid: int,
+    seconds: float,
+    out: Path,
+    native: bool,
+    children: bool = False,
+    fmt: str = "raw",
 ) -> subprocess.Popen[bytes]:
     py_spy = Path(sys.executable).with_name("py-spy")
     command = [str(py_spy), "record", "--pid", str(pid), "--duration", str(int(seconds))]
-    command += ["--rate", "100", "--format", "raw", "--output", str(out), "--nonblocking"]
+    command += ["--rate", "100", "--format", fmt, "--output", str(out), "--nonblocking"]
     if native:
         command.append("--native")
     if children:  # and the processes it starts (the engine), each stack under its process
@@ -134,7 +142,9 @@ def profile_resume(work: Path, env: dict[str, str], out: Path, seconds: float) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--load", choices=["streams", "creates", "resume"], default="streams")
+    loads = ["streams", "creates", "resume", "remote"]
+    parser.add_argument("--load", choices=loads, default="streams")
+    parser.add_argument("--svg", action="store_true", help="flame graphs too (OUT-*.svg)")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--out", default="pyspy", help="OUT-api.txt, OUT-engine.txt")
     parser.add_argument("--exact", action="store_true", help="the server in exact mode")
@@ -144,6 +154,10 @@ def main() -> None:
     if args.exact:
         env["LMSP_EXACT"] = "1"
     out = Path(args.out).resolve()
+    if args.load == "remote":
+        with tempfile.TemporaryDirectory(prefix="lmsp-pyspy-") as work:
+            report(*profile_remote(Path(work), out, args.seconds, args.svg))
+        return
     if args.load == "resume":
         with tempfile.TemporaryDirectory(prefix="lmsp-pyspy-") as work:
             api_out, engine_out = profile_resume(Path(work), env, out, min(args.seconds, 5.0))
@@ -157,14 +171,7 @@ def main() -> None:
                 side.stream(http, compare.messages_for(compare.SUBJECTS[7]), 4)
             engine = compare.engine_pid(server)
             assert server.proc is not None and engine is not None
-            stop = threading.Event()
-
-            def load() -> None:
-                while not stop.is_set():
-                    compare.concurrent(side, plan.streams, plan.stream_tokens)
-
-            loader = threading.Thread(target=load, daemon=True)
-            loader.start()
+            loading = Streaming(side, plan.streams, plan.stream_tokens)
             creating = None
             if args.load == "creates":  # 64 clients, in a process of their own
                 body = {
@@ -184,23 +191,73 @@ def main() -> None:
                     args.seconds + 4.0,
                 )
                 time.sleep(2.5)
-            api_out, engine_out = Path(f"{out}-api.txt"), Path(f"{out}-engine.txt")
-            spies = [
-                record(server.proc.pid, args.seconds, api_out, native=False),
-                record(engine, args.seconds, engine_out, native=False),
-            ]
-            for spy in spies:
-                spy.wait(args.seconds + 120)
+            api_out, engine_out = spy_both(server.proc.pid, engine, out, args.seconds, args.svg)
             if creating is not None:
                 latencies, errors = creating.result()
                 print(
                     f"creates: {len(latencies) / (args.seconds + 4.0):.0f}/s, {len(errors)} errors"
                 )
-            stop.set()
-            loader.join(300)
+            loading.stop()
         finally:
             server.stop()
     report(api_out, engine_out)
+
+
+class Streaming:
+    """``streams`` concurrent streams of ``tokens`` through ``side``, again and again,
+    in a thread, until :meth:`stop`."""
+
+    def __init__(self, side: Side, streams: int, tokens: int) -> None:
+        self.done = threading.Event()
+
+        def load() -> None:
+            while not self.done.is_set():
+                compare.concurrent(side, streams, tokens)
+
+        self.thread = threading.Thread(target=load, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(300)
+
+
+def spy_both(api: int, engine: int, out: Path, seconds: float, svg: bool) -> tuple[Path, Path]:
+    """Record the API process and the engine process for ``seconds`` (collapsed stacks
+    for :func:`summary`; with ``svg`` flame graphs too, ``OUT-api.svg`` and
+    ``OUT-engine.svg``)."""
+    api_out, engine_out = Path(f"{out}-api.txt"), Path(f"{out}-engine.txt")
+    for path in (api_out, engine_out):
+        path.unlink(missing_ok=True)
+    spies = [record(api, seconds, api_out, False), record(engine, seconds, engine_out, False)]
+    if svg:
+        spies.append(record(api, seconds, Path(f"{out}-api.svg"), False, fmt="flamegraph"))
+        spies.append(record(engine, seconds, Path(f"{out}-engine.svg"), False, fmt="flamegraph"))
+    for spy in spies:
+        spy.wait(seconds + 120)
+    return api_out, engine_out
+
+
+def profile_remote(work: Path, out: Path, seconds: float, svg: bool) -> tuple[Path, Path]:
+    """8 streams on a remote model (bench/remote.py's pair: lmsp in front of a
+    ``llama-server`` with 8 slots) while both lmsp processes are recorded."""
+    from bench import remote
+
+    upstream, server = remote.start_pair(work)
+    try:
+        side = remote.remote_side(server)
+        with side.client() as http:
+            side.stream(http, compare.messages_for(compare.SUBJECTS[7]), 4)
+        engine = compare.engine_pid(server, remote.MODEL)
+        assert server.proc is not None and engine is not None
+        loading = Streaming(side, remote.STREAMS, 128)
+        try:
+            return spy_both(server.proc.pid, engine, out, seconds, svg)
+        finally:
+            loading.stop()
+    finally:
+        server.stop()
+        upstream.stop()
 
 
 def report(api_out: Path, engine_out: Path) -> None:

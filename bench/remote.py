@@ -19,16 +19,18 @@ from pathlib import Path
 
 import httpx
 from bench import llama_server
-from bench.clients import Side, lmsp_stream, median
+from bench.clients import Side, median
 from bench.compare import (
     SUBJECTS,
     concurrent,
     llama_side,
+    lmsp_side,
     messages_for,
     num,
     quick,
     threads,
 )
+from bench.llama_server import LlamaServer
 from tests.helpers import Server
 
 from lmsp.bootstrap import bundled_model_path
@@ -38,20 +40,35 @@ STREAMS = 8
 
 
 def remote_side(server: Server) -> Side:
-    def pid() -> int:
-        assert server.proc is not None
-        return server.proc.pid
+    return lmsp_side(server, "lmsp (remote)", MODEL)
 
-    return Side(
-        "lmsp (remote)",
-        server.url,
-        {"Authorization": f"Bearer {server.token}"},
-        lambda http, messages, max_tokens, **extra: lmsp_stream(
-            http, messages, max_tokens, model=MODEL, **extra
-        ),
-        "/healthz",
-        pid,
-    )
+
+def start_pair(work: Path) -> tuple[LlamaServer, Server]:
+    """A ``llama-server`` with :data:`STREAMS` slots on the bundled GGUF and an ``lmsp
+    serve`` with :data:`MODEL` a remote model on it (both stopped by the caller)."""
+    binary = llama_server.ensure_built()
+    upstream = LlamaServer(
+        binary,
+        bundled_model_path(),
+        threads=threads(),
+        parallel=STREAMS,
+        n_ctx=2048,
+        log=work / "llama-server-remote.log",
+        extra=("--slots",),
+    ).start()
+    server = Server(work / "lmsp-remote", env={"LMSP_PARALLEL": str(STREAMS)})
+    try:
+        server.start()
+        with server.client(timeout=600) as http:
+            remote = {"url": upstream.url, "upstream_model": "smollm2", "inflight": STREAMS}
+            body = {"id": MODEL, "path": str(bundled_model_path()), "remote": remote}
+            added = http.post("/v1/models", json=body)
+            added.raise_for_status()
+    except BaseException:
+        server.stop()
+        upstream.stop()
+        raise
+    return upstream, server
 
 
 def slot_free_after_cancel(server: Server, upstream: str) -> float:
@@ -84,25 +101,12 @@ def slot_free_after_cancel(server: Server, upstream: str) -> float:
 def bench_remote(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) -> None:
     reps = 1 if quick() else 3
     tokens = 24 if quick() else 128
-    binary = llama_server.ensure_built()
-    upstream = llama_server.LlamaServer(
-        binary,
-        bundled_model_path(),
-        threads=threads(),
-        parallel=STREAMS,
-        n_ctx=2048,
-        log=work / "llama-server-remote.log",
-        extra=("--slots",),
-    ).start()
-    server = Server(work / "lmsp-remote", env={"LMSP_PARALLEL": str(STREAMS)})
+    upstream, server = start_pair(work)
     try:
-        server.start()
-        with server.client(timeout=600) as http:
-            remote = {"url": upstream.url, "upstream_model": "smollm2", "inflight": STREAMS}
-            body = {"id": MODEL, "path": str(bundled_model_path()), "remote": remote}
-            added = http.post("/v1/models", json=body)
-            added.raise_for_status()
         lm, ll = remote_side(server), llama_side(upstream, "llama-server direct")
+        for side in (lm, ll):  # the model's engine started, not timed as a first text
+            with side.client() as http:
+                side.stream(http, messages_for(SUBJECTS[2]), 4)
         rates: dict[str, list[float]] = {lm.name: [], ll.name: []}
         firsts: dict[str, list[float]] = {lm.name: [], ll.name: []}
         for _ in range(reps):

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import re
 import shutil
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.standin_http import JsonHandler
 
 COMMIT = "5f1c0e7d2a9b8c4e3f6a1b2c3d4e5f60718293a4"
 CHUNK = 64 << 10
@@ -103,23 +104,12 @@ class Hub:
 
 
 def serve(hub: Hub) -> Hub:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"
         # as a real server does (nginx, uvicorn): headers and body are two writes, and
         # with Nagle's algorithm a kept-alive connection's second answer waited ~40 ms
         # for the client's delayed ACK
         disable_nagle_algorithm = True
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _json(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def do_GET(self) -> None:
             self._route(head=False)

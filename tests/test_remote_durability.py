@@ -9,90 +9,34 @@ frees its slot; a JSON schema on an upstream without grammar support is refused.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from tests.helpers import Server, open_db, seeded_data_dir, task_log
-from tests.test_remote_engine import MODEL, add, decoded, output_text, prompt_tokens, sse
+from tests import remote_fixtures
+from tests.helpers import Server, open_db
+from tests.remote_fixtures import (
+    MODEL,
+    add,
+    final,
+    greedy_text,
+    output_text,
+    task_events,
+    under_way,
+)
 from tests.upstream import Upstream
 
+# the fixtures every remote-engine test takes
+lmsp = remote_fixtures.lmsp
+upstream = remote_fixtures.upstream
+
 pytestmark = pytest.mark.slow
-
-#: a prompt the bundled model answers at length (it counts on and on)
-LONG = "Count from 1 to 300, one number per line."
-TOKENS = 160
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> Iterator[Upstream]:
-    server = Upstream(tmp_path / "llama-server.log").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def lmsp(tmp_path: Path, blob_cache: Path) -> Iterator[Server]:
-    server = Server(seeded_data_dir(tmp_path / "data", blob_cache), env={"LMSP_PARALLEL": "2"})
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def start(http: httpx.Client, policy: str, tokens: int = TOKENS) -> str:
-    body = {
-        "model": MODEL,
-        "input": LONG,
-        "background": True,
-        "temperature": 0,
-        "max_output_tokens": tokens,
-        "on_restart": policy,
-    }
-    created = http.post("/v1/responses", json=body)
-    assert created.status_code == 202, created.text
-    rid: str = created.json()["id"]
-    return rid
-
-
-def after_deltas(http: httpx.Client, rid: str, count: int) -> list[dict[str, Any]]:
-    """The response's events until ``count`` text deltas have been committed."""
-    seen: list[dict[str, Any]] = []
-    with http.stream("GET", f"/v1/responses/{rid}", params={"stream": "true"}) as stream:
-        for event in sse(stream):
-            seen.append(event)
-            if sum(e["type"] == "response.output_text.delta" for e in seen) >= count:
-                break
-    return seen
-
-
-def final(http: httpx.Client, rid: str, deadline: float = 300) -> dict[str, Any]:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        response: dict[str, Any] = http.get(f"/v1/responses/{rid}").json()
-        if response["status"] not in ("queued", "in_progress"):
-            return response
-        time.sleep(0.2)
-    raise AssertionError(f"{rid} did not finish")
-
-
-def greedy_text(upstream: Upstream, tokens: int = TOKENS) -> str:
-    return decoded(upstream.greedy(prompt_tokens(LONG), tokens))
 
 
 def test_an_upstream_killed_mid_generation_under_fail_fails_naming_it_and_keeps_the_text(
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "fail")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "fail")
         upstream.kill()
         done = final(http, rid)
         upstream.start()
@@ -108,9 +52,7 @@ def test_an_upstream_killed_mid_generation_under_resume_ends_with_the_greedy_ans
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "resume")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "resume")
         upstream.kill()
         time.sleep(1.0)  # the engine sees its upstream gone and waits for it
         upstream.start()
@@ -118,12 +60,7 @@ def test_an_upstream_killed_mid_generation_under_resume_ends_with_the_greedy_ans
         expected = greedy_text(upstream)
     assert done["status"] in ("completed", "incomplete"), done
     assert output_text(done) == expected
-    conn = open_db(lmsp.data_dir)
-    try:
-        row = conn.execute("SELECT id FROM tasks WHERE response_id = ?", (rid,)).fetchone()
-        events = task_log(conn, row[0])
-    finally:
-        conn.close()
+    events = task_events(lmsp, rid)
     resumed = [e for e in events if e["type"] == "response.in_progress" and e.get("resumed")]
     assert resumed, "the task was not resumed: the kill came too late"
 
@@ -132,9 +69,7 @@ def test_an_upstream_killed_mid_generation_under_retry_resets_then_completes(
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "retry")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "retry")
         upstream.kill()
         time.sleep(1.0)
         upstream.start()
@@ -142,12 +77,7 @@ def test_an_upstream_killed_mid_generation_under_retry_resets_then_completes(
         expected = greedy_text(upstream)
     assert done["status"] in ("completed", "incomplete"), done
     assert output_text(done) == expected
-    conn = open_db(lmsp.data_dir)
-    try:
-        row = conn.execute("SELECT id FROM tasks WHERE response_id = ?", (rid,)).fetchone()
-        events = task_log(conn, row[0])
-    finally:
-        conn.close()
+    events = task_events(lmsp, rid)
     assert any(e.get("reset") for e in events), [e["type"] for e in events]
 
 
@@ -155,9 +85,7 @@ def test_lmsp_killed_mid_generation_on_a_remote_model_resumes_per_policy(
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "resume")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "resume")
     lmsp.kill()
     lmsp.start()
     with lmsp.client(timeout=300) as http:
@@ -170,9 +98,7 @@ def test_a_cancel_closes_the_upstream_stream_and_frees_its_slot(
     lmsp: Server, upstream: Upstream
 ) -> None:
     with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        rid = start(http, "fail", tokens=1500)
-        after_deltas(http, rid, 5)
+        rid = under_way(http, upstream, "fail", tokens=1500)
         assert upstream.busy() == 1
         cancelled = http.post(f"/v1/responses/{rid}/cancel")
         assert cancelled.status_code == 200, cancelled.text

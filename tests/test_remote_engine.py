@@ -15,42 +15,33 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from bench import llama_server
 
 from lmsp.bootstrap import bundled_model_path
 from lmsp.engines.llama_cpp import LlamaTokenizer
-from tests.helpers import Server, open_db, seeded_data_dir
+from tests import remote_fixtures
+from tests.helpers import Server, open_db
+from tests.remote_fixtures import (
+    MODEL,
+    add,
+    add_body,
+    decoded,
+    output_text,
+    prompt_tokens,
+    sse,
+)
 from tests.upstream import Upstream
+
+# the fixtures every remote-engine test takes
+lmsp = remote_fixtures.lmsp
+upstream = remote_fixtures.upstream
 
 pytestmark = pytest.mark.slow
 
-MODEL = "remote-smol"
 PROMPT = "Write three sentences about lighthouses and the sea."
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> Iterator[Upstream]:
-    server = Upstream(tmp_path / "llama-server.log").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def lmsp(tmp_path: Path, blob_cache: Path) -> Iterator[Server]:
-    server = Server(seeded_data_dir(tmp_path / "data", blob_cache), env={"LMSP_PARALLEL": "2"})
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def vocab_file(name: str) -> Path:
@@ -60,50 +51,6 @@ def vocab_file(name: str) -> Path:
     path = root / "vendor" / "llama.cpp" / "models" / f"ggml-vocab-{name}.gguf"
     assert path.exists(), path
     return path
-
-
-def add_body(upstream: Upstream, model: str = MODEL, **remote: Any) -> dict[str, Any]:
-    given = {"url": upstream.url, "upstream_model": "smollm2", "inflight": 2, **remote}
-    return {"id": model, "path": str(bundled_model_path()), "remote": given}
-
-
-def add(http: httpx.Client, upstream: Upstream, **remote: Any) -> dict[str, Any]:
-    added = http.post("/v1/models", json=add_body(upstream, **remote), timeout=300)
-    assert added.status_code == 201, added.text
-    body: dict[str, Any] = added.json()
-    return body
-
-
-def sse(stream: httpx.Response) -> Iterator[dict[str, Any]]:
-    for line in stream.iter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[6:])
-
-
-def prompt_tokens(text: str) -> list[int]:
-    tokenizer = LlamaTokenizer(bundled_model_path(), 0)
-    try:
-        return tokenizer.prompt_tokens([{"role": "user", "content": text}])
-    finally:
-        tokenizer.close()
-
-
-def decoded(tokens: list[int]) -> str:
-    tokenizer = LlamaTokenizer(bundled_model_path(), 0)
-    try:
-        ids = [t for t in tokens if t not in tokenizer.stop_ids]
-        return bytes(tokenizer.llm.detokenize(ids)).decode("utf-8", errors="replace")
-    finally:
-        tokenizer.close()
-
-
-def output_text(response: dict[str, Any]) -> str:
-    return "".join(
-        part.get("text", "")
-        for item in response["output"]
-        if item["type"] == "message"
-        for part in item["content"]
-    )
 
 
 def test_a_remote_model_is_added_with_its_capabilities_and_shown(

@@ -14,8 +14,7 @@ import pytest
 
 from tests.helpers import check_log_invariants
 from tests.pgcluster import Cluster
-from tests.test_remote_durability import final
-from tests.test_remote_engine import MODEL, add, decoded, output_text, prompt_tokens
+from tests.remote_fixtures import MODEL, add, decoded, final, output_text, prompt_tokens
 from tests.test_scale_out import client, node, reader
 from tests.upstream import Upstream
 

@@ -17,33 +17,32 @@ import httpx
 import pytest
 
 from lmsp.engines.remote import affinity
-from tests.helpers import Server, seeded_data_dir
-from tests.test_remote_durability import after_deltas, final, greedy_text, start
-from tests.test_remote_engine import MODEL, add, decoded, output_text, prompt_tokens
+from tests.helpers import Server
+from tests.remote_fixtures import (
+    MODEL,
+    add,
+    decoded,
+    final,
+    greedy_text,
+    output_text,
+    prompt_tokens,
+    serve,
+    under_way,
+    upstreams,
+)
 from tests.upstream import Upstream
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[Upstream, Upstream]]:
-    a = Upstream(tmp_path / "llama-server-a.log").start()
-    b = Upstream(tmp_path / "llama-server-b.log").start()
-    try:
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
+def pair(tmp_path: Path) -> Iterator[list[Upstream]]:
+    yield from upstreams(tmp_path, 2)
 
 
 @pytest.fixture
 def lmsp(tmp_path: Path, blob_cache: Path) -> Iterator[Server]:
-    server = Server(seeded_data_dir(tmp_path / "data", blob_cache), env={"LMSP_PARALLEL": "4"})
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serve(tmp_path, blob_cache, parallel=4)
 
 
 def predicted(upstream: Upstream) -> int:
@@ -62,7 +61,7 @@ def ask(http: httpx.Client, text: str, **extra: Any) -> dict[str, Any]:
 
 
 def test_sequences_spread_over_replicas_and_a_prefix_returns_to_its_replica(
-    lmsp: Server, pair: tuple[Upstream, Upstream]
+    lmsp: Server, pair: list[Upstream]
 ) -> None:
     a, b = pair
     with lmsp.client(timeout=300) as http:
@@ -104,13 +103,11 @@ def test_sequences_spread_over_replicas_and_a_prefix_returns_to_its_replica(
 
 
 def test_a_replica_killed_mid_generation_resumes_on_the_other(
-    lmsp: Server, pair: tuple[Upstream, Upstream]
+    lmsp: Server, pair: list[Upstream]
 ) -> None:
     a, b = pair
     with lmsp.client(timeout=300) as http:
-        add(http, a, replicas=[b.url], inflight=4)
-        rid = start(http, "resume")
-        after_deltas(http, rid, 5)
+        rid = under_way(http, a, "resume", replicas=[b.url], inflight=4)
         busy = a if a.busy() else b
         other = b if busy is a else a
         busy.kill()

@@ -20,6 +20,7 @@ from typing import Any
 
 from lmsp.bootstrap import bundled_model_path
 from lmsp.engines.llama_cpp import LlamaTokenizer
+from tests.standin_http import JsonHandler
 
 MODES = ("ok", "garbage", "oov", "cut", "http500", "http400")
 
@@ -48,19 +49,8 @@ class StandIn:
 
 
 def _handler(stand: StandIn) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.0"  # a body ends when the connection closes
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return None
-
-        def _json(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def do_GET(self) -> None:
             if self.path == "/health":

@@ -1,7 +1,8 @@
 """Adding a remote model: a model an upstream (llama-server, vLLM, SGLang) serves, with
 lmsp's control plane in front (docs/remote-engines.md).
 
-Before anything is written: the tokenizer file is read (a GGUF, its vocabulary only),
+Before anything is written: the tokenizer file is read (a GGUF, its vocabulary only, or
+a ``tokenizer.json``: :mod:`lmsp.engines.hf_tokenizer`),
 the upstream is probed for what it can do (:func:`lmsp.engines.upstream.probe`), and its
 ``/tokenize`` must give the same tokens as the local tokenizer on a set of samples
 (plain, accented, CJK and emoji text, the chat template's special tokens) — prompts go
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lmsp import errors
+from lmsp.engines.hf_tokenizer import GGUF_MAGIC, JsonTokenizer, read_config
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.engines.upstream import Probe, RemoteSpec, UpstreamLost, UpstreamRefused, probe
 from lmsp.store import blobs, models
@@ -26,6 +28,9 @@ from lmsp.store.db import Database
 from lmsp.store.models import ModelRecord
 
 log = logging.getLogger(__name__)
+
+#: the start of a reference to fetch (a pull's), refused as a remote model's tokenizer
+FETCHED = ("hf.co/", "huggingface.co/", "http:/", "https:/")  # a Path keeps one slash
 
 #: texts both tokenizers must agree on (raw prompts: special tokens read as such)
 SAMPLES = (
@@ -39,19 +44,36 @@ SAMPLES = (
 )
 
 
-def _local_tokenizer(path: Path) -> LlamaTokenizer:
+def _local_tokenizer(path: Path) -> tuple[LlamaTokenizer | JsonTokenizer, dict[str, Any]]:
+    """The tokenizer ``path`` names on the service's machine — a GGUF (its vocabulary) or
+    a ``tokenizer.json`` (with the configuration beside it) — and what the record keeps
+    of that configuration."""
+    if str(path).startswith(FETCHED):
+        raise errors.invalid(
+            "A remote model's tokenizer is a local file on the service's machine (a GGUF or "
+            "a tokenizer.json): nothing is downloaded for it. Fetch the file, then give "
+            "its path.",
+            "tokenizer",
+        )
     source, _ = blobs.open_source(path)  # the same refusal as an import for a bad path
-    source.close()
+    with source:
+        gguf = source.read(4) == GGUF_MAGIC
     try:
-        return LlamaTokenizer(path, 0)
+        if gguf:
+            return LlamaTokenizer(path, 0), {}
+        config = read_config(path)
+        return JsonTokenizer(path, config), config
     except Exception as exc:  # its words (paths) go to the log only
         log.info("reading a tokenizer failed: %s", exc)
         raise errors.invalid(
-            "The tokenizer is not a GGUF file whose vocabulary can be read.", "tokenizer"
+            "The tokenizer is neither a GGUF file whose vocabulary can be read nor a "
+            "tokenizer.json (with its tokenizer_config.json beside it) that the tokenizers "
+            "library reads.",
+            "tokenizer",
         ) from None
 
 
-def _checker(tokenizer: LlamaTokenizer) -> Any:
+def _checker(tokenizer: LlamaTokenizer | JsonTokenizer) -> Any:
     def check(upstream: Probe, dialect: str) -> None:
         for i, text in enumerate(SAMPLES):
             local = tokenizer.raw_tokens(text)
@@ -86,7 +108,7 @@ def add_remote(
     if models.get(db.reader(), model_id) is not None:
         raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
     spec = RemoteSpec.of(given)
-    tokenizer = _local_tokenizer(tokenizer_path)
+    tokenizer, config = _local_tokenizer(tokenizer_path)
     try:
         sample = tokenizer.raw_tokens(SAMPLES[0])
         found = [probe(spec.at(url), sample, _checker(tokenizer)) for url in spec.urls]
@@ -108,7 +130,7 @@ def add_remote(
             "(llama-server's -np): its extra requests would only wait there.",
             "remote.inflight",
         )
-    stored = replace(spec, capabilities=capabilities).stored()
+    stored = replace(spec, capabilities=capabilities, tokenizer_config=config).stored()
     return blobs.import_model(
         db, blobs_dir, model_id, tokenizer_path, defaults=defaults, remote=stored
     )

@@ -127,8 +127,7 @@ def _bar() -> Progress:
 @click.option("--upstream-model", help="The model id the upstream serves it under.")
 @click.option(
     "--tokenizer",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A remote model's tokenizer: a GGUF file of the same model.",
+    help="A remote model's tokenizer: a GGUF file of the same model, or its tokenizer.json.",
 )
 @click.option("--api-key-env", help="The environment variable holding the upstream's key.")
 @click.option("--inflight", type=int, default=4, show_default=True, help="Streams at once.")
@@ -139,7 +138,7 @@ def add_model(
     upstream: str | None,
     replicas: tuple[str, ...],
     upstream_model: str | None,
-    tokenizer: Path | None,
+    tokenizer: str | None,
     api_key_env: str | None,
     inflight: int,
     url: str | None,
@@ -161,7 +160,7 @@ def add_model(
             "api_key_env": api_key_env,
             "inflight": inflight,
         }
-        _add_remote(model_id, tokenizer, remote, url, token, as_json)
+        _add_remote(model_id, _tokenizer_file(tokenizer), remote, url, token, as_json)
         return
     if path is None:
         raise click.UsageError("give the PATH of a GGUF file, or --remote URL")
@@ -194,6 +193,21 @@ def add_model(
         print_json(model)
         return
     click.echo(f"added {model['id']}: {model['digest']} ({size(model['size_bytes'])})")
+
+
+def _tokenizer_file(given: str) -> Path:
+    """``--tokenizer``: a local file (a GGUF or a tokenizer.json); a reference to fetch
+    is refused, for nothing is downloaded for a remote model's tokenizer."""
+    if given.startswith(("hf.co/", "huggingface.co/", "http://", "https://")):
+        raise click.BadParameter(
+            "give a local file (a GGUF or a tokenizer.json): a remote model's tokenizer is "
+            "not downloaded",
+            param_hint="--tokenizer",
+        )
+    path = Path(given).expanduser()
+    if not path.is_file():
+        raise click.BadParameter(f"{given!r} is not a file", param_hint="--tokenizer")
+    return path
 
 
 def _add_remote(

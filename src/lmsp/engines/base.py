@@ -37,6 +37,10 @@ class EngineCrashed(EngineError):
         super().__init__("engine_crashed", message)
 
 
+#: the default ``service_tier``'s place in the claim order (lmsp.store.tasks.TIERS)
+DEFAULT_TIER = 1
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How one sequence draws its tokens: every value explicit (the request's, else the
@@ -52,6 +56,10 @@ class Sampling:
     repeat_penalty: float = 1.0  # LMSP extension (llama.cpp's): 1.0 is off
     top_logprobs: int = 0  # how many of the most likely tokens each logprobs entry lists
     logprobs: bool = False  # report each chosen token's log probability (and the top ones)
+    #: the task's ``service_tier`` in lmsp's claim order (2 priority, 1 default, 0 flex):
+    #: lmsp's own engines order by the claim alone; a remote upstream with a scheduling
+    #: priority is given it (docs/remote-engines.md)
+    tier: int = DEFAULT_TIER
 
 
 class Constraint(Protocol):

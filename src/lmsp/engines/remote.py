@@ -8,10 +8,10 @@ Here a ``Submit`` is a streamed completion of the upstream with the prompt (and 
 resume's tokens) as token ids, at most ``inflight`` at once; a ``Cancel`` closes that
 stream (the upstream stops generating and frees its slot); an ``Embed`` is a
 ``/v1/embeddings`` request. Text is decoded here from the ids, with the model's own
-tokenizer (the record's blob: a GGUF read without its weights). A model may have several
-upstream replicas: a sequence goes to the one its prompt's start hashes to (its prefix is
-cached there) unless that one is busier than the least-loaded (:meth:`RemoteBackend.
-route`).
+tokenizer (the record's blob: a GGUF read without its weights, or a ``tokenizer.json``).
+A model may have several upstream replicas: a sequence goes to the one its prompt's
+start hashes to (its prefix is cached there) unless that one is busier than the
+least-loaded (:meth:`RemoteBackend.route`).
 
 An upstream that breaks off (refused, reset, killed mid-stream) is an engine crash:
 every sequence still open is told so (``engine_crashed``, naming the upstream) after
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import hashlib
 import logging
 import os
@@ -41,6 +42,7 @@ import numpy.typing as npt
 from lmsp.engines import upstream
 from lmsp.engines.base import EngineError, LoadOptions, Piece, Utf8Stream
 from lmsp.engines.client import UPSTREAM_LOST
+from lmsp.engines.hf_tokenizer import JsonTokenizer, is_gguf
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.engines.protocol import (
     CANCELLED,
@@ -86,9 +88,38 @@ class RemoteTokenizer(LlamaTokenizer):
         self.n_ctx = int(spec.capabilities.get("n_ctx") or 0) or self.n_ctx
         import llama_cpp
 
-        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
-        self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
         self.eog |= self.stop_ids
+        self._pieces: dict[int, bytes] = {}
+
+    def piece(self, token: int) -> bytes:
+        """``token``'s bytes, as the model writes it (a control token's: none), read once.
+        Not llama-cpp-python's ``detokenize``: it drops a piece over 32 bytes (a run of
+        33 spaces is one token of SmolLM2's)."""
+        found = self._pieces.get(token)
+        if found is None:
+            import llama_cpp
+
+            size = 64
+            while True:
+                buf = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, size, 0, False)
+                if n >= 0:
+                    break
+                size = -n
+            found = self._pieces[token] = buf.raw[:n]
+        return found
+
+
+def remote_tokenizer(path: Path, spec: RemoteSpec) -> RemoteTokenizer | JsonTokenizer:
+    """The model's tokenizer from its blob: a GGUF's vocabulary, or a ``tokenizer.json``
+    (:mod:`lmsp.engines.hf_tokenizer`) with the configuration its record keeps."""
+    if is_gguf(path):
+        return RemoteTokenizer(path, spec)
+    tokenizer = JsonTokenizer(path, spec.tokenizer_config)
+    tokenizer.n_ctx = int(spec.capabilities.get("n_ctx") or 0)
+    return tokenizer
 
 
 def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> list[str]:
@@ -135,7 +166,7 @@ class RemoteBackend:
         self.spec = spec
         self.live = live or [spec.url]  # the upstreams that answered when it started
         self.load = {url: 0 for url in self.live}  # sequences on each, waiting ones too
-        self.tokenizer = RemoteTokenizer(path, spec)
+        self.tokenizer = remote_tokenizer(path, spec)
         self.n_ctx = self.tokenizer.n_ctx
         self.sequences = max(1, spec.inflight)
         self.streams = 0  # sequences streamed
@@ -294,7 +325,7 @@ class RemoteBackend:
         tokenizer = self.tokenizer
         decoder = Utf8Stream()
         if message.resume:  # hold back the bytes of a character the snapshot left open
-            decoder.feed(bytes(tokenizer.llm.detokenize(message.resume)))
+            decoder.feed(b"".join(tokenizer.piece(t) for t in message.resume))
         first = True
         seen = 0  # tokens the upstream generated that this side has accounted for
         context = list(message.prompt) + list(message.resume)
@@ -314,11 +345,11 @@ class RemoteBackend:
                     raise UpstreamLost(f"it sent token {token}, not in the vocabulary")
                 if token in tokenizer.eog:
                     continue
-                raw = bytes(tokenizer.llm.detokenize([token]))
+                raw = tokenizer.piece(token)
                 entry = None
                 if message.sampling.logprobs:
                     top = message.sampling.top_logprobs
-                    entry = _logprob(tokenizer.llm, chunk.logprobs, i, token, top)
+                    entry = _logprob(tokenizer.piece, chunk.logprobs, i, token, top)
                 pieces.append(Piece(token, decoder.feed(raw), entry))
             if pieces or first:
                 cached = (chunk.cached or 0) if first else None
@@ -338,9 +369,9 @@ class RemoteBackend:
         if missing <= 0 or not chunk.content:
             return tokens
         data = chunk.content.encode("utf-8")
-        llm = self.tokenizer.llm
-        ids: list[int] = llm.tokenize(data, add_bos=False, special=False)
-        if bytes(llm.detokenize(ids)) != data:
+        tokenizer = self.tokenizer
+        ids: list[int] = tokenizer.llm.tokenize(data, add_bos=False, special=False)
+        if b"".join(tokenizer.piece(t) for t in ids) != data:
             return tokens
         self.refilled += 1
         return ids
@@ -387,7 +418,11 @@ class RemoteBackend:
 
 
 def _logprob(
-    llm: Any, entries: list[dict[str, Any]] | None, index: int, token: int, top: int
+    piece: Callable[[int], bytes],
+    entries: list[dict[str, Any]] | None,
+    index: int,
+    token: int,
+    top: int,
 ) -> dict[str, Any] | None:
     """llama-server's ``completion_probabilities`` entry of ``token`` in lmsp's shape:
     each token's text and bytes decoded here (as lmsp's own engine gives them), the
@@ -397,7 +432,7 @@ def _logprob(
     entry = entries[index]
 
     def shaped(tok: int, logprob: Any) -> dict[str, Any]:
-        data = bytes(llm.detokenize([tok]))
+        data = piece(tok)
         text = data.decode("utf-8", errors="replace")
         return {"token": text, "logprob": float(logprob), "bytes": list(data)}
 
@@ -417,8 +452,8 @@ class RemoteEngine:
 
     def tokenizer(
         self, path: Path, n_ctx: int, options: LoadOptions | None = None
-    ) -> RemoteTokenizer:
-        return RemoteTokenizer(path, spec_of(options))
+    ) -> RemoteTokenizer | JsonTokenizer:
+        return remote_tokenizer(path, spec_of(options))
 
     def context_length(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> int:
         return int(spec_of(options).capabilities.get("n_ctx") or 0)

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from lmsp.engines.base import Sampling
+from lmsp.engines.base import DEFAULT_TIER, Sampling
 
 #: how long connecting (and each read while nothing streams) may take
 CONNECT_TIMEOUT = 10.0
@@ -50,6 +50,9 @@ class RemoteSpec:
     capabilities: dict[str, Any] = field(default_factory=dict)
     #: more upstreams serving the same model (replicas: least-loaded, prefix affinity)
     replicas: tuple[str, ...] = ()
+    #: a ``tokenizer.json`` model's chat template, BOS and EOS (read beside it when the
+    #: model was added: :func:`lmsp.engines.hf_tokenizer.read_config`); empty for a GGUF
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stored: dict[str, Any]) -> RemoteSpec:
@@ -60,6 +63,7 @@ class RemoteSpec:
             inflight=int(stored.get("inflight", 4)),
             capabilities=dict(stored.get("capabilities") or {}),
             replicas=tuple(str(u).rstrip("/") for u in stored.get("replicas") or ()),
+            tokenizer_config=dict(stored.get("tokenizer_config") or {}),
         )
 
     def stored(self) -> dict[str, Any]:
@@ -70,6 +74,7 @@ class RemoteSpec:
             "api_key_env": self.api_key_env,
             "inflight": self.inflight,
             "capabilities": self.capabilities,
+            **({"tokenizer_config": self.tokenizer_config} if self.tokenizer_config else {}),
         }
 
     @property
@@ -181,7 +186,21 @@ def completion_body(
         body["logprobs"] = max(1, sampling.top_logprobs)
     if grammar is not None:
         body["structured_outputs"] = {"grammar": grammar}
+    priority = upstream_priority(spec, sampling.tier)
+    if priority:
+        body["priority"] = priority
     return "/v1/completions", body
+
+
+def upstream_priority(spec: RemoteSpec, tier: int) -> int:
+    """The upstream's scheduling priority for a task of ``tier`` (lmsp's claim order: 2
+    priority, 1 default, 0 flex), 0 (its default: the field is not sent) where it has
+    none. vLLM's ``priority`` (``--scheduling-policy priority``, found when the model was
+    added) handles lower values first: ``priority`` -1, ``default`` 0, ``flex`` 1.
+    llama-server has no priority: there lmsp's claim order alone decides."""
+    if not spec.capabilities.get("priority"):
+        return 0
+    return DEFAULT_TIER - tier
 
 
 def parse_chunk(dialect: str, data: dict[str, Any]) -> Chunk:
@@ -378,6 +397,9 @@ def _probe(
     grammar = upstream.complete(dialect, sample, n=1, **_grammar_probe(dialect))
     found["grammar"] = grammar.status_code == 200
     found["logprobs"] = dialect == "llama-server" or _logprobs_probe(upstream, sample)
+    # vLLM's priority: accepted only when it schedules by priority (else a 400)
+    if found.get("server") == "vllm":
+        found["priority"] = upstream.complete(dialect, sample, n=1, priority=1).status_code == 200
     emb = upstream.post("/v1/embeddings", {"model": spec.upstream_model, "input": [sample[:8]]})
     found["embeddings"] = emb.status_code == 200
     return found
@@ -403,7 +425,8 @@ def _limits(upstream: Probe, spec: RemoteSpec) -> dict[str, Any]:
     if entry is None:
         raise UpstreamRefused(f"it serves no model {spec.upstream_model!r}")
     n_ctx = int(entry.get("max_model_len") or 0)
-    return {"dialect": "openai", "n_ctx": n_ctx, "slots": 0, "priority": False}
+    server = str(entry.get("owned_by") or "")
+    return {"dialect": "openai", "server": server, "n_ctx": n_ctx, "slots": 0, "priority": False}
 
 
 def _streamed_ids(upstream: Probe, sample: list[int]) -> list[int]:

@@ -32,6 +32,7 @@ from lmsp.protocol.request import (
 )
 from lmsp.protocol.toolcalls import CallAssembler
 from lmsp.protocol.tools import AllowedTools, FunctionChoice, FunctionTool
+from lmsp.store.responses import tier_of
 
 #: the ``include`` value that asks for log probabilities in the output
 LOGPROBS = "message.output_text.logprobs"
@@ -132,6 +133,7 @@ def sampling_of(request: PreparedRequest) -> Sampling:
         repeat_penalty=float(used["repeat_penalty"]),
         top_logprobs=int(used["top_logprobs"]),
         logprobs=int(used["top_logprobs"]) > 0 or LOGPROBS in include,
+        tier=tier_of(request),
     )
 
 

@@ -31,6 +31,8 @@ from lmsp.store.models import ModelRecord
 from lmsp.store.sql import Conn
 
 CHUNK = 1 << 20
+#: the largest tokenizer.json a remote model may name (the largest known are ~20 MiB)
+TOKENIZER_JSON_MAX = 256 << 20
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 Progress = Callable[[int], None]
 
@@ -233,8 +235,25 @@ def open_source(path: Path) -> tuple[BinaryIO, int]:
         raise
 
 
-def _whole_gguf(expected: int) -> Callable[[BinaryIO, int], None]:
-    """The check of a private copy: as long as the file was, and a whole GGUF."""
+def tokenizer_json_meta(source: BinaryIO) -> dict[str, Any]:
+    """The ``models.metadata`` of a Hugging Face ``tokenizer.json`` (a remote model's
+    tokenizer): a JSON object with a ``model``, else ``400 invalid_model_file``."""
+    try:
+        data = json.loads(source.read(TOKENIZER_JSON_MAX))
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise errors.invalid(
+            "Not a GGUF file nor a tokenizer.json (a JSON object with a model).",
+            "path",
+            "invalid_model_file",
+        )
+    return {"architecture": None, "tokenizer": str(data["model"].get("type") or "")}
+
+
+def _whole_gguf(expected: int, tokenizer_json: bool = False) -> Callable[[BinaryIO, int], None]:
+    """The check of a private copy: as long as the file was, and a whole GGUF (or, for
+    a remote model's tokenizer, a ``tokenizer.json``: :func:`tokenizer_json_meta`)."""
 
     def check(copy: BinaryIO, copied: int) -> None:
         if copied != expected:
@@ -243,6 +262,10 @@ def _whole_gguf(expected: int) -> Callable[[BinaryIO, int], None]:
                 "path",
                 code="invalid_model_file",
             )
+        if tokenizer_json:
+            copy.seek(0)
+            tokenizer_json_meta(copy)
+            return
         try:
             check_structure(copy, copied)
         except NotGGUF as exc:
@@ -274,8 +297,17 @@ def import_model(
         raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
     source, size = open_source(path)
     with source:
+        # a remote model's tokenizer may be a tokenizer.json: anything not a GGUF is one
+        tokenizer_json = remote is not None and source.read(4) != b"GGUF"
+        source.seek(0)
+        if tokenizer_json and size > TOKENIZER_JSON_MAX:
+            raise errors.invalid("A tokenizer.json of over 256 MiB.", "path", "invalid_model_file")
         try:
-            meta = metadata_of(read_header_from(source))
+            meta = (
+                tokenizer_json_meta(source)
+                if tokenizer_json
+                else metadata_of(read_header_from(source))
+            )
         except NotGGUF as exc:
             raise _not_gguf(exc) from exc
         source.seek(0)
@@ -286,7 +318,11 @@ def import_model(
         with _blob_lock:
             try:
                 digest, _ = store_blob(
-                    blobs_dir, source, progress, limit=size, check=_whole_gguf(size)
+                    blobs_dir,
+                    source,
+                    progress,
+                    limit=size,
+                    check=_whole_gguf(size, tokenizer_json),
                 )
             except OSError as exc:
                 if exc.errno in NO_SPACE:
@@ -303,7 +339,8 @@ def import_model(
             def job(conn: Conn) -> bool:
                 if models.get(conn, model_id) is not None:
                     return False
-                models.add_hashed_gguf(conn, model_id, digest, size, meta, defaults, remote)
+                fmt = "tokenizer.json" if tokenizer_json else "gguf"
+                models.add_hashed_gguf(conn, model_id, digest, size, meta, defaults, remote, fmt)
                 return True
 
             try:

@@ -111,17 +111,18 @@ def add_hashed_gguf(
     metadata: dict[str, Any],
     defaults: dict[str, float | int] | None = None,
     remote: dict[str, Any] | None = None,
+    fmt: str = "gguf",
 ) -> None:
     """A user's GGUF file, hashed as it was written to the blob store (imported or
     pulled), as a ``ready`` model verified now; with ``remote``, a remote model whose
-    tokenizer the file is."""
+    tokenizer the file is (a GGUF, or ``fmt`` ``tokenizer.json``)."""
     add(
         conn,
         model_id=model_id,
         engine="llama_cpp" if remote is None else "remote",
         digest=digest,
         size_bytes=size_bytes,
-        fmt="gguf",
+        fmt=fmt,
         owned_by="user",
         metadata=metadata,
         defaults=defaults,

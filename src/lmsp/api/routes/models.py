@@ -87,7 +87,7 @@ class ImportModel(BaseModel):
     path: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     defaults: ModelDefaults | None = None
-    #: a remote model: ``path`` is then its tokenizer (a GGUF)
+    #: a remote model: ``path`` is then its tokenizer (a GGUF or a tokenizer.json)
     remote: RemoteUpstream | None = None
 
 
