@@ -11,6 +11,7 @@ what an uninterrupted run would.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import logging
 import warnings
 from collections.abc import Callable, Mapping
@@ -169,6 +170,10 @@ class LlamaTokenizer:
         # an embedding's length (the metadata's: a vocabulary-only load knows no sizes)
         self.n_embd = int(meta.get(f"{arch}.embedding_length", "0"))
         self.n_vocab = int(self.llm.n_vocab())
+        import llama_cpp
+
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self._pieces: dict[tuple[int, bool], bytes] = {}
         self.n_ctx = n_ctx
         if vocab_only:  # the context the engine sizes from the same options
             self.n_ctx = _context_of(meta, n_ctx, options or LoadOptions())
@@ -187,7 +192,30 @@ class LlamaTokenizer:
         )
 
     def _piece(self, token: int) -> str:
-        return bytes(self.llm.detokenize([token], special=True)).decode("utf-8", errors="replace")
+        return self.piece(token, special=True).decode("utf-8", errors="replace")
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """``token``'s bytes as the model writes it (a control token's: none unless
+        ``special``), read once. Not llama-cpp-python's ``detokenize``: its 32-byte buffer
+        turns a longer piece (a run of 33 spaces is one token of SmolLM2's) into stale
+        bytes."""
+        found = self._pieces.get((token, special))
+        if found is None:
+            import llama_cpp
+
+            size = 64
+            while True:
+                buf = ctypes.create_string_buffer(size)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, size, 0, special)
+                if n >= 0:
+                    break
+                size = -n
+            found = self._pieces[(token, special)] = buf.raw[:n]
+        return found
+
+    def text_of(self, tokens: list[int]) -> bytes:
+        """The bytes of generated ``tokens`` (:meth:`piece` of each, joined)."""
+        return b"".join(self.piece(t) for t in tokens)
 
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
@@ -310,7 +338,7 @@ class LlamaModel(LlamaTokenizer):
                 constraint.advance(token)
         decoder = Utf8Stream()
         if seq.resume:  # hold back the bytes of a character the snapshot had not completed
-            decoder.feed(bytes(self.llm.detokenize(seq.resume)))
+            decoder.feed(self.text_of(seq.resume))
         choice = self.pool.take(context)
         keep, from_disk = self._start(choice.slot, choice.cached, context)
         seq.slot = choice.slot.seq
@@ -395,7 +423,7 @@ class LlamaModel(LlamaTokenizer):
             return None
         if constraint is not None:
             constraint.advance(token)
-        raw = bytes(self.llm.detokenize([token]))
+        raw = self.piece(token)
         state.generated.append(token)
         return Piece(token, state.decoder.feed(raw), self._logprobs(logits, token, raw, seq))
 
@@ -463,7 +491,7 @@ class LlamaModel(LlamaTokenizer):
         chosen, best = top_logprobs(logits, token, sampling.top_logprobs)
 
         def entry(tok: int, logprob: float, data: bytes | None = None) -> dict[str, Any]:
-            data = bytes(self.llm.detokenize([tok])) if data is None else data
+            data = self.piece(tok) if data is None else data
             text = data.decode("utf-8", errors="replace")
             return {"token": text, "logprob": logprob, "bytes": list(data)}
 

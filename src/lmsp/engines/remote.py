@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import hashlib
 import logging
 import os
@@ -88,28 +87,8 @@ class RemoteTokenizer(LlamaTokenizer):
         self.n_ctx = int(spec.capabilities.get("n_ctx") or 0) or self.n_ctx
         import llama_cpp
 
-        self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
         self.eog |= self.stop_ids
-        self._pieces: dict[int, bytes] = {}
-
-    def piece(self, token: int) -> bytes:
-        """``token``'s bytes, as the model writes it (a control token's: none), read once.
-        Not llama-cpp-python's ``detokenize``: it drops a piece over 32 bytes (a run of
-        33 spaces is one token of SmolLM2's)."""
-        found = self._pieces.get(token)
-        if found is None:
-            import llama_cpp
-
-            size = 64
-            while True:
-                buf = ctypes.create_string_buffer(size)
-                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, size, 0, False)
-                if n >= 0:
-                    break
-                size = -n
-            found = self._pieces[token] = buf.raw[:n]
-        return found
 
 
 def remote_tokenizer(path: Path, spec: RemoteSpec) -> RemoteTokenizer | JsonTokenizer:
