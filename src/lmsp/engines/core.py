@@ -204,6 +204,11 @@ class EngineCore:
         self._turns = 0
         self._stop = False
 
+    @property
+    def stopped(self) -> bool:
+        """It ended on a :class:`Shutdown` (not because the API process is gone)."""
+        return self._stop
+
     def run(self) -> None:
         """Serve until :class:`Shutdown`, or until the API process is gone."""
         try:
