@@ -185,7 +185,6 @@ def fingerprint(spec: EngineSpec) -> str:
     data = [
         __version__,
         getattr(spec.engine, "name", type(spec.engine).__name__),
-        str(spec.path),
         spec.n_ctx,
         o.sequences,
         o.digest,
