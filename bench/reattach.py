@@ -14,7 +14,8 @@ as a stream to ~1,000 tokens (counted with the model's tokenizer):
 - engine: ``kill -9`` of the engine process (the API lives on): time from the kill to the
   first text after the task's ``resumed`` event (a new engine started by the supervisor).
 
-Medians of ``reps`` (3; 1 with ``LMSP_BENCH_QUICK``, at ~150 tokens). Alone:
+Medians of ``reps`` (3; 1 with ``LMSP_BENCH_QUICK``, at ~150 tokens); ``LMSP_REATTACH_AT``
+sets how many tokens in (on a busy machine). Alone:
 ``.venv/bin/python -m bench.reattach``; in ``bench/run.py``: ``--only reattach``.
 """
 
@@ -26,6 +27,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from bench.clients import MODEL, TERMINAL, median, sse_lines
@@ -79,6 +81,8 @@ def bench_reattach(
     from lmsp.bootstrap import bundled_model_path
 
     plan = Plan.pick()
+    if os.environ.get("LMSP_REATTACH_AT"):  # fewer tokens in, on a busy machine
+        plan = replace(plan, resume_at=int(os.environ["LMSP_REATTACH_AT"]))
     vocab = Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
 
     def count(text: str) -> int:
