@@ -15,7 +15,7 @@ as a stream to ~1,000 tokens (counted with the model's tokenizer):
   first text after the task's ``resumed`` event (a new engine started by the supervisor).
 
 Medians of ``reps`` (3; 1 with ``LMSP_BENCH_QUICK``, at ~150 tokens); ``LMSP_REATTACH_AT``
-sets how many tokens in (on a busy machine). Alone:
+sets how many tokens in and ``LMSP_REATTACH_REPS`` how many repetitions (on a busy machine). Alone:
 ``.venv/bin/python -m bench.reattach``; in ``bench/run.py``: ``--only reattach``.
 """
 
@@ -145,7 +145,8 @@ def main() -> None:
             print(" | ".join(row))
 
     with tempfile.TemporaryDirectory(prefix="lmsp-reattach-") as work:
-        bench_reattach(Path(work), 1 if quick() else 3, table)
+        reps = int(os.environ.get("LMSP_REATTACH_REPS", "0")) or (1 if quick() else 3)
+        bench_reattach(Path(work), reps, table)
 
 
 if __name__ == "__main__":

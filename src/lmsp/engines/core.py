@@ -215,7 +215,7 @@ class EngineCore:
             while not self._stop:
                 idle = not self.active and not self.waiting and not self.embeds
                 if not self._receive(wait=idle):
-                    log.info("engine: the service is gone; exiting")
+                    log.info("engine: the service is gone")
                     return
                 self._admit()
                 self._step()
@@ -286,7 +286,7 @@ class EngineCore:
         try:
             self.channel.send(frame)
         except (OSError, ValueError):
-            log.info("engine: the service is gone; exiting")
+            log.info("engine: the service is gone")
             return False
         return True
 
