@@ -44,6 +44,9 @@
 (r) WebSocket mode (bench/websocket.py): a turn over a socket against the same turn over
     SSE (TTFT and tokens/s, goal: within 5 %); a short turn on an open socket against a
     new HTTP request (goal: faster).
+(t) resume after a crash (bench/reattach.py): to the next token after ``kill -9`` of the API
+    process ~1,000 tokens in, with the engine exiting with it and reattached
+    (``LMSP_ENGINE_ORPHAN_TIMEOUT``), and after ``kill -9`` of the engine process.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -578,6 +581,7 @@ def main() -> None:
             "conversations",
             "remote",
             "websocket",
+            "reattach",
         ],
         default=None,
     )
@@ -655,6 +659,10 @@ def main() -> None:
             from bench.websocket import bench_websocket
 
             bench_websocket(work, args.tokens, args.reps, table)
+        if args.only in (None, "reattach"):
+            from bench.reattach import bench_reattach
+
+            bench_reattach(work, 1 if compare.quick() else 3, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")
