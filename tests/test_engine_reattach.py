@@ -173,3 +173,20 @@ def test_a_reattached_engine_is_supervised_and_stopped_as_any(tmp_path: Path) ->
         assert leases(server.data_dir) == []
     finally:
         server.stop()
+
+
+def test_an_engine_of_other_settings_is_stopped_not_reattached(tmp_path: Path) -> None:
+    env = {"LMSP_ENGINE_ORPHAN_TIMEOUT": "60s", "LMSP_PARALLEL": "2"}
+    server = Server(tmp_path / "data", env=env).start()
+    try:
+        pid = served_once(server)
+        server.kill()
+        server.extra_env["LMSP_PARALLEL"] = "3"  # the engine no longer fits
+        server.start()
+        assert served_once(server) != pid
+        assert wait_exited(pid, 30), "the engine that no longer fits was left running"
+        assert f"the engine left for {TEST_MODEL} (pid {pid}) does not fit" in (
+            server.log_path.read_text()
+        )
+    finally:
+        server.stop()
