@@ -47,6 +47,9 @@
 (t) the control plane's ceiling (bench/ceiling.py, issue 40): the test engine at full
     speed; tokens/s streamed durably to 64 SSE clients and the API's CPU a token (goal:
     20,000 tokens/s), durable creates/s from 64 clients (goal: 1,000/s).
+(u) resume after a crash (bench/reattach.py): to the next token after ``kill -9`` of the API
+    process ~1,000 tokens in, with the engine exiting with it and reattached
+    (``LMSP_ENGINE_ORPHAN_TIMEOUT``), and after ``kill -9`` of the engine process.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -582,6 +585,7 @@ def main() -> None:
             "remote",
             "websocket",
             "ceiling",
+            "reattach",
         ],
         default=None,
     )
@@ -666,6 +670,10 @@ def main() -> None:
                 bench_ceiling(work, table, args.seconds, 1, (24,))
             else:
                 bench_ceiling(work, table)
+        if args.only in (None, "reattach"):
+            from bench.reattach import bench_reattach
+
+            bench_reattach(work, 1 if compare.quick() else 3, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

@@ -408,6 +408,11 @@ class Settings:
         "LMSP_ENGINE_RESTART_WINDOW", DURATION, "10m",
         "the window those restarts are counted in",
         above="0s")
+    engine_orphan_timeout: float = setting(
+        "LMSP_ENGINE_ORPHAN_TIMEOUT", DURATION, "0s",
+        "how long an engine process outlives a crash of the API process, waiting for the next"
+        " `lmsp serve` on this data directory to reattach to it (its model loaded, its cache"
+        " warm); 0: it exits with the API process")
     embed_max_inputs: int = setting(
         "LMSP_EMBED_MAX_INPUTS", INT, "256",
         "inputs one `POST /v1/embeddings` request may have (`400` above)",

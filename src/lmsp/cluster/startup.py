@@ -28,6 +28,7 @@ from lmsp.engines.host import ModelHost
 from lmsp.engines.kind import Engine
 from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_cpp import LlamaEngine
+from lmsp.engines.reattach import Registry
 from lmsp.engines.remote import RemoteEngine
 from lmsp.metrics import Metrics
 from lmsp.runner import recovery
@@ -123,6 +124,11 @@ def open_host(settings: Settings, db: Database, metrics: Metrics) -> ModelHost:
             kv_budget=settings.kv_budget,
             embed_share=settings.embed_share,
             rope_scaling=settings.rope_scaling,
+        ),
+        registry=(
+            Registry(settings.data_dir / "engines", settings.engine_orphan_timeout)
+            if settings.engine_orphan_timeout > 0
+            else None
         ),
     )
     host.metrics = metrics

@@ -7,6 +7,10 @@ channel to it (:mod:`lmsp.engines.protocol`). Callers get a :class:`Stream` per
 sequence: an iterator of pieces, fed by the client's one reader thread, which routes
 every frame the engine sends to its streams.
 
+:meth:`EngineClient.attach` connects instead to an engine an earlier API process
+started and left running (:mod:`lmsp.engines.reattach`): not a child of this process, it
+is watched by its process id.
+
 When the engine dies (a segfault, ``kill -9``, the kernel's out-of-memory killer) the
 channel closes: the reader thread marks the client dead, tells its owner
 (``on_exit``: the model host, which restarts the engine) and then ends every open
@@ -25,9 +29,11 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from multiprocessing.connection import Client
 from typing import Any
 
 import numpy as np
@@ -197,6 +203,8 @@ class EngineClient:
         self._load_error: EngineError | None = None
         self._closing = False
         self._dead = False
+        self._attached: int | None = None  # the pid of an engine this process did not start
+        self.released: Callable[[], None] | None = None  # its lease ends (reattach.Registry)
 
     # -- life --------------------------------------------------------------------------
     def start(self, timeout: float = LOAD_TIMEOUT) -> EngineClient:
@@ -230,6 +238,21 @@ class EngineClient:
         self._reader = threading.Thread(target=self._read, name="lmsp-engine-read", daemon=True)
         self._reader.start()
 
+    def attach(self, pid: int, timeout: float) -> EngineClient:
+        """Connect to the running engine ``pid`` on ``spec.address`` (an earlier API
+        process started it) and wait until it says it is ready, with that pid. Raises
+        :class:`OSError` or :class:`multiprocessing.AuthenticationError` when it cannot
+        be reached or does not know the key, and as :meth:`wait`."""
+        self._conn = Client(self.spec.address, family="AF_UNIX", authkey=self.spec.authkey)
+        self._attached = self.pid = pid
+        self._reader = threading.Thread(target=self._read, name="lmsp-engine-read", daemon=True)
+        self._reader.start()
+        self.wait(timeout)
+        if self.pid != pid:
+            self._attached = self.pid  # the process that answered is the one to stop
+            raise EngineCrashed(f"Another process ({self.pid}) answered for engine {pid}.")
+        return self
+
     def wait(self, timeout: float = LOAD_TIMEOUT) -> EngineClient:
         """Wait until the launched engine's model is loaded (raises as :meth:`start`)."""
         if not self._ready.wait(timeout):
@@ -259,8 +282,22 @@ class EngineClient:
         self._stop_runner(timeout)
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout)
+        self._release()
+
+    def _release(self) -> None:
+        released, self.released = self.released, None
+        if released is not None:
+            try:
+                released()
+            except Exception:  # pragma: no cover - a lease file that cannot be removed
+                log.exception("the engine's lease of %s was not removed", self.spec.model)
 
     def _stop_runner(self, timeout: float = 0.0) -> None:
+        if self._attached is not None:
+            if not _gone(self._attached, timeout):
+                with contextlib.suppress(OSError):
+                    os.kill(self._attached, signal.SIGKILL)
+            return
         runner = self._runner
         if isinstance(runner, threading.Thread):
             runner.join(timeout)
@@ -427,6 +464,8 @@ class EngineClient:
     def _ended(self) -> None:
         """The channel closed: the engine exited, was stopped, or died."""
         self.exit_reason = self._describe_exit()
+        if not self._closing:
+            self._release()  # it died: the next API process must not look for it
         with self._lock:
             self._dead = True
             streams = list(self._streams.values())
@@ -458,6 +497,12 @@ class EngineClient:
         self._ready.set()
 
     def _describe_exit(self) -> str:
+        if self._attached is not None:  # no exit status: an earlier process started it
+            if _gone(self._attached, 2.0):
+                return "it exited"
+            with contextlib.suppress(OSError):
+                os.kill(self._attached, signal.SIGKILL)
+            return "it closed its channel and was killed"
         runner = self._runner
         if isinstance(runner, threading.Thread) or runner is None:
             return "its thread ended"
@@ -481,3 +526,18 @@ class EngineClient:
             f"The engine process of {self.spec.model!r} stopped unexpectedly "
             f"({self.exit_reason or 'it is gone'})."
         )
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` (not a child of this one) ended within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return True  # the id was taken by another user's process: ours is gone
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)

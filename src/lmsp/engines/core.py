@@ -204,13 +204,18 @@ class EngineCore:
         self._turns = 0
         self._stop = False
 
+    @property
+    def stopped(self) -> bool:
+        """It ended on a :class:`Shutdown` (not because the API process is gone)."""
+        return self._stop
+
     def run(self) -> None:
         """Serve until :class:`Shutdown`, or until the API process is gone."""
         try:
             while not self._stop:
                 idle = not self.active and not self.waiting and not self.embeds
                 if not self._receive(wait=idle):
-                    log.info("engine: the service is gone; exiting")
+                    log.info("engine: the service is gone")
                     return
                 self._admit()
                 self._step()
@@ -281,7 +286,7 @@ class EngineCore:
         try:
             self.channel.send(frame)
         except (OSError, ValueError):
-            log.info("engine: the service is gone; exiting")
+            log.info("engine: the service is gone")
             return False
         return True
 

@@ -38,6 +38,7 @@ from lmsp.engines.base import EngineCrashed, EngineError, LoadOptions, Tokenizer
 from lmsp.engines.client import EngineClient
 from lmsp.engines.hosted import EngineStatus, Loaded, LockedTokenizer
 from lmsp.engines.kind import Engine
+from lmsp.engines.reattach import Registry
 from lmsp.engines.remote import constrains as remote_constrains
 from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
@@ -66,8 +67,10 @@ class ModelHost:
         restart_window: float = 600.0,
         log_format: str = "text",
         load: LoadOptions | None = None,
+        registry: Registry | None = None,
     ) -> None:
         self.blobs_dir = blobs_dir
+        self.registry = registry  # engines that outlive this process (reattach.py)
         self.engines = engines
         self.n_ctx = n_ctx
         self.keep_alive = keep_alive
@@ -288,18 +291,28 @@ class ModelHost:
             log_format=self.log_format,
             log_level=logging.getLogger("lmsp").getEffectiveLevel(),
         )
-        client = EngineClient(
-            spec,
-            in_thread=engine.name in self.in_thread,
-            on_exit=lambda c, reason: self._exited(record, c, reason),
-        )
+
+        def make(spec: EngineSpec) -> EngineClient:
+            return EngineClient(
+                spec,
+                in_thread=engine.name in self.in_thread,
+                on_exit=lambda c, reason: self._exited(record, c, reason),
+            )
+
+        registry = self.registry
+        if engine.name in self.in_thread or record.remote is not None:
+            registry = None  # only a local model's engine process outlives this one
         with self._status_lock:
             again = record.id in self._status
         self._set_status(record, state="restarting" if again else "starting", pid=None)
+        client = None if registry is None else registry.reattach(spec, make)
+        reattached = client is not None  # its blob was checked before it was loaded
         try:
-            client.launch()
+            if client is None:
+                client = make(spec if registry is None else registry.prepare(spec))
+                client.launch()
             try:  # while the engine loads: the blob's integrity, the API's tokenizer
-                self.check(record)
+                self.check(record, full=False if reattached else None)
                 client.tokenizer = self._locked_tokenizer(record, engine)
             except BaseException:
                 client.stopping()
@@ -316,6 +329,8 @@ class ModelHost:
             self._set_status(record, state="stopped", pid=None)
             log.warning("loading %s failed: %s", record.id, exc)
             raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
+        if registry is not None:
+            registry.record(client)
         self._set_status(record, state="ready", pid=client.pid)
         log.info(
             "loaded %s (%d sequences, engine pid %s)",

@@ -4,10 +4,20 @@
 with the API process but the channel and the data directory's files): it loads the
 model, says :class:`~lmsp.engines.protocol.Ready`, and runs the
 :class:`~lmsp.engines.core.EngineCore` loop on its main thread until told to shut down
-or until the API process is gone. It never outlives the API process: the loop ends when
-the channel closes, and a watch thread exits the process when its parent changes (the
-API process died while a long step or a load ran). Ctrl-C in a terminal reaches the
-whole process group; the engine ignores it and lets the service stop it.
+or until the API process is gone. By default it never outlives the API process: the
+loop ends when the channel closes, and a watch thread exits the process when its parent
+changes (the API process died while a long step or a load ran). Ctrl-C in a terminal
+reaches the whole process group; the engine ignores it and lets the service stop it.
+
+With an orphan timeout (``LMSP_ENGINE_ORPHAN_TIMEOUT``) the engine runs in a session
+of its own and also listens on a socket (:class:`Attachments`: a Linux abstract Unix
+socket, each connection authenticated with a key only the data directory's service can
+derive, see :mod:`lmsp.engines.reattach`). When its channel closes without a
+:class:`~lmsp.engines.protocol.Shutdown` (the API process was killed) it ends its
+sequences — their tokens stay in its KV cache — and waits that long for the next API
+process to connect; it then says :class:`~lmsp.engines.protocol.Ready` again and serves
+the new channel with the same loaded model and cache. Nobody connecting in time: it
+exits.
 
 :func:`serve` is the same engine on a thread of the calling process, for fast tests of
 the deterministic test engine (``Settings.in_thread_engines``); ``lmsp serve`` always
@@ -16,12 +26,15 @@ runs engines in processes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import queue
 import signal
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,6 +58,9 @@ class EngineSpec:
     model: str = ""  # the model's id, for log lines
     log_format: str = "text"
     log_level: int = logging.INFO
+    orphan_timeout: float = 0.0  # seconds it waits for a new API process (0: it exits)
+    address: str = ""  # the socket a new API process reattaches through
+    authkey: bytes = b""  # … and the key its connections prove they know
 
 
 class Died(BaseException):
@@ -71,8 +87,52 @@ def process_main(channel: Channel, spec: EngineSpec, parent: int) -> None:
     from lmsp import logs
 
     logs.configure(spec.log_format, spec.log_level)
+    if spec.orphan_timeout > 0 and spec.address:
+        os.setsid()  # a signal to the API's process group (a terminal's) is not for it
+        attachments = Attachments(spec.address, spec.authkey)
+        serve(channel, spec, attachments=attachments)
+        return
     threading.Thread(target=_watch_parent, args=(parent,), name="lmsp-parent", daemon=True).start()
     serve(channel, spec, alive=lambda: os.getppid() == parent)
+
+
+class Attachments:
+    """The socket a new API process reattaches through: connections are accepted (and
+    authenticated) on a thread of their own, handed over only while the engine waits
+    for one (:meth:`next`), refused while it serves a channel."""
+
+    def __init__(self, address: str, authkey: bytes) -> None:
+        self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        self._arrived: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+        self._waiting = threading.Event()
+        threading.Thread(target=self._accept, name="lmsp-attach", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn = self._listener.accept()
+            except OSError:
+                return  # the listener is closed
+            except Exception as exc:  # a wrong key (AuthenticationError), a broken peer
+                log.warning("engine: a connection to reattach was refused: %s", exc)
+                continue
+            if self._waiting.is_set():
+                self._arrived.put(conn)
+            else:
+                conn.close()  # it serves a living API process
+
+    def next(self, timeout: float) -> Connection | None:
+        """The next API process's channel, or ``None`` when none came within ``timeout``."""
+        self._waiting.set()
+        try:
+            return self._arrived.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        finally:
+            self._waiting.clear()
+
+    def close(self) -> None:
+        self._listener.close()
 
 
 def _watch_parent(parent: int) -> None:
@@ -82,7 +142,12 @@ def _watch_parent(parent: int) -> None:
             os._exit(0)  # the API process is gone: nothing here is worth finishing
 
 
-def serve(channel: Channel, spec: EngineSpec, alive: Any = lambda: True) -> None:
+def serve(
+    channel: Channel,
+    spec: EngineSpec,
+    alive: Any = lambda: True,
+    attachments: Attachments | None = None,
+) -> None:
     """Load the model and run the loop until shutdown (see the module docstring)."""
     try:
         backend = spec.engine.load(spec.path, spec.n_ctx, spec.options)
@@ -94,21 +159,67 @@ def serve(channel: Channel, spec: EngineSpec, alive: Any = lambda: True) -> None
         _say(channel, Error(None, "model_load_failed", f"Loading {spec.model!r} failed."))
         return
     try:
-        memory = int(backend.memory_bytes())
-        channel.send([Ready(os.getpid(), backend.n_ctx, backend.sequences, memory)])
+        ready = Ready(os.getpid(), backend.n_ctx, backend.sequences, int(backend.memory_bytes()))
+        channel.send([ready])
         if isinstance(backend, Serving):  # it serves the channel itself (a remote upstream)
             backend.serve(channel, alive)
             return
         policy = ExactSteps() if spec.options.exact else FastSteps()
-        share = EmbedShare(spec.options.embed_share)
-        EngineCore(backend, channel, policy, alive=alive, share=share).run()
+        while True:
+            share = EmbedShare(spec.options.embed_share)
+            core = EngineCore(backend, channel, policy, alive=alive, share=share)
+            with contextlib.suppress(OSError, EOFError):  # the API process went away
+                core.run()
+            if core.stopped or attachments is None:
+                return
+            channel.close()
+            found = _reattached(attachments, spec, ready)
+            if found is None:
+                return
+            channel = found
     except Died:
         channel.close()  # at once: the API side sees the engine gone, as after a crash
     except (OSError, EOFError):
         pass  # the API process is gone
     finally:
+        if attachments is not None:
+            attachments.close()
         backend.close()
         channel.close()
+
+
+def _reattached(attachments: Attachments, spec: EngineSpec, ready: Ready) -> Channel | None:
+    """Wait up to the orphan timeout for a new API process; its channel (told
+    :class:`Ready`), or ``None``: exit."""
+    log.info(
+        "engine for %s: the service is gone; waiting %.0f s for it to reattach",
+        spec.model,
+        spec.orphan_timeout,
+        extra={"event": "engine.orphaned", "model": spec.model},
+    )
+    deadline = time.monotonic() + spec.orphan_timeout
+    while (left := deadline - time.monotonic()) > 0:
+        conn = attachments.next(left)
+        if conn is None:
+            break
+        try:
+            conn.send([ready])
+        except (OSError, ValueError):
+            conn.close()  # it gave up already: wait for another
+            continue
+        log.info(
+            "engine for %s: a new service reattached",
+            spec.model,
+            extra={"event": "engine.reattached", "model": spec.model},
+        )
+        return conn
+    log.info(
+        "engine for %s: no service reattached within %.0f s; exiting",
+        spec.model,
+        spec.orphan_timeout,
+        extra={"event": "engine.orphan_exit", "model": spec.model},
+    )
+    return None
 
 
 def _say(channel: Channel, message: Error) -> None:
