@@ -36,6 +36,10 @@ def test_clean_shows_every_control_and_format_character() -> None:
     text = clean_json({"name": f"x{CSI8}{RLO}\x1b"})
     assert "\x9b" not in text and RLO not in text and "\x1b" not in text
     assert json.loads(text) == {"name": f"x{CSI8}{RLO}\x1b"}
+    tag = "\U000e0020"  # a tag character: a format character past U+FFFF
+    text = clean_json({"name": f"a{tag}b"})
+    assert tag not in text and json.loads(text) == {"name": f"a{tag}b"}
+    assert clean(tag) == "\\U000e0020"
 
 
 @pytest.fixture(scope="module")

@@ -47,4 +47,14 @@ def clean_json(obj: Any, indent: int | None = 2) -> str:
     """``obj`` as JSON whose strings carry no raw control or format character (JSON
     escapes C0 itself; C1, DEL and format characters become ``\\uXXXX``)."""
     text = json.dumps(obj, indent=indent, ensure_ascii=False)
-    return "".join(f"\\u{ord(c):04x}" if _unsafe(c) and c not in "\n" else c for c in text)
+    return "".join(_json_escape(c) if _unsafe(c) and c not in "\n" else c for c in text)
+
+
+def _json_escape(ch: str) -> str:
+    """``ch`` as a JSON escape: ``\\uXXXX``, or its UTF-16 surrogate pair past U+FFFF
+    (a tag character, U+E0020, is a format character too)."""
+    code = ord(ch)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
