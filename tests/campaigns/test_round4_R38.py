@@ -127,7 +127,7 @@ def test_hostile_adds_and_streams_of_a_remote_model(tmp_path: Path, blob_cache: 
                     c.get("text", "") for o in done.get("output", []) for c in o.get("content", [])
                 )
                 if mode == "ok" and (done["status"] != "completed" or text != expected):
-                    violations.append(f"stream ok: {done['status']} {text!r}")
+                    violations.append(f"stream ok: {done['status']} {text!r} {done.get('error')}")
                 if mode in ("garbage", "oov", "cut", "http500"):
                     error = done.get("error") or {}
                     if done["status"] != "failed" or error.get("code") != "engine_crashed":
