@@ -517,8 +517,11 @@ class EngineClient:
                 return f"killed by signal {signal.Signals(-code).name}"
             except ValueError:
                 return f"killed by signal {-code}"
-        if code == UPSTREAM_LOST:
-            return "its upstream broke off"
+        if code == UPSTREAM_LOST:  # named as the sequences it told were (remote._lost)
+            remote = self.spec.options.remote or {}
+            urls = [remote.get("url", ""), *remote.get("replicas", ())]
+            named = " or ".join(u for u in urls if u)
+            return f"its upstream {named} broke off" if named else "its upstream broke off"
         return f"exited with status {code}"
 
     def _crash_message(self) -> str:
