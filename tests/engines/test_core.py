@@ -42,6 +42,7 @@ from lmsp.engines.protocol import (
     Shutdown,
     Submit,
     Tokens,
+    unpack,
 )
 from lmsp.engines.worker import EngineSpec, die
 
@@ -134,7 +135,7 @@ def collect(conn: Any, ids: set[int], timeout: float = 10) -> dict[int, list[Any
     deadline = time.monotonic() + timeout
     while open_ids:
         assert conn.poll(max(0.0, deadline - time.monotonic())), out
-        for message in conn.recv():
+        for message in unpack(conn.recv()):
             out[message.id].append(message)
             if isinstance(message, Done | Error):
                 open_ids.discard(message.id)
@@ -238,7 +239,7 @@ class Recording:
         return self.conn.recv()
 
     def send(self, frame: Any) -> None:
-        self.log.append(("send", [m for m in frame if isinstance(m, Tokens)]))
+        self.log.append(("send", [m for m in unpack(frame) if isinstance(m, Tokens)]))
         self.conn.send(frame)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -81,9 +82,10 @@ class Constraint(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Piece:
-    """One generated token and the text it completes (``""`` inside a UTF-8 sequence)."""
+class Piece(msgspec.Struct, frozen=True, array_like=True):
+    """One generated token and the text it completes (``""`` inside a UTF-8 sequence).
+    A :mod:`msgspec` struct: an engine step's pieces cross to the API process packed
+    (:class:`~lmsp.engines.protocol.Step`) and are read back as these, in C."""
 
     token: int
     text: str

@@ -5,7 +5,8 @@ process_main`, with :mod:`multiprocessing`'s *spawn* start method: a fresh inter
 that inherits no thread, lock or open database of the API process) and keeps one
 channel to it (:mod:`lmsp.engines.protocol`). Callers get a :class:`Stream` per
 sequence: an iterator of pieces, fed by the client's one reader thread, which routes
-every frame the engine sends to its streams.
+every frame the engine sends to its streams (a step's tokens decoded once, in C:
+:class:`~lmsp.engines.protocol.Step`).
 
 :meth:`EngineClient.attach` connects instead to an engine an earlier API process
 started and left running (:mod:`lmsp.engines.reattach`): not a child of this process, it
@@ -59,6 +60,7 @@ from lmsp.engines.protocol import (
     Shutdown,
     Stats,
     StatsReply,
+    Step,
     Submit,
     ToEngine,
     Tokens,
@@ -412,12 +414,26 @@ class EngineClient:
             while True:
                 frame = self._conn.recv()
                 for message in frame:
-                    self._dispatch(message)
+                    if isinstance(message, Step):
+                        self._route(message)
+                    else:
+                        self._dispatch(message)
         except (EOFError, OSError):
             pass
         except Exception:  # pragma: no cover - a bug: treat it as the engine lost
             log.exception("reading from the engine of %s failed", self.spec.model)
         self._ended()
+
+    def _route(self, step: Step) -> None:
+        """A step's tokens, decoded once, each sequence's handed to its stream (one
+        look-up under the lock for them all)."""
+        tokens = step.tokens()
+        with self._lock:
+            streams = self._streams
+            routed = [(streams.get(t.id), t) for t in tokens]
+        for stream, message in routed:
+            if stream is not None:
+                stream.put(message)
 
     def _dispatch(self, message: Any) -> None:
         if isinstance(message, Embeddings | Error | Done) and message.id in self._cancelling:

@@ -4,9 +4,10 @@ It runs in the engine process (:mod:`lmsp.engines.worker`), on one thread: each 
 it reads what the API process sent (:mod:`lmsp.engines.protocol`), admits submitted
 sequences while the context has room, forms a step (:class:`~lmsp.engines.batch.
 StepPolicy`), runs it through the model (one ``llama_decode``), samples every sequence
-whose logits the step produced, and sends the step's tokens back in one frame. There is
-no thread per sequence and no handoff per step: llama.cpp's CPU backend keeps a team of
-worker threads per calling thread, so one caller for every decode is also what keeps
+whose logits the step produced, and sends the step's tokens back in one frame (packed:
+:func:`~lmsp.engines.protocol.pack`). There is no thread per sequence and no handoff
+per step: llama.cpp's CPU backend keeps a team of worker threads per calling thread,
+so one caller for every decode is also what keeps
 those teams from fighting over the cores.
 
 The model is a :class:`Backend` (llama.cpp's, or the deterministic test engine's): it
@@ -60,6 +61,7 @@ from lmsp.engines.protocol import (
     StatsReply,
     Submit,
     Tokens,
+    pack,
 )
 from lmsp.engines.share import EmbedShare
 
@@ -282,9 +284,9 @@ class EngineCore:
     def _send(self) -> bool:
         if not self._outbox:
             return True
-        frame, self._outbox = self._outbox, []
+        messages, self._outbox = self._outbox, []
         try:
-            self.channel.send(frame)
+            self.channel.send(pack(messages))
         except (OSError, ValueError):
             log.info("engine: the service is gone")
             return False

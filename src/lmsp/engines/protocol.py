@@ -13,7 +13,11 @@ sent): an engine process gets one end when it is spawned, and an engine run in a
 (fast tests) gets one end of an in-process pipe: the same protocol either way. Each
 ``send`` carries a *frame*, a list of messages: the engine sends one frame per step
 with every sequence's new tokens, so a step costs one write however many sequences it
-advanced.
+advanced. Those tokens travel packed (:func:`pack`): one :class:`Step` at the head of
+the frame, the :class:`Tokens` of every sequence encoded once with :mod:`msgspec`
+(MessagePack, structs as arrays) instead of pickled object by object, and decoded once,
+in C, by the API process's reader thread (:meth:`Step.tokens`); :func:`unpack` gives a
+frame's messages back as they were sent.
 
 Sequence ids are chosen by the API side and unique per engine; the engine knows
 nothing of tasks. Sampling is part of :class:`Submit` and the engine draws every token
@@ -25,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -93,14 +98,34 @@ class Ready:
     memory_bytes: int  # weights plus every sequence's KV cache (0: unknown)
 
 
-@dataclass(frozen=True)
-class Tokens:
+class Tokens(msgspec.Struct, frozen=True, array_like=True):
     """New pieces of a sequence; the first message of a sequence carries how many of its
-    prompt's tokens came from a cache (``cached_tokens``), even with no piece."""
+    prompt's tokens came from a cache (``cached_tokens``), even with no piece. Sent
+    packed in a :class:`Step` (see :func:`pack`)."""
 
     id: int
     pieces: list[Piece]
     cached_tokens: int | None = None
+
+
+_step_encoder = msgspec.msgpack.Encoder()
+_step_decoder = msgspec.msgpack.Decoder(list[Tokens])
+
+
+@dataclass(frozen=True)
+class Step:
+    """The :class:`Tokens` of one frame, every sequence's, as one MessagePack array
+    (``[[id, [[token, text, logprobs], …], cached_tokens], …]``): one object to pickle
+    and one C call to read, however many sequences and pieces it holds."""
+
+    data: bytes
+
+    @classmethod
+    def of(cls, tokens: list[Tokens]) -> Step:
+        return cls(_step_encoder.encode(tokens))
+
+    def tokens(self) -> list[Tokens]:
+        return _step_decoder.decode(self.data)
 
 
 @dataclass(frozen=True)
@@ -157,6 +182,28 @@ class StatsReply:
 
 ToEngine = Submit | Cancel | Embed | Stats | Shutdown
 FromEngine = Ready | Tokens | Progress | Done | Error | Embeddings | StatsReply
+
+
+def pack(messages: list[FromEngine]) -> list[Any]:
+    """The frame that carries ``messages``: their :class:`Tokens` in one :class:`Step`
+    at its head, then the others in order. A sequence's tokens still come before its
+    end: no message in a frame speaks of a sequence before its tokens there do (a
+    cancelled or failed sequence produces nothing more)."""
+    tokens = [m for m in messages if isinstance(m, Tokens)]
+    if not tokens:
+        return list(messages)
+    return [Step.of(tokens), *(m for m in messages if not isinstance(m, Tokens))]
+
+
+def unpack(frame: list[Any]) -> list[FromEngine]:
+    """A frame's messages, its :class:`Step` read back into :class:`Tokens`."""
+    out: list[FromEngine] = []
+    for message in frame:
+        if isinstance(message, Step):
+            out.extend(message.tokens())
+        else:
+            out.append(message)
+    return out
 
 
 class Channel(Protocol):

@@ -53,11 +53,13 @@ from lmsp.engines.protocol import (
     Embed,
     Embeddings,
     Error,
+    FromEngine,
     Shutdown,
     Stats,
     StatsReply,
     Submit,
     Tokens,
+    pack,
 )
 from lmsp.engines.upstream import RemoteSpec, UpstreamLost, UpstreamRefused
 
@@ -155,7 +157,7 @@ class RemoteBackend:
         self._channel: Channel | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._gate: asyncio.Semaphore | None = None
-        self._outbox: list[Any] = []  # sent at the end of the loop's turn (_flush)
+        self._outbox: list[FromEngine] = []  # sent at the end of the loop's turn (_flush)
 
     def memory_bytes(self) -> int:
         return 0  # the weights live on the upstream
@@ -253,7 +255,7 @@ class RemoteBackend:
 
         task.add_done_callback(ended)
 
-    def _send(self, message: Any) -> None:
+    def _send(self, message: FromEngine) -> None:
         """Queue ``message`` for the API process: what every sequence has to say by the
         end of this turn of the event loop goes in one frame (as a local engine sends a
         step's tokens), so 8 streams cost one pipe write a round, not eight."""
@@ -263,11 +265,11 @@ class RemoteBackend:
 
     def _flush(self) -> None:
         assert self._channel is not None
-        frame, self._outbox = self._outbox, []
-        if not frame:
+        messages, self._outbox = self._outbox, []
+        if not messages:
             return
         try:
-            self._channel.send(frame)
+            self._channel.send(pack(messages))
         except (OSError, ValueError):
             os._exit(0)  # the API process is gone: nothing here is worth finishing
 
