@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench import llama_server
 from bench.clients import (
@@ -512,19 +513,25 @@ LONG = (
 )
 
 
+def resume_body(plan: Plan) -> dict[str, Any]:
+    """A greedy background stream of :data:`LONG` that resumes after a crash, long enough
+    to be cut ``plan.resume_at`` tokens in."""
+    return {
+        "model": MODEL,
+        "input": LONG,
+        "max_output_tokens": plan.resume_at * 3 // 2,
+        "temperature": 0,
+        "background": True,
+        "stream": True,
+        "on_restart": "resume",
+    }
+
+
 def resume_once(server: Server, plan: Plan, count: Count) -> tuple[int, float, float]:
     """One task followed to ``plan.resume_at`` tokens, ``kill -9``, relaunch: (tokens seen
     before the kill, seconds to healthy, seconds to the next text; NaN if none came)."""
     with server.client(timeout=900) as http:
-        body = {
-            "model": MODEL,
-            "input": LONG,
-            "max_output_tokens": plan.resume_at * 3 // 2,
-            "temperature": 0,
-            "background": True,
-            "stream": True,
-            "on_restart": "resume",
-        }
+        body = resume_body(plan)
         text = ""
         response_id = ""
         seen = 0

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from bench.clients import MODEL, TERMINAL, median, sse_lines
-from bench.compare import LONG, Plan, engine_pid, lmsp_env, num, resume_once
+from bench.clients import TERMINAL, median, sse_lines
+from bench.compare import Plan, engine_pid, lmsp_env, num, resume_body, resume_once
 from tests.helpers import Server
 
 Count = Callable[[str], int]
@@ -40,15 +40,7 @@ Count = Callable[[str], int]
 def engine_kill_once(server: Server, plan: Plan, count: Count) -> tuple[int, float]:
     """A task followed to ``plan.resume_at`` tokens, its engine ``kill -9``: (tokens seen,
     seconds from the kill to the first text after its ``resumed`` event)."""
-    body = {
-        "model": MODEL,
-        "input": LONG,
-        "max_output_tokens": plan.resume_at * 3 // 2,
-        "temperature": 0,
-        "background": True,
-        "stream": True,
-        "on_restart": "resume",
-    }
+    body = resume_body(plan)
     text, seen, killed, resumed, nxt = "", 0, 0.0, False, math.nan
     with (
         server.client(timeout=900) as http,

@@ -211,6 +211,31 @@ def check_log_invariants(conn: sqlite3.Connection) -> None:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def log_violations(data_dir: Path) -> list[str]:
+    """What :func:`check_log_invariants` finds wrong in ``data_dir``'s database, as a
+    campaign's violations (none: an empty list)."""
+    conn = open_db(data_dir)
+    try:
+        check_log_invariants(conn)
+    except AssertionError as exc:
+        return [f"log invariants: {exc}"]
+    finally:
+        conn.close()
+    return []
+
+
+def finish(http: httpx.Client, response_id: str, timeout: float = 600) -> dict[str, Any]:
+    """The response once it is no longer queued or in progress (polled)."""
+    deadline = time.monotonic() + timeout
+    while (obj := http.get(f"/v1/responses/{response_id}").json())["status"] in (
+        "queued",
+        "in_progress",
+    ):
+        assert time.monotonic() < deadline, obj
+        time.sleep(0.05)
+    return obj
+
+
 def check_snapshot(conn: sqlite3.Connection, task: sqlite3.Row) -> None:
     """A task's token chunks run gap-free from 0 and, with the tail its snapshot JSON
     holds, add up to the count it records; a finished task has neither."""

@@ -30,6 +30,7 @@ from tests.helpers import (
     Server,
     check_log_invariants,
     children,
+    finish,
     open_db,
     task_log,
     wait_exited,
@@ -73,17 +74,6 @@ def wait_engine(http: httpx.Client, model: str, **want: Any) -> dict[str, Any]:
             return found[0]
         assert time.monotonic() < deadline, (model, want, found)
         time.sleep(0.05)
-
-
-def finish(http: httpx.Client, response_id: str, timeout: float = 600) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (obj := http.get(f"/v1/responses/{response_id}").json())["status"] in (
-        "queued",
-        "in_progress",
-    ):
-        assert time.monotonic() < deadline, obj
-        time.sleep(0.05)
-    return obj
 
 
 class Prober(threading.Thread):

@@ -19,29 +19,17 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.helpers import Server, check_log_invariants, exited, open_db, wait_exited
+from tests.helpers import Server, check_log_invariants, exited, finish, open_db, wait_exited
 from tests.test_resume import text_of
 
 MODEL = "smollm2-135m-instruct"
 TEST_MODEL = "lmsp-test"
 
 pytestmark = pytest.mark.slow
-
-
-def finish(http: httpx.Client, response_id: str, timeout: float = 600) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (obj := http.get(f"/v1/responses/{response_id}").json())["status"] in (
-        "queued",
-        "in_progress",
-    ):
-        assert time.monotonic() < deadline, obj
-        time.sleep(0.05)
-    return obj
 
 
 def engine_pid(http: httpx.Client, model: str) -> int:

@@ -27,7 +27,7 @@ import pytest
 
 from lmsp.bootstrap import bundled_model_path
 from tests.campaigns.invariants import long_run, report
-from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir
+from tests.helpers import Server, log_violations, seeded_data_dir
 from tests.upstream_standin import MODES, StandIn
 
 pytestmark = pytest.mark.slow
@@ -136,13 +136,7 @@ def test_hostile_adds_and_streams_of_a_remote_model(tmp_path: Path, blob_cache: 
                         violations.append(f"stream {mode}: the upstream is not named: {error}")
                 if mode == "http400" and done["status"] != "failed":
                     violations.append(f"stream {mode}: {done['status']}")
-        conn = open_db(server.data_dir)
-        try:
-            check_log_invariants(conn)
-        except AssertionError as exc:
-            violations.append(f"log invariants: {exc}")
-        finally:
-            conn.close()
+        violations += log_violations(server.data_dir)
     finally:
         server.stop()
         stand.close()

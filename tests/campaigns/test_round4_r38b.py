@@ -28,7 +28,7 @@ import pytest
 
 from tests.campaigns.invariants import long_run, report
 from tests.campaigns.test_round4_R38 import count_blobs, stand_text
-from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir
+from tests.helpers import Server, log_violations, seeded_data_dir
 from tests.remote_fixtures import smollm_tokenizer_json
 from tests.upstream_standin import StandIn
 
@@ -116,13 +116,7 @@ def test_hostile_tokenizer_json_adds_then_every_tier_answers(
                 outcomes[key] = outcomes.get(key, 0) + 1
                 if done.get("status") != "completed" or answered(done) != expected:
                     violations.append(f"tier {tier}: {done.get('status')} {answered(done)!r}")
-        conn = open_db(server.data_dir)
-        try:
-            check_log_invariants(conn)
-        except AssertionError as exc:
-            violations.append(f"log invariants: {exc}")
-        finally:
-            conn.close()
+        violations += log_violations(server.data_dir)
     finally:
         server.stop()
         stand.close()
