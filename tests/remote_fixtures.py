@@ -210,3 +210,18 @@ def under_way(
     rid = start(http, policy, tokens)
     after_deltas(http, rid, 5)
     return rid
+
+
+def refused_add(http: httpx.Client, name: str, answer: httpx.Response, model: str) -> list[str]:
+    """What is wrong with a hostile ``POST /v1/models`` of ``model`` (``name``: its kind):
+    it must be a 400 with a code and a message, and write no model."""
+    wrong: list[str] = []
+    error = answer.json().get("error") if answer.status_code >= 400 else None
+    if answer.status_code != 400 or not isinstance(error, dict):
+        wrong.append(f"add {name}: {answer.status_code} {answer.text[:200]}")
+    elif not (error.get("code") and error.get("message")):
+        wrong.append(f"add {name}: an error without code or message: {error}")
+    if http.get(f"/v1/models/{model}").status_code != 404:
+        wrong.append(f"add {name}: the model was written")
+        http.delete(f"/v1/models/{model}")
+    return wrong

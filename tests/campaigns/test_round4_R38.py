@@ -28,6 +28,7 @@ import pytest
 from lmsp.bootstrap import bundled_model_path
 from tests.campaigns.invariants import long_run, report
 from tests.helpers import Server, log_violations, seeded_data_dir
+from tests.remote_fixtures import refused_add
 from tests.upstream_standin import MODES, StandIn
 
 pytestmark = pytest.mark.slow
@@ -93,14 +94,7 @@ def test_hostile_adds_and_streams_of_a_remote_model(tmp_path: Path, blob_cache: 
                 name, make = kinds[i % len(kinds)] if i < len(kinds) else rng.choice(kinds)
                 answer = http.post("/v1/models", json=make())
                 counts[answer.status_code] = counts.get(answer.status_code, 0) + 1
-                error = answer.json().get("error") if answer.status_code >= 400 else None
-                if answer.status_code != 400 or not isinstance(error, dict):
-                    violations.append(f"add {name}: {answer.status_code} {answer.text[:200]}")
-                elif not (error.get("code") and error.get("message")):
-                    violations.append(f"add {name}: an error without code or message: {error}")
-                if http.get(f"/v1/models/{MODEL}").status_code != 404:
-                    violations.append(f"add {name}: the model was written")
-                    http.delete(f"/v1/models/{MODEL}")
+                violations += refused_add(http, name, answer, MODEL)
             if count_blobs(server) != blobs:
                 violations.append("a refused add left a blob")
             stand.mode = "ok"

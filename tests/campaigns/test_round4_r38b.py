@@ -29,7 +29,7 @@ import pytest
 from tests.campaigns.invariants import long_run, report
 from tests.campaigns.test_round4_R38 import count_blobs, stand_text
 from tests.helpers import Server, log_violations, seeded_data_dir
-from tests.remote_fixtures import smollm_tokenizer_json
+from tests.remote_fixtures import refused_add, smollm_tokenizer_json
 from tests.upstream_standin import StandIn
 
 pytestmark = pytest.mark.slow
@@ -95,14 +95,7 @@ def test_hostile_tokenizer_json_adds_then_every_tier_answers(
                 answer = add(http, path)
                 key = f"{name}:{answer.status_code}"
                 counts[key] = counts.get(key, 0) + 1
-                error = answer.json().get("error") if answer.status_code >= 400 else None
-                if answer.status_code != 400 or not isinstance(error, dict):
-                    violations.append(f"add {name}: {answer.status_code} {answer.text[:200]}")
-                elif not (error.get("code") and error.get("message")):
-                    violations.append(f"add {name}: an error without code or message: {error}")
-                if http.get(f"/v1/models/{MODEL}").status_code != 404:
-                    violations.append(f"add {name}: the model was written")
-                    http.delete(f"/v1/models/{MODEL}")
+                violations += refused_add(http, name, answer, MODEL)
             if count_blobs(server) != blobs:
                 violations.append("a refused add left a blob")
             added = add(http, str(tmp_path / "tokenizers" / "good" / "tokenizer.json"))
