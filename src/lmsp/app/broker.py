@@ -60,8 +60,12 @@ class Broker:
 
     @staticmethod
     async def wait(event: asyncio.Event, timeout: float) -> bool:
+        """Until ``event`` is set, at most ``timeout`` seconds (``False`` then). Not
+        ``asyncio.wait_for``: before Python 3.12 it drops a cancellation that comes as
+        the event is set, and a waiter whose client left waited on to the task's end."""
         try:
-            await asyncio.wait_for(event.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await event.wait()
         except TimeoutError:
             return False
         return True

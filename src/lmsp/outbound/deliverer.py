@@ -202,8 +202,9 @@ class Deliverer:
                     nap = self._nap()
                 except Exception:
                     log.exception("webhook deliveries: a pass failed; trying again")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), nap)
+                with contextlib.suppress(TimeoutError):  # not wait_for: see Broker.wait
+                    async with asyncio.timeout(nap):
+                        await self._wake.wait()
                 await asyncio.sleep(MIN_NAP)  # a burst of commits wakes this once
             for task in list(self._tasks):
                 task.cancel()
