@@ -74,6 +74,21 @@ def test_codex_default_body_is_accepted(client: TestClient) -> None:
     assert obj["tools"] == [{"type": "custom", "namespace": "functions", "offered": False}]
 
 
+def test_a_turn_of_no_message_is_answered(client: TestClient) -> None:
+    """An input of tool lists alone (no message) still opens the model's answer; the test
+    engine once saw an empty prompt here and failed the task (make test's a_request
+    campaign)."""
+    for item in (
+        {"type": "additional_tools", "tools": []},
+        {"type": "mcp_list_tools", "server_label": "s", "tools": []},
+    ):
+        body = {"model": MODEL, "input": [item], "max_output_tokens": 3}
+        answer = client.post("/v1/responses", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "incomplete", answer.json()["error"]
+        assert answer.json()["output"][0]["content"][0]["text"]
+
+
 def test_hosted_tools_are_not_offered_under_auto_and_refused_when_forced(
     client: TestClient,
 ) -> None:

@@ -93,7 +93,9 @@ class DeterministicModel:
             return list(raw.encode())
         messages = toolprompt.with_tools(messages, tools or [])
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-        return list(text.encode())
+        # a turn of no message (input only of tool lists, say) still opens the answer,
+        # as a chat template's generation prompt does: never an empty prompt
+        return list((text or "assistant:").encode())
 
     def close(self) -> None:
         return None
