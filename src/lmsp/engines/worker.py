@@ -98,13 +98,16 @@ def process_main(channel: Channel, spec: EngineSpec, parent: int) -> None:
 
 class Attachments:
     """The socket a new API process reattaches through: connections are accepted (and
-    authenticated) on a thread of their own, handed over only while the engine waits
-    for one (:meth:`next`), refused while it serves a channel."""
+    authenticated) on a thread of their own and kept until the engine waits for one
+    (:meth:`next`). One may come before the engine has noticed that its old channel
+    closed (a step or a prefix's save still running): it waits its turn rather than
+    being refused. Only one API process runs on a data directory (its lock), so a
+    connection never competes with a living one's channel; of several waiting, the
+    newest is served (the older ones' services gave up or died)."""
 
     def __init__(self, address: str, authkey: bytes) -> None:
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
         self._arrived: queue.SimpleQueue[Connection] = queue.SimpleQueue()
-        self._waiting = threading.Event()
         threading.Thread(target=self._accept, name="lmsp-attach", daemon=True).start()
 
     def _accept(self) -> None:
@@ -116,20 +119,19 @@ class Attachments:
             except Exception as exc:  # a wrong key (AuthenticationError), a broken peer
                 log.warning("engine: a connection to reattach was refused: %s", exc)
                 continue
-            if self._waiting.is_set():
-                self._arrived.put(conn)
-            else:
-                conn.close()  # it serves a living API process
+            self._arrived.put(conn)
 
     def next(self, timeout: float) -> Connection | None:
-        """The next API process's channel, or ``None`` when none came within ``timeout``."""
-        self._waiting.set()
+        """The newest API process's channel, or ``None`` when none came within
+        ``timeout``."""
         try:
-            return self._arrived.get(timeout=timeout)
+            conn = self._arrived.get(timeout=timeout)
         except queue.Empty:
             return None
-        finally:
-            self._waiting.clear()
+        while not self._arrived.empty():
+            conn.close()
+            conn = self._arrived.get_nowait()
+        return conn
 
     def close(self) -> None:
         self._listener.close()
