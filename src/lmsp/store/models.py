@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmsp.ids import now as _now
+from lmsp.protocol.records import typed
 from lmsp.protocol.states import UNFINISHED_SQL
 from lmsp.store.sql import Conn, Row
 
@@ -37,20 +38,7 @@ class ModelRecord:
 
 
 def _record(row: Row) -> ModelRecord:
-    return ModelRecord(
-        id=row["id"],
-        format=row["format"],
-        engine=row["engine"],
-        digest=row["digest"],
-        size_bytes=int(row["size_bytes"]),
-        owned_by=row["owned_by"],
-        created_at=int(row["created_at"]),
-        metadata=json.loads(row["metadata"]),
-        status=row["status"],
-        verified_at=None if row["verified_at"] is None else int(row["verified_at"]),
-        defaults=json.loads(row["defaults"]),
-        remote=None if row["remote"] is None else json.loads(row["remote"]),
-    )
+    return typed(ModelRecord, row, "metadata", "defaults", "remote")
 
 
 def capabilities(record: ModelRecord) -> tuple[str, ...]:
