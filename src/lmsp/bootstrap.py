@@ -12,6 +12,7 @@ from typing import Any
 
 from lmsp.engines.deterministic import TEST_MODEL_BYTES, TEST_MODEL_ID
 from lmsp.gguf import model_metadata
+from lmsp.ids import now
 from lmsp.store import clients, models, service
 from lmsp.store.blobs import CHUNK, blob_path, remove_orphans, store_blob
 from lmsp.store.db import Database
@@ -84,15 +85,17 @@ def _register(
     db: Database, model_id: str, engine: str, fmt: str, blob: tuple[str, int], meta: dict[str, Any]
 ) -> None:
     digest, size = blob
-    fields: dict[str, Any] = {
-        "engine": engine,
-        "digest": digest,
-        "size_bytes": size,
-        "fmt": fmt,
-        "owned_by": "lmsp",
-        "metadata": meta,
-    }
-    db.write_sync(lambda c: models.add_once(c, model_id=model_id, **fields))
+    record = models.ModelRecord(
+        id=model_id,
+        format=fmt,
+        engine=engine,
+        digest=digest,
+        size_bytes=size,
+        owned_by="lmsp",
+        created_at=now(),
+        metadata=meta,
+    )
+    db.write_sync(lambda c: models.add_once(c, record))
 
 
 #: sampling defaults of the bundled model (SmolLM2-135M-Instruct): at lmsp's own defaults

@@ -95,12 +95,12 @@ async def import_model(
     model (:mod:`lmsp.app.remote_models`: another server runs it) keeps ``path`` as its
     tokenizer."""
     given = None if defaults is None else {k: v for k, v in defaults.items() if v is not None}
-    blobs_dir = core.settings.blobs_dir
     if remote is not None:
         record = await asyncio.to_thread(
-            remote_models.add_remote, core.db, blobs_dir, model_id, path, remote, given
+            remote_models.add_remote, core, model_id, path, remote, given
         )
     else:
+        blobs_dir = core.settings.blobs_dir
         record = await asyncio.to_thread(
             blobs.import_model, core.db, blobs_dir, model_id, path, digest, defaults=given
         )

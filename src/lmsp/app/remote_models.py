@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from lmsp import errors
+from lmsp.app.core import Core
 from lmsp.engines.hf_tokenizer import GGUF_MAGIC, JsonTokenizer, read_config
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.engines.upstream import Probe, RemoteSpec, UpstreamLost, UpstreamRefused, probe
 from lmsp.store import blobs, models
-from lmsp.store.db import Database
 from lmsp.store.models import ModelRecord
 
 log = logging.getLogger(__name__)
@@ -96,16 +96,16 @@ def _checker(tokenizer: LlamaTokenizer | JsonTokenizer) -> Any:
 
 
 def add_remote(
-    db: Database,
-    blobs_dir: Path,
+    core: Core,
     model_id: str,
     tokenizer_path: Path,
     given: dict[str, Any],
     defaults: dict[str, float | int] | None = None,
 ) -> ModelRecord:
     """``POST /v1/models`` with ``remote``: probe, check, then import (see the module
-    docstring). ``given``: ``url``, ``upstream_model``, ``api_key_env``, ``inflight``."""
-    if models.get(db.reader(), model_id) is not None:
+    docstring; in a worker thread). ``given``: ``url``, ``upstream_model``,
+    ``api_key_env``, ``inflight``."""
+    if models.get(core.db.reader(), model_id) is not None:
         raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
     spec = RemoteSpec.of(given)
     tokenizer, config = _local_tokenizer(tokenizer_path)
@@ -132,7 +132,7 @@ def add_remote(
         )
     stored = replace(spec, capabilities=capabilities, tokenizer_config=config).stored()
     return blobs.import_model(
-        db, blobs_dir, model_id, tokenizer_path, defaults=defaults, remote=stored
+        core.db, core.settings.blobs_dir, model_id, tokenizer_path, defaults=defaults, remote=stored
     )
 
 

@@ -3,18 +3,19 @@
 Each record has every column of its table as a field, with its Python type: a status is
 a :class:`~lmsp.protocol.states.Status`, a flag stored as an integer a ``bool``, a
 column stored as JSON text its value (the request a
-:class:`~lmsp.protocol.request.PreparedRequest`, read by :func:`lmsp.protocol.request.loads`
-whatever version stored it). Text becomes a value in one place, :meth:`TaskRecord.of`
-and :meth:`ResponseRecord.of`, which take a row of either database (``sqlite3.Row``, the
-PostgreSQL row of :mod:`lmsp.store.pg`); nothing above the store reads a row by its
-column names.
+:class:`~lmsp.protocol.request.PreparedRequest`, read by
+:func:`lmsp.protocol.request.loads` whatever version stored it). Text becomes a value in
+one place, :func:`typed` (and :meth:`ResponseRecord.of`, whose request is read by its
+version), which takes a row of either database (``sqlite3.Row``, the PostgreSQL row of
+:mod:`lmsp.store.pg`); the store's other typed rows (a model, a pull, a client) are read
+by it too, and nothing above the store reads a row by its column names.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -32,8 +33,21 @@ class Row(Protocol):
     def __iter__(self) -> Iterator[Any]: ...
 
 
+T = TypeVar("T")
+
+
 def _json(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def typed(kind: type[T], row: Row, *json_columns: str) -> T:
+    """``row`` as ``kind`` (a struct or dataclass with a field named as each column it
+    keeps; a column it has no field for is left out): the ``json_columns`` decoded from
+    their text, every value checked against its field's type."""
+    fields = dict(zip(row.keys(), row, strict=True))
+    for name in json_columns:
+        fields[name] = _json(fields[name])
+    return msgspec.convert(fields, kind)
 
 
 class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,9 +77,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, row: Row) -> TaskRecord:
-        fields = dict(zip(row.keys(), row, strict=True))
-        fields["snapshot"] = _json(fields["snapshot"])
-        return msgspec.convert(fields, cls)
+        return typed(cls, row, "snapshot")
 
     @property
     def error(self) -> dict[str, str] | None:

@@ -18,6 +18,7 @@ from typing import Any
 from lmsp.errors import unauthorized
 from lmsp.ids import new_id
 from lmsp.ids import now as _now
+from lmsp.protocol.records import typed
 from lmsp.store.sql import Conn, Row
 
 SCOPES = (
@@ -100,9 +101,7 @@ def authenticate(conn: Conn, token: str) -> Client | None:
         (display_prefix(token),),
     ):
         if hmac.compare_digest(row["token_hash"], digest):
-            found = Client(
-                row["id"], row["name"], tuple(json.loads(row["scopes"])), row["last_used_at"]
-            )
+            found = typed(Client, row, "scopes")
     return found
 
 
@@ -114,7 +113,7 @@ def load(conn: Conn, client_id: str) -> Client | None:
     ).fetchone()
     if row is None:
         return None
-    return Client(row["id"], row["name"], tuple(json.loads(row["scopes"])), row["last_used_at"])
+    return typed(Client, row, "scopes")
 
 
 def needs_touch(client: Client, now: int) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmsp.ids import now as _now
+from lmsp.protocol.records import typed
 from lmsp.protocol.states import UNFINISHED_SQL
 from lmsp.store.sql import Conn, Row
 
@@ -37,20 +38,7 @@ class ModelRecord:
 
 
 def _record(row: Row) -> ModelRecord:
-    return ModelRecord(
-        id=row["id"],
-        format=row["format"],
-        engine=row["engine"],
-        digest=row["digest"],
-        size_bytes=int(row["size_bytes"]),
-        owned_by=row["owned_by"],
-        created_at=int(row["created_at"]),
-        metadata=json.loads(row["metadata"]),
-        status=row["status"],
-        verified_at=None if row["verified_at"] is None else int(row["verified_at"]),
-        defaults=json.loads(row["defaults"]),
-        remote=None if row["remote"] is None else json.loads(row["remote"]),
-    )
+    return typed(ModelRecord, row, "metadata", "defaults", "remote")
 
 
 def capabilities(record: ModelRecord) -> tuple[str, ...]:
@@ -72,33 +60,28 @@ def get(conn: Conn, model_id: str) -> ModelRecord | None:
     return None if row is None else _record(row)
 
 
-def add(
-    conn: Conn,
-    *,
-    model_id: str,
-    engine: str,
-    digest: str,
-    size_bytes: int,
-    fmt: str,
-    owned_by: str,
-    metadata: dict[str, Any],
-    defaults: dict[str, float | int] | None = None,
-) -> None:
+def add(conn: Conn, record: ModelRecord) -> None:
+    """Write ``record`` as a new model, listed after every other."""
     position = conn.execute("SELECT coalesce(max(position), -1) + 1 FROM models").fetchone()[0]
+    remote = None if record.remote is None else json.dumps(record.remote)
     conn.execute(
         "INSERT INTO models (id, format, engine, digest, size_bytes, owned_by, metadata,"
-        " position, created_at, defaults) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " position, created_at, defaults, status, verified_at, remote)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
-            model_id,
-            fmt,
-            engine,
-            digest,
-            size_bytes,
-            owned_by,
-            json.dumps(metadata),
+            record.id,
+            record.format,
+            record.engine,
+            record.digest,
+            record.size_bytes,
+            record.owned_by,
+            json.dumps(record.metadata),
             position,
-            _now(),
-            json.dumps(defaults or {}),
+            record.created_at,
+            json.dumps(record.defaults),
+            record.status,
+            record.verified_at,
+            remote,
         ),
     )
 
@@ -116,26 +99,29 @@ def add_hashed_gguf(
     """A user's GGUF file, hashed as it was written to the blob store (imported or
     pulled), as a ``ready`` model verified now; with ``remote``, a remote model whose
     tokenizer the file is (a GGUF, or ``fmt`` ``tokenizer.json``)."""
+    now = _now()
     add(
         conn,
-        model_id=model_id,
-        engine="llama_cpp" if remote is None else "remote",
-        digest=digest,
-        size_bytes=size_bytes,
-        fmt=fmt,
-        owned_by="user",
-        metadata=metadata,
-        defaults=defaults,
+        ModelRecord(
+            id=model_id,
+            format=fmt,
+            engine="llama_cpp" if remote is None else "remote",
+            digest=digest,
+            size_bytes=size_bytes,
+            owned_by="user",
+            created_at=now,
+            metadata=metadata,
+            verified_at=now,
+            defaults=defaults or {},
+            remote=remote,
+        ),
     )
-    set_status(conn, model_id, "ready", verified=True)
-    if remote is not None:
-        set_remote(conn, model_id, remote)
 
 
-def add_once(conn: Conn, *, model_id: str, **fields: Any) -> None:
+def add_once(conn: Conn, record: ModelRecord) -> None:
     """Register a model unless one with this id exists (first-start registration)."""
-    if get(conn, model_id) is None:
-        add(conn, model_id=model_id, **fields)
+    if get(conn, record.id) is None:
+        add(conn, record)
 
 
 def set_defaults(

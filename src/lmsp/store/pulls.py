@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmsp.ids import now as _now
-from lmsp.protocol.records import TaskRecord
+from lmsp.protocol.records import TaskRecord, typed
 from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import UNFINISHED_SQL, Status
 from lmsp.store import events, idempotency, models
@@ -57,22 +57,7 @@ class Pull:
 
 
 def _pull(row: Row) -> Pull:
-    return Pull(
-        task_id=row["task_id"],
-        ref=row["ref"],
-        model_id=row["model_id"],
-        node=row["node"],
-        repo=row["repo"],
-        revision=row["revision"],
-        quant=row["quant"],
-        files=tuple(
-            HubFile(f["path"], int(f["size"]), f["sha256"]) for f in json.loads(row["files"])
-        ),
-        total_bytes=int(row["total_bytes"]),
-        part=int(row["part"]),
-        part_bytes=int(row["part_bytes"]),
-        bytes_done=int(row["bytes_done"]),
-    )
+    return typed(Pull, row, "files")
 
 
 def get(conn: Conn, task_id: str) -> Pull | None:

@@ -18,14 +18,16 @@ POSTGRES = "postgres"
 
 
 class Row(Protocol):
-    """A result row: ``row["name"]`` or ``row[0]`` (``sqlite3.Row`` and the PostgreSQL
-    row of :mod:`lmsp.store.pg` both are one)."""
+    """A result row: ``row["name"]`` or ``row[0]``, its values in order when iterated
+    (``sqlite3.Row`` and the PostgreSQL row of :mod:`lmsp.store.pg` both are one)."""
 
     def __getitem__(self, key: Any, /) -> Any: ...
 
     def keys(self) -> list[str]: ...
 
     def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
 
 
 class Cursor(Protocol):

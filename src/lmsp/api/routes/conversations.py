@@ -13,7 +13,7 @@ from pydantic import Field
 
 from lmsp.api.auth import require
 from lmsp.api.params import Includes, ItemsQuery
-from lmsp.api.routes.deps import deleted, service
+from lmsp.api.routes.deps import delete_route, service
 from lmsp.api.schemas import Body, InputItem, Metadata, unsupported
 from lmsp.app import conversations
 from lmsp.store import conversations as store
@@ -71,12 +71,9 @@ async def update_conversation(
     )
 
 
-@router.delete("/{conversation_id}")
-async def delete_conversation(
-    conversation_id: str, request: Request, client: Writer
-) -> dict[str, Any]:
-    await conversations.delete(service(request), conversation_id, client)
-    return deleted(conversation_id, "conversation.deleted")
+delete_route(
+    router, "delete_conversation", "conversation_id", conversations.delete, "conversation.deleted"
+)
 
 
 @router.get("/{conversation_id}/items")

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from fastapi import Request
+from fastapi import APIRouter, Depends, Path, Request
 
 from lmsp import errors
 from lmsp.api import leaving
+from lmsp.api.auth import require
 from lmsp.api.state import service
 from lmsp.app import responses, tasks
+from lmsp.app.service import Service
 from lmsp.protocol import chat
 from lmsp.protocol.request import CreateRequest
 from lmsp.store import idempotency
@@ -21,6 +24,7 @@ from lmsp.store.clients import Client
 __all__ = [
     "IDEMPOTENT_ROUTES",
     "answered",
+    "delete_route",
     "deleted",
     "finished",
     "finished_chat",
@@ -63,6 +67,31 @@ async def idempotency_supported(request: Request) -> None:
 def deleted(ident: str, kind: str) -> dict[str, Any]:
     """The answer to a delete: the object's id, its ``object`` name, ``deleted: true``."""
     return {"id": ident, "object": kind, "deleted": True}
+
+
+#: a use case deleting an object a client may change: (the service, its id, the client)
+Remove = Callable[[Service, str, Client], Awaitable[None]]
+
+
+def delete_route(
+    router: APIRouter, name: str, id_name: str, remove: Remove, kind: str, doc: str | None = None
+) -> None:
+    """Add ``DELETE /{id_name}`` to ``router`` (its function ``name``, described by
+    ``doc``): ``remove`` as a client holding ``responses:write`` asks, then the answer to
+    a delete (:func:`deleted`, ``object`` ``kind``)."""
+
+    # defaults, not ``Annotated``: a string annotation could not see ``id_name``
+    in_path = Path(alias=id_name)
+    writer = Depends(require("responses:write"))
+
+    async def route(
+        request: Request, ident: str = in_path, client: Client = writer
+    ) -> dict[str, Any]:
+        await remove(service(request), ident, client)
+        return deleted(ident, kind)
+
+    route.__doc__ = doc
+    router.add_api_route(f"/{{{id_name}}}", route, methods=["DELETE"], name=name)
 
 
 async def answered(request: Request, task_id: str, forget: tuple[str, str] | None = None) -> None:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from lmsp import errors
 from lmsp.api.auth import require
 from lmsp.api.params import Includes, ItemsQuery, ReplayQuery
-from lmsp.api.routes.deps import deleted, finished, idempotency_key, service
+from lmsp.api.routes.deps import delete_route, finished, idempotency_key, service
 from lmsp.api.schemas import INCLUDABLE, CreateResponse, ReadTools, check_response
 from lmsp.api.sse import as_stored
 from lmsp.api.streams import followed
@@ -195,7 +195,4 @@ async def cancel_response(response_id: str, request: Request, client: Writer) ->
     return JSONResponse(obj, headers=REPLAYED if replayed else None)
 
 
-@router.delete("/{response_id}")
-async def delete_response(response_id: str, request: Request, client: Writer) -> Response:
-    await responses.delete(service(request), response_id, client)
-    return JSONResponse(deleted(response_id, "response"))
+delete_route(router, "delete_response", "response_id", responses.delete, "response")

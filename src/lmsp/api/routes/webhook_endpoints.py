@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
-from lmsp.api.routes.deps import deleted, service
+from lmsp.api.routes.deps import delete_route, service
 from lmsp.api.routes.webhooks import Reader, Writer, refuse_unknown
 from lmsp.app import webhooks
 from lmsp.protocol import objects
@@ -140,13 +140,14 @@ async def update_endpoint(
     return render(row, with_client=client.admin)
 
 
-@router.delete("/{webhook_endpoint_id}")
-async def delete_endpoint(
-    webhook_endpoint_id: str, request: Request, client: Writer
-) -> dict[str, Any]:
-    """Remove a webhook: its pending deliveries are not sent."""
-    await webhooks.remove(service(request), webhook_endpoint_id, client)
-    return deleted(webhook_endpoint_id, "webhook_endpoint.deleted")
+delete_route(
+    router,
+    "delete_endpoint",
+    "webhook_endpoint_id",
+    webhooks.remove,
+    "webhook_endpoint.deleted",
+    "Remove a webhook: its pending deliveries are not sent.",
+)
 
 
 @router.post("/{webhook_endpoint_id}/rotate_secret")

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from lmsp import errors
 from lmsp.api.auth import require
-from lmsp.api.routes.deps import deleted, service
+from lmsp.api.routes.deps import delete_route, service
 from lmsp.app import webhooks
 from lmsp.protocol import webhooks as wire
 from lmsp.store import webhooks as store
@@ -70,11 +70,14 @@ async def get_webhook(webhook_id: str, request: Request, client: Reader) -> dict
     return store.render(row, with_client=client.admin)
 
 
-@router.delete("/{webhook_id}")
-async def delete_webhook(webhook_id: str, request: Request, client: Writer) -> dict[str, Any]:
-    """Remove a webhook: its pending deliveries are not sent."""
-    await webhooks.remove(service(request), webhook_id, client)
-    return deleted(webhook_id, "webhook.deleted")
+delete_route(
+    router,
+    "delete_webhook",
+    "webhook_id",
+    webhooks.remove,
+    "webhook.deleted",
+    "Remove a webhook: its pending deliveries are not sent.",
+)
 
 
 @router.get("/{webhook_id}/deliveries")
