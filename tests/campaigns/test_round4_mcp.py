@@ -145,6 +145,21 @@ def carried(rng: random.Random, text: str) -> tuple[str, Any]:
     ]
 
 
+def fits_its_schema(name: str, arguments: dict[str, Any]) -> bool:
+    """An allowed tool's arguments (``allowed_tools``: ``record`` and ``whoami``) as its
+    ``inputSchema`` has them: ``record`` one note of at most 12 characters, ``whoami``
+    none; a call of any other tool breaks the allowed list."""
+    if name == "whoami":
+        return arguments == {}
+    note = arguments.get("note")
+    return (
+        name == "record"
+        and set(arguments) == {"note"}
+        and isinstance(note, str)
+        and len(note) <= 12
+    )
+
+
 def check_injected(
     response: dict[str, Any], kind: str, limit: int, effects: int, where: str, bad: list[str]
 ) -> int:
@@ -159,10 +174,10 @@ def check_injected(
     if kind in FUNCTION_ONLY and any(i["type"] != "function_call" for i in calls):
         bad.append(f"{where}: an MCP call under a choice of functions")
     for call in mcp_calls:
-        arguments = json.loads(call["arguments"] or "{}")
-        note = arguments.get("note")
-        if set(arguments) - {"note"} or not isinstance(note, str) or len(note) > 12:
-            bad.append(f"{where}: an mcp_call breaking its schema: {call['arguments']}")
+        if not fits_its_schema(call["name"], json.loads(call["arguments"] or "{}")):
+            bad.append(
+                f"{where}: an mcp_call breaking its schema: {call['name']} {call['arguments']}"
+            )
     if effects > len(mcp_calls):
         bad.append(f"{where}: {effects} effects for {len(mcp_calls)} mcp_call items")
     return len(calls)
