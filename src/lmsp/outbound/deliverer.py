@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import httpx
-from standardwebhooks.webhooks import Webhook
 
 from lmsp import __version__
 from lmsp.ids import new_id
@@ -74,6 +73,8 @@ MAX_NAP = 1.0
 def signed_headers(event_id: str, secret: str, body: bytes) -> dict[str, str]:
     """A try's headers: Standard Webhooks' id, a fresh timestamp and the signature of
     ``id.timestamp.body`` with ``secret``."""
+    from standardwebhooks.webhooks import Webhook  # here: a start sends none
+
     stamp = datetime.now(tz=UTC)
     return {
         "content-type": "application/json",
