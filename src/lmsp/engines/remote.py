@@ -32,11 +32,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import numpy as np
-import numpy.typing as npt
 
 from lmsp.engines import upstream
 from lmsp.engines.base import EngineError, LoadOptions, Piece, Utf8Stream
@@ -62,6 +60,10 @@ from lmsp.engines.protocol import (
     pack,
 )
 from lmsp.engines.upstream import RemoteSpec, UpstreamLost, UpstreamRefused
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 log = logging.getLogger("lmsp.engine")
 
@@ -381,6 +383,8 @@ class RemoteBackend:
 
     # -- embeddings ------------------------------------------------------------------------
     async def _embed(self, client: httpx.AsyncClient, url: str, message: Embed) -> None:
+        import numpy as np
+
         try:
             inputs = [list(i) for i in message.inputs]
             rows = await upstream.embed(client, self.spec.at(url), inputs)
