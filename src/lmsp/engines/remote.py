@@ -34,8 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from lmsp.engines import upstream
 from lmsp.engines.base import EngineError, LoadOptions, Piece, Utf8Stream
 from lmsp.engines.client import UPSTREAM_LOST
@@ -62,6 +60,7 @@ from lmsp.engines.protocol import (
 from lmsp.engines.upstream import RemoteSpec, UpstreamLost, UpstreamRefused
 
 if TYPE_CHECKING:
+    import httpx
     import numpy as np
     import numpy.typing as npt
 
@@ -125,6 +124,8 @@ def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> list[str]:
 
 
 def _answers(url: str, headers: dict[str, str]) -> bool:
+    import httpx
+
     with contextlib.suppress(httpx.HTTPError):
         return httpx.get(url, headers=headers, timeout=5.0).status_code == 200
     return False
@@ -175,6 +176,8 @@ class RemoteBackend:
         asyncio.run(self._serve(channel, alive))
 
     async def _serve(self, channel: Channel, alive: Callable[[], bool]) -> None:
+        import httpx
+
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._gate = asyncio.Semaphore(self.sequences)
