@@ -25,9 +25,12 @@ LAZY = (
     "numpy",  # embeddings, engines' sampling: the engine process, or a request
     "llguidance",  # a JSON schema or tools held to a grammar
     "standardwebhooks",  # a webhook's signature
+    "httpx",  # a webhook's try, a pull, an MCP call, a remote model (and its TLS context)
+    "httpcore",
+    "rich",  # the command's tables (httpx imports its own command line, and rich with it)
     "webbrowser",  # `lmsp console`
     "lmsp.cli.doctor",  # the other commands
-    "lmsp.cli.ps",  # (rich comes with httpx, whose own command line it imports)
+    "lmsp.cli.ps",
     "lmsp.cli.models",
     "lmsp.client",
 )
