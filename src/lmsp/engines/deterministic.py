@@ -166,6 +166,7 @@ class DeterministicBackend:
         self.sequences = max(1, sequences)
         self._free = list(range(self.sequences))
         self.closed = False
+        _no_logits()  # numpy imported as the engine loads, not at its first step
 
     def memory_bytes(self) -> int:
         return 0
