@@ -50,6 +50,9 @@
 (u) resume after a crash (bench/reattach.py): to the next token after ``kill -9`` of the API
     process ~1,000 tokens in, with the engine exiting with it and reattached
     (``LMSP_ENGINE_ORPHAN_TIMEOUT``), and after ``kill -9`` of the engine process.
+(v) the API process's own start (bench/start.py): ``lmsp serve`` launched to ``/healthz``
+    200 on a data directory with a running task to recover, wall and CPU seconds, where
+    the time went by its log, and the top import costs.
 (f) lmsp against llama.cpp's ``llama-server`` (built from the installed llama-cpp-python's
     source distribution into a cache the first time): the benchmarks of issues 10 and 16,
     see ``bench/compare.py``.
@@ -586,6 +589,7 @@ def main() -> None:
             "websocket",
             "ceiling",
             "reattach",
+            "start",
         ],
         default=None,
     )
@@ -674,6 +678,10 @@ def main() -> None:
             from bench.reattach import bench_reattach
 
             bench_reattach(work, 1 if compare.quick() else 3, table)
+        if args.only in (None, "start"):
+            from bench.start import bench_start
+
+            bench_start(work, 2 if compare.quick() else 7, table)
         if args.only in (None, "compare"):
             compare.run(work, table)
     print(f"\ntotal {time.perf_counter() - began:.0f} s")

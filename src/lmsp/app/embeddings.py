@@ -30,10 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from lmsp import errors
 from lmsp.app import models
@@ -45,6 +42,10 @@ from lmsp.protocol import embeddings
 from lmsp.store import limits, usage
 from lmsp.store.clients import Client
 from lmsp.store.sql import Conn, clock_now
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import click
 from lmsp import __version__, config, datadir
 from lmsp.cli import database
 from lmsp.cli.common import DATA_DIR_HELP, TOKEN_HELP, URL_HELP
-from lmsp.cli.errors import CliError, Root
+from lmsp.cli.errors import CliError, Lazy
 
 
 def _settings(data_dir: Path | None, **overrides: object) -> config.Settings:
@@ -28,7 +28,7 @@ def _settings(data_dir: Path | None, **overrides: object) -> config.Settings:
     return settings.with_overrides(data_dir=data_dir, **overrides)
 
 
-@click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Lazy, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="lmsp")
 @click.option("--url", help=URL_HELP)
 @click.option("--token", help=TOKEN_HELP)
@@ -254,41 +254,33 @@ def gc(data_dir: Path | None, retention: str | None) -> None:
         click.echo(f"freed {swept.kv_bytes} bytes of saved prompt prefixes")
 
 
-from lmsp.cli.clients import clients  # noqa: E402
-from lmsp.cli.console import console  # noqa: E402
-from lmsp.cli.doctor import doctor  # noqa: E402
-from lmsp.cli.pair import pair  # noqa: E402
-from lmsp.cli.ps import ps  # noqa: E402
-from lmsp.cli.run import run  # noqa: E402
-from lmsp.cli.tasks import tasks  # noqa: E402
+def _more_commands() -> None:
+    """Add every command but ``serve`` and ``gc``: imported when one is named or the
+    commands are listed, so that ``lmsp serve`` does not import what only the HTTP
+    client commands use (the client, rich's live tables and progress bars, a browser)."""
+    from lmsp.cli.aliases import logs  # also adds ``lmsp models alias``
+    from lmsp.cli.clients import clients
+    from lmsp.cli.console import console
+    from lmsp.cli.doctor import doctor
+    from lmsp.cli.fairshare import audit, limit, usage
+    from lmsp.cli.models import list_models, models
+    from lmsp.cli.pair import pair
+    from lmsp.cli.ps import ps
+    from lmsp.cli.pull import pull
+    from lmsp.cli.run import run
+    from lmsp.cli.tasks import tasks
+    from lmsp.cli.webhooks import webhooks
 
-main.add_command(run)
-main.add_command(tasks)
-main.add_command(pair)
-main.add_command(clients)
-main.add_command(doctor)
-main.add_command(ps)
-main.add_command(console)
+    clients.add_command(limit)
+    clients.add_command(usage)
+    for command in (run, tasks, pair, clients, doctor, ps, console, models, audit, pull):
+        main.add_command(command)
+    main.add_command(list_models, "list")  # ollama's habit: `lmsp list` is `lmsp models ls`
+    main.add_command(webhooks)
+    main.add_command(logs)
 
-from lmsp.cli.models import list_models, models  # noqa: E402
 
-main.add_command(models)
-main.add_command(list_models, "list")  # ollama's habit: `lmsp list` is `lmsp models ls`
-
-from lmsp.cli.fairshare import audit, limit, usage  # noqa: E402
-
-clients.add_command(limit)
-clients.add_command(usage)
-main.add_command(audit)
-from lmsp.cli.pull import pull  # noqa: E402
-
-main.add_command(pull)
-from lmsp.cli.webhooks import webhooks  # noqa: E402
-
-main.add_command(webhooks)
-from lmsp.cli.aliases import logs  # noqa: E402  (also adds ``lmsp models alias``)
-
-main.add_command(logs)
+main.more = _more_commands
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -10,7 +10,6 @@ import click
 
 from lmsp import config, datadir
 from lmsp.cli.errors import CliError
-from lmsp.client import default_target
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,8 @@ def target(url: str | None, token: str | None, data_dir: Path | None = None) -> 
     url = url or _global("url")
     token = token or _global("token")
     try:
+        from lmsp.client import default_target  # here: `lmsp serve` needs no client
+
         base, secret = default_target(url, token, data_dir)
         settings = config.from_env()
     except ValueError as exc:

@@ -10,7 +10,7 @@ the code.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,3 +69,25 @@ class Root(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         with one_line_usage():
             return super().invoke(ctx)
+
+
+class Lazy(Root):
+    """The ``lmsp`` group whose commands other than those declared with it come from
+    :attr:`more`, called once, when a command it does not hold yet is named or the
+    commands are listed (``lmsp serve`` imports none of the others)."""
+
+    more: Callable[[], None] | None = None
+
+    def _complete(self) -> None:
+        more, self.more = self.more, None
+        if more is not None:
+            more()
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            self._complete()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._complete()
+        return super().list_commands(ctx)

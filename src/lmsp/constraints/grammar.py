@@ -30,8 +30,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llguidance import LLMatcher
-
 from lmsp.protocol.toolcalls import CALL_CLOSE, CALL_OPEN
 
 #: how llguidance writes JSON here (``x-guidance`` options of each compiled schema)
@@ -74,6 +72,8 @@ def check_schema(schema: dict[str, Any]) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _schema_grammar(canonical: str) -> str:
+    from llguidance import LLMatcher  # here: a start serves before it needs llguidance
+
     schema = json.loads(canonical)
     grammar = schema_grammar(schema)
     problem = LLMatcher.validate_grammar(grammar)
@@ -84,6 +84,8 @@ def _schema_grammar(canonical: str) -> str:
 
 def schema_grammar(schema: dict[str, Any]) -> str:
     """The grammar text of ``schema``, not validated (cheap: nothing is compiled)."""
+    from llguidance import LLMatcher
+
     try:
         return LLMatcher.grammar_from_json_schema(with_options(schema))
     except ValueError as exc:
@@ -200,6 +202,8 @@ def calls_grammar(
             rules.insert(0, "start: TEXT | seg")
         else:
             rules.insert(0, f"start: seg{{0,{limit - 1}}} end\nend: TEXT | seg")
+    from llguidance import LLMatcher
+
     try:
         return LLMatcher.grammar_from_lark("\n".join(rules))
     except ValueError as exc:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 class EngineError(Exception):
@@ -236,6 +238,8 @@ def penalized(
     snapshot's included): ``repeat_penalty`` (llama.cpp's: a positive logit divided, a
     negative one multiplied), then ``frequency_penalty`` times each token's count and
     ``presence_penalty`` once per token present (OpenAI's)."""
+    import numpy as np
+
     out = logits.astype(np.float64)
     if not generated or (
         sampling.repeat_penalty == 1.0
@@ -259,6 +263,8 @@ def penalized(
 def _top(probs: npt.NDArray[np.float64], m: int) -> npt.NDArray[np.intp]:
     """The ``m`` most likely tokens, most likely first (ties by token id): what a
     stable sort of the whole vocabulary would give, at the cost of a partition."""
+    import numpy as np
+
     n = len(probs)
     if m >= n:
         return np.argsort(-probs, kind="stable")
@@ -282,6 +288,8 @@ def sample(
 
     Only as much of the vocabulary is sorted as the cuts need (the ``top_k`` best, or
     the best until ``top_p`` of the mass), so a step costs well under a millisecond."""
+    import numpy as np
+
     scores = penalized(logits, sampling, generated)
     if sampling.temperature <= 0:
         return int(np.argmax(scores))
@@ -323,6 +331,8 @@ def top_logprobs(
     """The chosen token's log probability under the model's distribution (the logits as
     the model gave them, a constraint's mask applied) and the ``count`` most likely
     tokens with theirs."""
+    import numpy as np
+
     scores = logits.astype(np.float64)
     finite = np.isfinite(scores)
     top = scores[finite].max()

@@ -21,10 +21,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
 
 #: tokens of one sequence in one step. llama.cpp's CPU kernels give bit-identical
 #: results for a sequence fed 1 to 48 tokens a step, whatever else is in the batch, and
@@ -38,7 +40,7 @@ CHUNK = 32
 #: prompt on two cores), and an agent resending its short prompt saves all but one token
 MIN_REUSE = CHUNK // 2
 
-Logits = npt.NDArray[np.float32]
+Logits: TypeAlias = "npt.NDArray[np.float32]"
 
 
 @dataclass
@@ -111,6 +113,8 @@ class Slot:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    import numpy as np
+
     n = min(len(a), len(b))
     if n == 0:
         return 0

@@ -35,10 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Client
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from lmsp.engines.base import (
     EngineCrashed,
@@ -66,6 +63,10 @@ from lmsp.engines.protocol import (
     Tokens,
 )
 from lmsp.engines.worker import EngineSpec, process_main, serve
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: the exit status of a remote engine whose upstream broke off (lmsp.engines.remote)
 UPSTREAM_LOST = 75

@@ -36,10 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lmsp.engines.base import EngineError, Piece, Sampling
 from lmsp.engines.batch import ExactSteps, Logits, Request, StepPolicy
@@ -64,6 +61,10 @@ from lmsp.engines.protocol import (
     pack,
 )
 from lmsp.engines.share import EmbedShare
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 log = logging.getLogger("lmsp.engine")
 
@@ -444,6 +445,8 @@ class EngineCore:
     def _embed(self) -> None:
         """One embedding batch of the request whose turn it is, when the share of the
         engine's time embeddings may take allows it (see the module docstring)."""
+        import numpy as np
+
         if not self.embeds:
             return
         job = self.embeds[0]

@@ -18,21 +18,23 @@ turns of the engine's loop, as with llama.cpp.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from lmsp.engines.base import EngineError, LoadOptions, Piece, Sampling
 from lmsp.engines.batch import Logits, Request
 from lmsp.engines.core import Seq
 from lmsp.engines.worker import die
 from lmsp.protocol import completions, toolprompt
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 WORDS = [
     "alpha",
@@ -123,6 +125,8 @@ def word(
 
 def embedding(tokens: list[int]) -> npt.NDArray[np.float32]:
     """An input's embedding: the normalised mean of its tokens' fixed vectors."""
+    import numpy as np
+
     total = np.zeros(EMBED_DIM, dtype=np.float64)
     for token in tokens:
         total += _token_vector(token)
@@ -134,6 +138,8 @@ _vectors: dict[int, npt.NDArray[np.float64]] = {}
 
 
 def _token_vector(token: int) -> npt.NDArray[np.float64]:
+    import numpy as np
+
     vector = _vectors.get(token)
     if vector is None:
         vector = _vectors[token] = np.random.default_rng([7, token]).standard_normal(EMBED_DIM)
@@ -162,6 +168,7 @@ class DeterministicBackend:
         self.sequences = max(1, sequences)
         self._free = list(range(self.sequences))
         self.closed = False
+        _no_logits()  # numpy imported as the engine loads, not at its first step
 
     def memory_bytes(self) -> int:
         return 0
@@ -180,7 +187,7 @@ class DeterministicBackend:
             time.sleep(self.delay)
         for request in step:
             if request.logits:
-                request.result = _NO_LOGITS
+                request.result = _no_logits()
 
     def evaluated(self, seq: Seq) -> None:
         return None
@@ -206,6 +213,8 @@ class DeterministicBackend:
     def embed(
         self, inputs: list[list[int]], max_tokens: int | None = None
     ) -> npt.NDArray[np.float32]:
+        import numpy as np
+
         if self.delay:
             time.sleep(self.delay)
         return np.stack([embedding(tokens) for tokens in inputs[:EMBED_BATCH]])
@@ -221,7 +230,12 @@ def _text(prompt: list[int]) -> str:
     return bytes(prompt).decode(errors="replace")
 
 
-_NO_LOGITS: Logits = np.zeros(0, dtype=np.float32)
+@functools.cache
+def _no_logits() -> Logits:
+    """The empty logits of a step (numpy imported in the engine process only)."""
+    import numpy as np
+
+    return np.zeros(0, dtype=np.float32)
 
 
 def _logprobs(token: int, sampling: Sampling) -> dict[str, Any] | None:

@@ -21,9 +21,11 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-import numpy as np
+if TYPE_CHECKING:
+    pass
+
 
 MAGIC = b"LMSPKV\r\n"
 VERSION = 1
@@ -51,6 +53,8 @@ class Header:
 
 def token_bytes(tokens: Sequence[int]) -> bytes:
     """The tokens as int32 little-endian: what keys hash and headers hold."""
+    import numpy as np
+
     return np.asarray(tokens, dtype="<i4").tobytes()
 
 

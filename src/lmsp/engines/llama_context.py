@@ -19,13 +19,14 @@ import ctypes
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from lmsp.engines.base import EngineError
 from lmsp.engines.batch import Request
 from lmsp.engines.prefault import populated
+
+if TYPE_CHECKING:
+    pass
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ class LlamaContext:
         streams into micro-batches of consecutive, increasing sequence ids, one forward
         pass each, so in any other order one step can cost several passes (and a lone
         sequence's attention takes another kernel, see ``LlamaModel.decode``)."""
+        import numpy as np
+
         batch = self.batch
         n = 0
         wanted: list[tuple[Request, int]] = []

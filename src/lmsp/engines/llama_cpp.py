@@ -17,10 +17,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from lmsp.config import engine_threads
 from lmsp.engines import markers
@@ -40,6 +37,10 @@ from lmsp.engines.kvfiles import PrefixFiles
 from lmsp.engines.llama_context import EXACT, FAST, LlamaContext, yarn_factor
 from lmsp.engines.llama_embed import LlamaEmbedder
 from lmsp.protocol import completions, toolprompt
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 FALLBACK_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -411,6 +412,8 @@ class LlamaModel(LlamaTokenizer):
             state.saved_at = len(seq.held)
 
     def pick(self, seq: Seq, logits: Logits) -> Piece | None:
+        import numpy as np
+
         state: _Sequence = seq.state
         constraint = state.constraint
         if constraint is not None and constraint.finished():

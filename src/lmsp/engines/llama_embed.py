@@ -31,12 +31,13 @@ poolings see a whole input at once.
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from lmsp.engines.base import EngineError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: the most inputs one batch embeds together (its sequences)
 MAX_SEQUENCES = 64
@@ -74,6 +75,8 @@ def pooling_of(model_pooling: int | None, has_encoder: bool, has_decoder: bool) 
 def normalized(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """Each row divided by its Euclidean norm (a zero row stays zero), as llama.cpp's
     ``common_embd_normalize(…, 2)``."""
+    import numpy as np
+
     norms = np.sqrt(np.sum(vectors.astype(np.float64) ** 2, axis=1, keepdims=True))
     scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
     out: npt.NDArray[np.float32] = (vectors * scale).astype(np.float32)
@@ -138,6 +141,8 @@ class LlamaEmbedder:
 
     def _chunk(self, tokens: list[int], max_tokens: int | None) -> npt.NDArray[np.float32]:
         """The next chunk of one input; its row once the chunk was its last."""
+        import numpy as np
+
         lib, batch = self._lib, self.batch
         if not tokens or len(tokens) > self.n_ctx:
             raise EngineError(
@@ -173,6 +178,8 @@ class LlamaEmbedder:
 
     def _whole(self, inputs: list[list[int]], cap: int) -> npt.NDArray[np.float32]:
         """Whole inputs, as many as ``cap`` tokens hold (at least the first)."""
+        import numpy as np
+
         lib, batch = self._lib, self.batch
         n = 0
         taken = 0

@@ -27,13 +27,15 @@ by ``(seed, position)``, so a resubmitted sequence (a resume) draws what it drew
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 
 from lmsp.engines.base import Piece, Sampling
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: why a sequence ended (:class:`Done`)
 STOP = "stop"  # an end-of-generation token, or its grammar allows nothing more

@@ -32,11 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import httpx
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from lmsp.engines import upstream
 from lmsp.engines.base import EngineError, LoadOptions, Piece, Utf8Stream
@@ -62,6 +58,11 @@ from lmsp.engines.protocol import (
     pack,
 )
 from lmsp.engines.upstream import RemoteSpec, UpstreamLost, UpstreamRefused
+
+if TYPE_CHECKING:
+    import httpx
+    import numpy as np
+    import numpy.typing as npt
 
 log = logging.getLogger("lmsp.engine")
 
@@ -123,6 +124,8 @@ def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> list[str]:
 
 
 def _answers(url: str, headers: dict[str, str]) -> bool:
+    import httpx
+
     with contextlib.suppress(httpx.HTTPError):
         return httpx.get(url, headers=headers, timeout=5.0).status_code == 200
     return False
@@ -173,6 +176,8 @@ class RemoteBackend:
         asyncio.run(self._serve(channel, alive))
 
     async def _serve(self, channel: Channel, alive: Callable[[], bool]) -> None:
+        import httpx
+
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._gate = asyncio.Semaphore(self.sequences)
@@ -381,6 +386,8 @@ class RemoteBackend:
 
     # -- embeddings ------------------------------------------------------------------------
     async def _embed(self, client: httpx.AsyncClient, url: str, message: Embed) -> None:
+        import numpy as np
+
         try:
             inputs = [list(i) for i in message.inputs]
             rows = await upstream.embed(client, self.spec.at(url), inputs)

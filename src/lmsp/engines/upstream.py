@@ -20,11 +20,12 @@ import json
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from lmsp.engines.base import DEFAULT_TIER, Sampling
+
+if TYPE_CHECKING:
+    import httpx
 
 #: how long connecting (and each read while nothing streams) may take
 CONNECT_TIMEOUT = 10.0
@@ -98,6 +99,8 @@ class RemoteSpec:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def timeout(self) -> httpx.Timeout:
+        import httpx
+
         return httpx.Timeout(CONNECT_TIMEOUT, read=READ_TIMEOUT)
 
 
@@ -245,6 +248,8 @@ async def stream(
     """The chunks of one streamed completion after ``tokens``. Raises
     :class:`UpstreamLost` when the upstream cannot be reached or the stream ends before
     its last chunk, :class:`UpstreamRefused` on a 4xx."""
+    import httpx
+
     path, body = completion_body(spec, tokens, sampling, max_tokens, grammar)
     ended = False
     try:
@@ -277,6 +282,8 @@ async def _open(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> h
     """The streamed response to ``body``, sent again once when the connection it went on
     was closed by the upstream before it answered (a kept-alive connection it had let go:
     nothing of the request was done)."""
+    import httpx
+
     request = client.build_request("POST", path, json=body)
     try:
         return await client.send(request, stream=True)
@@ -289,6 +296,8 @@ async def embed(
     client: httpx.AsyncClient, spec: RemoteSpec, inputs: list[list[int]]
 ) -> list[list[float]]:
     """One vector per input (token ids), in order, through ``/v1/embeddings``."""
+    import httpx
+
     body = {"model": spec.upstream_model, "input": inputs, "encoding_format": "float"}
     try:
         response = await client.post("/v1/embeddings", json=body)
@@ -304,6 +313,8 @@ class Probe:
     """Synchronous requests to an upstream while a model is added (in the API process)."""
 
     def __init__(self, spec: RemoteSpec, timeout: float = 30.0) -> None:
+        import httpx
+
         self.spec = spec
         self.client = httpx.Client(
             base_url=spec.url,
@@ -316,12 +327,16 @@ class Probe:
         self.client.close()
 
     def get(self, path: str) -> httpx.Response:
+        import httpx
+
         try:
             return self.client.get(path)
         except httpx.HTTPError as exc:
             raise UpstreamLost(f"{self.spec.url}{path} could not be reached: {exc}") from exc
 
     def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        import httpx
+
         try:
             return self.client.post(path, json=body)
         except httpx.HTTPError as exc:
@@ -431,6 +446,8 @@ def _limits(upstream: Probe, spec: RemoteSpec) -> dict[str, Any]:
 
 def _streamed_ids(upstream: Probe, sample: list[int]) -> list[int]:
     """The ids of a streamed 4-token greedy completion, as :func:`stream` reads them."""
+    import httpx
+
     spec = upstream.spec
     path, body = completion_body(spec, sample, Sampling(temperature=0.0), 4)
     found: list[int] = []

@@ -36,9 +36,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
-import httpx
-from standardwebhooks.webhooks import Webhook
+from typing import TYPE_CHECKING
 
 from lmsp import __version__
 from lmsp.ids import new_id
@@ -47,6 +45,9 @@ from lmsp.protocol import webhooks as wire
 from lmsp.store import webhooks as store
 from lmsp.store.db import Database
 from lmsp.store.sql import Conn
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ MAX_NAP = 1.0
 def signed_headers(event_id: str, secret: str, body: bytes) -> dict[str, str]:
     """A try's headers: Standard Webhooks' id, a fresh timestamp and the signature of
     ``id.timestamp.body`` with ``secret``."""
+    from standardwebhooks.webhooks import Webhook  # here: a start sends none
+
     stamp = datetime.now(tz=UTC)
     return {
         "content-type": "application/json",
@@ -96,6 +99,8 @@ async def send_test(
     did not answer. Not a delivery: nothing is written, and a refusal is not tried
     again. The event names no real response (``data.id`` is :data:`TEST_RESPONSE_ID`);
     its ``webhook-id`` is a fresh event id."""
+    import httpx
+
     event_id = new_id("evt")
     body = wire.event_body(event_id, event_type, int(time.time()), TEST_RESPONSE_ID)
     agent = {"user-agent": f"lmsp/{__version__} (webhooks)"}
@@ -142,6 +147,7 @@ class Deliverer:
         self._outcomes: list[store.Outcome] = []
         self._ready = threading.Event()
         self._woken = False  # a wake is on its way to the loop (one is enough)
+        self._http: httpx.AsyncClient | None = None  # made for the first try
         self.sent = 0  # tries made by this process (for tests and figures)
 
     # -- life ---------------------------------------------------------------------------------
@@ -186,19 +192,13 @@ class Deliverer:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._ready.set()
-        limits = httpx.Limits(max_connections=SLOTS, max_keepalive_connections=16)
-        async with outbound.client(
-            self.policy.hosts,
-            httpx.Timeout(TIMEOUT, connect=CONNECT_TIMEOUT),
-            {"user-agent": f"lmsp/{__version__} (webhooks)"},
-            limits,
-        ) as http:
+        try:
             while not self._stopping:
                 self._woken = False  # before the look: a commit from now on wakes it again
                 self._wake.clear()
                 nap = MAX_NAP
                 try:
-                    await self._pass(http)
+                    await self._pass()
                     nap = self._nap()
                 except Exception:
                     log.exception("webhook deliveries: a pass failed; trying again")
@@ -211,6 +211,23 @@ class Deliverer:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self._record()
+        finally:
+            if self._http is not None:
+                await self._http.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        """The client the tries share, made for the first (httpx and its TLS context
+        are ~0.1 s of CPU that a start with nothing to send does without)."""
+        if self._http is None:
+            import httpx
+
+            self._http = outbound.client(
+                self.policy.hosts,
+                httpx.Timeout(TIMEOUT, connect=CONNECT_TIMEOUT),
+                {"user-agent": f"lmsp/{__version__} (webhooks)"},
+                httpx.Limits(max_connections=SLOTS, max_keepalive_connections=16),
+            )
+        return self._http
 
     def _nap(self) -> float:
         due = store.next_due(self.db.reader())
@@ -218,7 +235,7 @@ class Deliverer:
             return MAX_NAP
         return max(0.0, min(MAX_NAP, due - time.time()))
 
-    async def _pass(self, http: httpx.AsyncClient) -> None:
+    async def _pass(self) -> None:
         """One write: record the outcomes of the tries that ended since the last pass,
         and claim the due deliveries there is room for; then start sending those."""
         now = time.time()
@@ -241,7 +258,7 @@ class Deliverer:
         for item in claimed:
             self._inflight[item.webhook_id] += 1
             self._owners[item.owner] += 1
-            task = asyncio.create_task(self._send(http, item))
+            task = asyncio.create_task(self._send(self._client(), item))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -273,6 +290,8 @@ class Deliverer:
 
     # -- one try --------------------------------------------------------------------------------
     async def _send(self, http: httpx.AsyncClient, item: store.Claimed) -> None:
+        import httpx
+
         try:
             wire.check_url(item.url, self.policy.hosts)
         except wire.InvalidUrl as exc:  # the operator narrowed LMSP_WEBHOOK_HOSTS since

@@ -21,13 +21,11 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
-import httpcore
-import httpx
-
 from lmsp.protocol import outbound
 from lmsp.protocol.outbound import HostRule
 
 if TYPE_CHECKING:
+    import httpx
     import httpx2
 
 #: ``(host, port)`` → the addresses it resolves to
@@ -116,6 +114,9 @@ def transport(
 ) -> httpx.AsyncHTTPTransport:
     """An httpx transport whose every connection passes the hosts rule ``rules``
     (``limits``: httpx's default if ``None``)."""
+    import httpcore
+    import httpx
+
     made = httpx.AsyncHTTPTransport() if limits is None else httpx.AsyncHTTPTransport(limits=limits)
     errors = (httpcore.ConnectError, httpcore.ConnectTimeout)
     _guard_pool(cast(Any, made)._pool, Guard(None, rules, errors, resolver))
@@ -130,6 +131,8 @@ def client(
     resolver: Resolver = resolve,
 ) -> httpx.AsyncClient:
     """An httpx client under ``rules``: no proxy, no redirect followed."""
+    import httpx
+
     return httpx.AsyncClient(
         transport=transport(rules, limits, resolver),
         timeout=timeout,

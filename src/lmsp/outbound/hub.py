@@ -32,7 +32,6 @@ from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
 import certifi
-import httpx
 
 from lmsp import errors
 from lmsp.store.pulls import HubFile
@@ -155,6 +154,8 @@ class Hub:
     """A client of the hub's file API (one ``httpx.Client``, closed with ``close``)."""
 
     def __init__(self, endpoint: str, token: str | None = None, timeout: float = 30) -> None:
+        import httpx
+
         self.endpoint = endpoint.rstrip("/")
         self.timeout = timeout
         headers = {"User-Agent": "lmsp", "Accept-Encoding": "identity"}
@@ -181,6 +182,8 @@ class Hub:
         self.close()
 
     def _get_json(self, path: str, what: str) -> Any:
+        import httpx
+
         try:
             answer = self.http.get(f"{self.endpoint}{path}")
         except httpx.HTTPError as exc:

@@ -11,12 +11,13 @@ The answer is ``{"object": "list", "data": [{"object": "embedding", "index", "em
 from __future__ import annotations
 
 import base64
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from lmsp.errors import LmspError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: an input as read: a text, or token ids
 Input = str | list[int]
