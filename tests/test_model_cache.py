@@ -20,6 +20,9 @@ from lmsp.config import Settings
 from lmsp.protocol.request import CreateRequest
 from lmsp.store import clients as client_store
 from tests.helpers import served
+from tests.pgcluster import Cluster
+from tests.test_scale_out import client as node_client
+from tests.test_scale_out import node
 
 NAME = "cached-name"
 
@@ -97,3 +100,29 @@ def test_a_model_changed_before_the_write_prepares_the_create_again(
 
     shown = asyncio.run(main())
     assert shown["temperature"] == 0.25
+
+
+@pytest.mark.slow
+def test_a_model_changed_on_another_node_is_seen_by_the_next_create(
+    tmp_path: Path, pg_cluster: Cluster
+) -> None:
+    """Two nodes share a PostgreSQL database: a change made through one is heard by no
+    cache of the other, yet the other's next create runs under it (its transaction
+    finds the row changed and prepares it again)."""
+    url = pg_cluster.database()
+    a, b = (node(tmp_path, url, name, "0") for name in ("a", "b"))
+    a.start()
+    b.start()
+    try:
+        with node_client(a, a.token) as on_a, node_client(b, a.token) as on_b:
+            body = {"model": NAME, "input": "hi", "background": True}
+            assert on_a.put(f"/v1/model_aliases/{NAME}", json={"model": "lmsp-test"}).is_success
+            assert on_b.post("/v1/responses", json=body).json()["temperature"] == 1.0
+            on_a.patch("/v1/models/lmsp-test", json={"defaults": {"temperature": 0.4}})
+            assert on_b.post("/v1/responses", json=body).json()["temperature"] == 0.4
+            assert on_a.delete(f"/v1/model_aliases/{NAME}").is_success
+            gone = on_b.post("/v1/responses", json=body)
+            assert gone.status_code == 404, gone.text
+    finally:
+        b.stop()
+        a.stop()
