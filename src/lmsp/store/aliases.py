@@ -23,11 +23,8 @@ class Alias:
 
 def resolve(conn: Conn, name: str) -> ModelRecord | None:
     """The model ``name`` names: a model id first, else an alias's model."""
-    record = models.get(conn, name)
-    if record is not None:
-        return record
-    row = conn.execute("SELECT model FROM model_aliases WHERE alias = ?", (name,)).fetchone()
-    return None if row is None else models.get(conn, row["model"])
+    row = _row(conn, name)
+    return None if row is None else models.of_row(row)
 
 
 #: a model's row as stored, unparsed: equal rows, the same record
