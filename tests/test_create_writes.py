@@ -23,6 +23,8 @@ from tests.runner.test_runner import enqueue, status
 
 JOBS = "lmsp_write_jobs_per_transaction_sum"
 BODY = {"model": "lmsp-test", "input": "hello", "background": True}
+#: the test engine at full speed, and no retention sweep in the test's minute
+QUIET = {"LMSP_TEST_ENGINE_DELAY": "0", "LMSP_GC_INTERVAL": "1h"}
 
 
 def jobs(http: httpx.Client) -> int:
@@ -36,7 +38,7 @@ def test_a_plain_create_costs_the_writer_four_jobs_at_most(tmp_path: Path) -> No
     change five (the claim and the start apart, the first text never joined to the
     end) and every idle worker's claim twice a second besides."""
     data = tmp_path / "data"
-    with served(data, env={"LMSP_TEST_ENGINE_DELAY": "0"}) as server, server.client() as http:
+    with served(data, env=QUIET) as server, server.client() as http:
         finish(http, http.post("/v1/responses", json=BODY).json()["id"])  # the model loaded
         before = jobs(http)
         ids = []
@@ -71,7 +73,7 @@ def test_a_plain_create_costs_the_writer_four_jobs_at_most(tmp_path: Path) -> No
 def test_an_idle_service_gives_the_writer_nothing(tmp_path: Path) -> None:
     """Idle workers look for a task every half second: with a read, not a claim's write
     transaction each (before: two writer jobs a second a worker, and the downloader's)."""
-    with served(tmp_path / "data") as server, server.client() as http:
+    with served(tmp_path / "data", env=QUIET) as server, server.client() as http:
         finish(http, http.post("/v1/responses", json=BODY).json()["id"])
         before = jobs(http)
         time.sleep(2.5)  # five looks of each worker
