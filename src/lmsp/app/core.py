@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from lmsp.app.broker import Broker
 from lmsp.app.files import FileReader
+from lmsp.app.model_cache import ModelCache
 from lmsp.cluster.nodes import Membership
 from lmsp.config import Settings
 from lmsp.constraints.budget import GrammarBudget
@@ -70,10 +71,13 @@ class Core(ABC):
     compaction_key: bytes = field(init=False, repr=False)
     # how much a conversation, and a client's conversations, may hold
     quota: conversation_store.Quota = field(init=False)
+    # the model records creates resolve (app/model_cache.py)
+    model_cache: ModelCache = field(init=False)
 
     def __post_init__(self) -> None:
         self.compaction_key = self.db.write_sync(config_store.compaction_key)
         self.readers = ThreadPoolExecutor(READERS, thread_name_prefix="lmsp-read")
+        self.model_cache = ModelCache(self.db)
         settings = self.settings
         self.sandbox = Sandbox(settings.input_workers, memory_bytes=settings.input_memory)
         self.grammars = GrammarBudget(

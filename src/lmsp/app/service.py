@@ -15,10 +15,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lmsp import errors
-from lmsp.app import compaction, fitting, responses, toolcheck, toolresults
+from lmsp.app import compaction, fitting, model_cache, responses, toolcheck, toolresults
 from lmsp.app import models as model_uses
 from lmsp.app.core import Core
-from lmsp.app.models import model_not_found
 from lmsp.fairgate import Ticket
 from lmsp.protocol import items, itemtypes
 from lmsp.protocol import request as stored_request
@@ -35,6 +34,8 @@ from lmsp.store.clients import Client
 from lmsp.store.sql import Conn
 
 log = logging.getLogger("lmsp")
+#: times a create is prepared at most while its model keeps changing under it
+TRIES = 3
 
 
 def _context_advice(request: PreparedRequest, input_param: str) -> str:
@@ -105,9 +106,38 @@ class Service(Core):
         default); ``param``: how they name the other fields. ``compact_over``
         (``context_management``): a prompt of more tokens has its older items compacted
         first (:mod:`lmsp.app.compaction`)."""
+        for _ in range(TRIES):
+            resolved = await self.model_cache.resolve(given.model, self.read)
+            try:
+                return await self._create(
+                    client, given, key, input_param, item_names, param, compact_over, resolved
+                )
+            except model_cache.Changed:  # its record changed before the write: again
+                self.model_cache.forget(given.model)
+        raise model_cache.changing(given.model)
+
+    async def _create(
+        self,
+        client: Client,
+        given: CreateRequest,
+        key: idempotency.Key | None,
+        input_param: str,
+        item_names: list[str] | None,
+        param: toolcheck.Param,
+        compact_over: int | None,
+        resolved: model_cache.Resolved | None,
+    ) -> response_store.Created:
+        """:meth:`create` with the model's record as the cache resolved it (``None``:
+        no model of that name, refused by :meth:`prepare`); :class:`model_cache.Changed`
+        when its transaction finds the record changed since."""
         secret = given.mcp_headers  # MCP header values: stored apart
         request, record = await self.prepare(
-            client, given, input_param, item_names=item_names, param=param
+            client,
+            given,
+            input_param,
+            item_names=item_names,
+            param=param,
+            record=None if resolved is None else resolved.record,
         )
         model = record.id  # an alias runs as the model it names
         if compact_over is not None and not await self._replays(key):
@@ -123,9 +153,10 @@ class Service(Core):
                 + _context_advice(request, input_param),
                 param=input_param,
             )
-        return await self._created(
-            model, await self.db.write(self._job(client, request, key, secret))
-        )
+        if resolved is None:  # it names a model now, added since the cache looked
+            raise model_cache.Changed(given.model)
+        job = self._job(client, request, key, secret, resolved)
+        return await self._created(model, await self.db.write(job))
 
     def _job(
         self,
@@ -133,16 +164,17 @@ class Service(Core):
         request: PreparedRequest,
         key: idempotency.Key | None,
         secret: dict[str, dict[str, str]],
+        resolved: model_cache.Resolved,
     ) -> Callable[[Conn], response_store.Created]:
-        """The write that creates a prepared request's response and task."""
-        model, previous = request.model, request.previous_response_id
+        """The write that creates a prepared request's response and task, under the
+        model record it was prepared with (:func:`model_cache.check`)."""
+        previous = request.previous_response_id
         conversation = request.conversation.id if request.conversation is not None else None
 
         def job(conn: Conn) -> response_store.Created:
             # revoked while its files were read (seconds): no task, no 202
             client_store.ensure_active(conn, client.id)
-            if models.get(conn, model) is None:  # deleted meanwhile
-                raise model_not_found(model)
+            model_cache.check(conn, resolved)  # deleted or changed meanwhile: again
             if previous is not None:  # still there (not deleted or swept meanwhile)
                 response_store.continuable(conn, previous, client.id)
             created = response_store.create(
@@ -171,18 +203,21 @@ class Service(Core):
         *,
         item_names: list[str] | None = None,
         param: toolcheck.Param = toolcheck.responses_param,
+        record: models.ModelRecord | None = None,
     ) -> tuple[PreparedRequest, models.ModelRecord]:
         """What :meth:`create` checks and resolves before it counts the prompt: the model,
         the sampling numbers, schemas and grammars, every input item (files read), that
         ``conversation`` may take the turn (its quotas) and ``previous_response_id`` may
         be continued: the prepared request (either history is read by :meth:`fit`, only
-        as far as the context holds it) and the model's record.
+        as far as the context holds it) and the model's record (``record``: the one
+        ``given.model`` resolved to, when the caller has it).
         ``/v1/responses/input_tokens`` counts what this gives."""
         # the budget of its files and schemas, all together, counted from now
         ticket = Ticket.arriving(client.id, self.settings.request_cpu_time, WALL_FACTOR)
         if given.service_tier == "priority" and not client.allows("priority"):
             raise errors.forbidden("priority")  # the priority tier needs its scope
-        record = await self.model(given.model, client)
+        if record is None:  # (a create's comes from the cache: app/model_cache.py)
+            record = await self.model(given.model, client)
         # the sampling numbers it runs with: its own, else the model's defaults, else lmsp's
         sampling = stored_request.sampling_used(given, record.defaults)
         # schemas and grammar compiled once, in a worker, under their budget

@@ -188,6 +188,23 @@ class ModelHost:
                         status.crash_times.clear()
 
     # -- loading -----------------------------------------------------------------------
+    def ready(self, record: ModelRecord) -> bool:
+        """Would :meth:`get` hand ``record``'s engine over at once: loaded and alive with
+        its blob, which this process has hashed already, not corrupt, not in a failed
+        crash loop? A hint, changing nothing (the runner starts a fresh task in its
+        claim's transaction when so: :meth:`lmsp.runner.runner.Runner.run_next`)."""
+        if record.engine not in self.engines or record.status == "corrupt":
+            return False
+        if record.digest not in self._verified:
+            return False
+        with self._cond:
+            entry = self._loaded.get(record.id)
+            if entry is None or not entry.client.alive or entry.record.digest != record.digest:
+                return False
+        with self._status_lock:
+            status = self._status.get(record.id)
+            return status is None or status.state != "failed" or status.digest != record.digest
+
     def get(self, record: ModelRecord, slot: int = 0) -> EngineClient:
         """The model's engine, started once for every runner slot, marked in use by
         ``slot`` until :meth:`release`. Raises ``EngineError`` (``model_corrupt``,

@@ -160,8 +160,11 @@ class Downloader:
         while not self._shutdown.is_set():
             claimed = None
             if len(self._active) < MAX_ACTIVE and self.db.health.ok:
-                try:
-                    claimed = self.db.write_sync(lambda c: pulls.claim(c, self.node, self.owner()))
+                try:  # a read first: a look that finds nothing costs the writer nothing
+                    if pulls.waiting(self.db.reader(), shared=self.owner() is not None):
+                        claimed = self.db.write_sync(
+                            lambda c: pulls.claim(c, self.node, self.owner())
+                        )
                 except Exception as exc:  # a full disk: the next round tries again
                     if not is_storage_error(exc):
                         log.exception("claiming a pull failed")

@@ -14,7 +14,9 @@ not logged yet, what the task has consumed, and their writes:
   while the engine goes on, each run of deltas of one item joined into one event
   (:func:`lmsp.protocol.events.coalesce`), each batch with the snapshot that covers it
   (the tokens, the seed, the text held back, the prompt tokens given so far, and what
-  the caller adds: the MCP loop's turn). Every write is guarded: once a cancel won, none
+  the caller adds: the MCP loop's turn). A batch the writer has not begun when the next
+  write is due (the next batch, or the terminal write) is taken back and joined to it:
+  one writer job, the same events. Every write is guarded: once a cancel won, none
   lands, and the attempt stops;
 - :meth:`Attempt.conclude` ends it: on :class:`lmsp.engines.base.EngineCrashed` the
   pieces that came before are logged and the crash goes on to the runner (the task's
@@ -102,6 +104,8 @@ class Attempt(Generic[A]):
     cached: int = 0
     pending: list[Event] = field(default_factory=list)
     inflight: concurrent.futures.Future[Any] | None = None
+    #: the events of the batch ``inflight`` writes (taken back with it: :meth:`_take_back`)
+    inflight_events: list[Event] = field(default_factory=list)
     #: when the last batch went to the writer (never: the first text goes at once)
     last_flush: float = -math.inf
     generation: Generation | None = None
@@ -132,6 +136,7 @@ class Attempt(Generic[A]):
 
     # -- writes ------------------------------------------------------------------------------
     def _submit(self) -> concurrent.futures.Future[Any]:
+        self.inflight_events = self.pending
         batch = ev.coalesce(self.pending)  # one delta event per item since the last flush
         self.pending = []
         task_id, snap = self.task.id, self.snapshot()
@@ -144,13 +149,25 @@ class Attempt(Generic[A]):
         when this returns — the journal's rule before an MCP call is sent).
         :class:`Stopped` if a write found the task no longer ``running`` (a cancel won)."""
         inflight, self.inflight = self.inflight, None
-        if inflight is not None and not inflight.result():
+        if inflight is not None and not self._take_back(inflight) and not inflight.result():
             raise Stopped
         future = self._submit()
         if not wait:
             self.inflight = future
         elif not future.result():
             raise Stopped
+
+    def _take_back(self, inflight: concurrent.futures.Future[Any]) -> bool:
+        """Take the last batch back if the writer has not begun it (its future is
+        cancelled: the writer drops it, nothing of it is written); its events go first
+        in :attr:`pending`, so the next write logs them with what came since, under
+        the snapshot covering both — one writer job instead of two, the same events
+        in the same order. ``False``: it is written or being written."""
+        if not inflight.cancel():
+            return False
+        self.pending = self.inflight_events + self.pending
+        self.inflight_events = []
+        return True
 
     # -- a turn ------------------------------------------------------------------------------
     def room(self, prompt: list[int], done: list[int], limit: int | None) -> int:
@@ -237,7 +254,7 @@ class Attempt(Generic[A]):
             self._crashed()  # what came before it is kept, then the runner's policy
             raise
         inflight, self.inflight = self.inflight, None
-        if inflight is not None and not inflight.result():
+        if inflight is not None and not self._take_back(inflight) and not inflight.result():
             stopped = True  # the task left `running`: a cancel won
         if self.task.shutting_down() and not self.task.cancelled():
             if self.pending:  # shutting down: persist what we have, recovery decides the rest

@@ -50,7 +50,7 @@ from lmsp.protocol.states import Status
 from lmsp.runner import durable, mcp_loop, relax, revocation
 from lmsp.runner.attempt import Attempt, Job, TaskContext
 from lmsp.runner.plan import plan_for
-from lmsp.store import events, models, nodes, retrying
+from lmsp.store import events, models, nodes, pulls, retrying
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
@@ -218,17 +218,57 @@ class Runner:
         node = self.node
         # on a shared database, only tasks of models whose blob this node has
         digests = None if node is None else self._local_digests()
-        claimed: TaskRecord | None = self.db.write_sync(
-            lambda c: task_store.claim_next(c, node, digests, newcomer=reserved)
-        )
-        if claimed is None:
+        if not self._anything_to_claim(node):
             return None
+        taken: tuple[TaskRecord, bool] | None = self.db.write_sync(
+            lambda c: self._claim(c, node, digests, reserved)
+        )
+        if taken is None:
+            return None
+        claimed, started = taken
         if node is not None:
             self._held[claimed.id] = node
         with self._holding(reserved):
             # a task a lost node left running is resumed from its snapshot
-            self._run(claimed.id, slot, resumed=claimed.status is not Status.LOADING)
+            resumed = claimed.status is not Status.LOADING and not started
+            self._run(claimed.id, slot, resumed=resumed, started=started)
         return claimed.id
+
+    def _anything_to_claim(self, node: Node | None) -> bool:
+        """Is a task waiting for a claim at all? A read, so that an idle worker's look
+        every half second costs the writer nothing (a claim is a write transaction);
+        a task queued after this read wakes a worker (:meth:`notify`)."""
+        return task_store.claimable(self.db.reader(), shared=node is not None)
+
+    def _claim(
+        self, conn: Conn, node: Node | None, digests: list[str] | None, reserved: bool
+    ) -> tuple[TaskRecord, bool] | None:
+        """Claim the next task (:func:`lmsp.store.tasks.claim_next`) and, for a fresh
+        one whose model this node's engine holds already (:meth:`ModelHost.ready`: no
+        load to wait for), move it on to ``running`` in the same transaction, through
+        the same guarded move :meth:`_begin` makes — one writer job, not two. The task,
+        and whether it was started."""
+        task = task_store.claim_next(conn, node, digests, newcomer=reserved)
+        if task is None:
+            return None
+        if task.status is not Status.LOADING:
+            return task, False
+        return task, self._start_claimed(conn, task, node)
+
+    def _start_claimed(self, conn: Conn, task: TaskRecord, node: Node | None) -> bool:
+        if self.pulls is not None and pulls.is_pull(conn, task.id):
+            return False  # the downloader runs it
+        response = task_store.get_response(conn, task.response_id)
+        record = models.get(conn, response.model) if response is not None else None
+        if record is None or not self.host.ready(record):
+            return False  # a load first: started once it is ready (_begin)
+        try:  # the checks of every later step; one failing leaves it to _begin
+            if node is not None:
+                nodes.fence(conn, task.id, node)
+            revocation.check(conn, task.id)
+        except (nodes.LeaseLost, revocation.ClientRevoked):
+            return False
+        return task_store.start(conn, task.id, record.digest) is not None
 
     @contextlib.contextmanager
     def _holding(self, reserved: bool) -> Iterator[None]:
@@ -318,12 +358,12 @@ class Runner:
             self.notify()
 
     # -- one task --------------------------------------------------------------------------
-    def _run(self, task_id: str, slot: int, resumed: bool) -> None:
-        if self.pulls is not None and self.pulls.take(task_id, resumed):
+    def _run(self, task_id: str, slot: int, resumed: bool, started: bool = False) -> None:
+        if not started and self.pulls is not None and self.pulls.take(task_id, resumed):
             return  # a model pull: the downloader runs it, on a thread of its own
         self.busy += 1
         try:
-            self._outcome(task_id, slot, resumed)
+            self._outcome(task_id, slot, resumed, started)
         except nodes.LeaseLost:  # its run, or the write of its end, was fenced off
             log.warning(
                 "task %s: this node no longer holds it; dropped without a write",
@@ -340,10 +380,10 @@ class Runner:
             log_outcome(self.db, task_id)
             self.busy -= 1
 
-    def _outcome(self, task_id: str, slot: int, resumed: bool) -> None:
+    def _outcome(self, task_id: str, slot: int, resumed: bool, started: bool) -> None:
         """Run the task; turn what went wrong into its state."""
         try:
-            self._execute(task_id, slot, resumed)
+            self._execute(task_id, slot, resumed, started)
         except nodes.LeaseLost:
             raise
         except revocation.ClientRevoked:  # its client was revoked: cancelled
@@ -434,7 +474,9 @@ class Runner:
 
         return bool(self.db.write_sync(self._fenced(task_id, revocation.guarded(task_id, move))))
 
-    def _execute(self, task_id: str, slot: int, resumed: bool) -> None:
+    def _execute(self, task_id: str, slot: int, resumed: bool, started: bool = False) -> None:
+        """Run the task in its engine; ``started``: its claim moved it to ``running``
+        already (:meth:`_claim`)."""
         conn = self.db.reader()
         task = task_store.get(conn, task_id)
         if task is None:
@@ -446,7 +488,7 @@ class Runner:
         if record is None:
             raise EngineError("model_load_failed", f"The model {response.model!r} is gone.")
         model = self.host.get(record, slot)
-        if not self._begin(task_id, record.digest, resumed):
+        if not started and not self._begin(task_id, record.digest, resumed):
             self._cancelled(task_id)  # a cancel won while loading, or before the resume
             return
         self.metrics.begin(task_id, record.id)

@@ -6,11 +6,12 @@ reaches a model of this server. Stored durably (migration ``m011_model_aliases``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from lmsp.ids import now
 from lmsp.store import models
 from lmsp.store.models import ModelRecord
-from lmsp.store.sql import Conn
+from lmsp.store.sql import Conn, Row
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,41 @@ class Alias:
 
 def resolve(conn: Conn, name: str) -> ModelRecord | None:
     """The model ``name`` names: a model id first, else an alias's model."""
-    record = models.get(conn, name)
-    if record is not None:
-        return record
-    row = conn.execute("SELECT model FROM model_aliases WHERE alias = ?", (name,)).fetchone()
-    return None if row is None else models.get(conn, row["model"])
+    row = _row(conn, name)
+    return None if row is None else models.of_row(row)
+
+
+#: a model's row as stored, unparsed: equal rows, the same record
+Stamp = tuple[Any, ...]
+
+
+def resolve_stamped(conn: Conn, name: str) -> tuple[ModelRecord, Stamp] | None:
+    """:func:`resolve`, with the row the record was read from (:func:`stamp`)."""
+    row = _row(conn, name)
+    return None if row is None else (models.of_row(row), _unparsed(row))
+
+
+def stamp(conn: Conn, name: str) -> Stamp | None:
+    """The row of the model ``name`` names now, unparsed (no JSON read): a record read
+    as one stamp still holds while the stamp is the same — its id, digest, status,
+    defaults and upstream, and for an alias the model it points at (``None``: it names
+    nothing)."""
+    row = _row(conn, name)
+    return None if row is None else _unparsed(row)
+
+
+def _unparsed(row: Row) -> Stamp:
+    return tuple(row[i] for i in range(len(row)))
+
+
+def _row(conn: Conn, name: str) -> Row | None:
+    found: Row | None = conn.execute("SELECT * FROM models WHERE id = ?", (name,)).fetchone()
+    if found is not None:
+        return found
+    return conn.execute(  # type: ignore[no-any-return]
+        "SELECT m.* FROM model_aliases a JOIN models m ON m.id = a.model WHERE a.alias = ?",
+        (name,),
+    ).fetchone()
 
 
 def all_aliases(conn: Conn) -> list[Alias]:

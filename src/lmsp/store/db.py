@@ -55,9 +55,12 @@ RETRIES = 5
 TASK_STAMPS = 10_000
 
 # tables whose changes bump :attr:`Database.versions` (and which columns of an UPDATE
-# count): caches of rows (the API's token cache) compare versions instead of re-reading
+# count, every one when none is named): caches of rows (the API's token cache, the
+# creates' model records) compare versions instead of re-reading
 WATCHED: dict[str, tuple[str, ...]] = {
     "clients": ("token_prefix", "token_hash", "scopes", "name", "revoked_at"),
+    "models": (),
+    "model_aliases": (),
 }
 
 
@@ -183,7 +186,8 @@ def _watch(
             f"CREATE TEMP TRIGGER {name} AFTER {when} BEGIN SELECT lmsp_task_changed({row}); END"
         )
     for table, columns in WATCHED.items():
-        for when in ("INSERT", "DELETE", f"UPDATE OF {', '.join(columns)}"):
+        update = f"UPDATE OF {', '.join(columns)}" if columns else "UPDATE"
+        for when in ("INSERT", "DELETE", update):
             name = f"lmsp_watch_{table}_{when.split()[0].lower()}"
             conn.execute(
                 f"CREATE TEMP TRIGGER {name} AFTER {when} ON main.{table}"

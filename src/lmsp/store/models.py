@@ -37,7 +37,8 @@ class ModelRecord:
         return self.digest.split(":", 1)[1]
 
 
-def _record(row: Row) -> ModelRecord:
+def of_row(row: Row) -> ModelRecord:
+    """The record of a ``models`` row (``SELECT *``)."""
     return typed(ModelRecord, row, "metadata", "defaults", "remote")
 
 
@@ -52,12 +53,12 @@ def set_remote(conn: Conn, model_id: str, remote: dict[str, Any]) -> None:
 
 
 def all_models(conn: Conn) -> list[ModelRecord]:
-    return [_record(r) for r in conn.execute("SELECT * FROM models ORDER BY position, id")]
+    return [of_row(r) for r in conn.execute("SELECT * FROM models ORDER BY position, id")]
 
 
 def get(conn: Conn, model_id: str) -> ModelRecord | None:
     row = conn.execute("SELECT * FROM models WHERE id = ?", (model_id,)).fetchone()
-    return None if row is None else _record(row)
+    return None if row is None else of_row(row)
 
 
 def add(conn: Conn, record: ModelRecord) -> None:

@@ -148,6 +148,16 @@ def create(
     return created, False
 
 
+def waiting(conn: Conn, shared: bool) -> bool:
+    """Might :func:`claim` find a pull (a read before its write)?"""
+    held = " OR (t.status = 'running' AND t.node_id IS NULL)" if shared else ""
+    found = conn.execute(
+        "SELECT 1 FROM model_pulls p JOIN tasks t ON t.id = p.task_id"
+        f" WHERE t.status = 'queued'{held} LIMIT 1"
+    ).fetchone()
+    return found is not None
+
+
 def claim(conn: Conn, node: str, owner: Node | None) -> tuple[str, bool] | None:
     """Take this node's next pull: on a database nodes share, first one a restart left
     ``running`` with no holder (resumed from its bytes on disk; on a database of one

@@ -237,6 +237,16 @@ def claim_next(
     return move(conn, row[0], Status.LOADING)
 
 
+def claimable(conn: Conn, shared: bool) -> bool:
+    """Is any task waiting for a claim: one queued, or (``shared``: a database nodes
+    share) one a lost node left ``running`` or ``cancelling`` for its next holder? A
+    read before the write of :func:`claim_next`, which may still find none it may take."""
+    waiting = "status = 'queued'"
+    if shared:
+        waiting += " OR (status IN ('running', 'cancelling') AND node_id IS NULL)"
+    return conn.execute(f"SELECT 1 FROM tasks WHERE {waiting} LIMIT 1").fetchone() is not None
+
+
 def release(conn: Conn, task_id: str) -> None:
     """Recovery left a task ``running`` to resume from its snapshot: no node holds it
     now, so the next node to claim (:func:`claim_next`) resumes it."""
