@@ -91,8 +91,10 @@ def tamper(data_dir: Path, how: str, pid: int | None) -> bool:
     return False
 
 
-def settle(server: Server, ledger: Ledger, timeout: float = 300) -> list[str]:
+def settle(server: Server, ledger: Ledger, timeout: float = 300) -> tuple[list[str], set[str]]:
+    """Every accepted task finished: the violations, and the ids of the responses."""
     deadline = time.monotonic() + timeout
+    ids: set[str] = set()
     with server.client() as http:
         for acc in list(ledger.accepted.values()):
             while http.get(f"/v1/responses/{acc.response_id}").json()["status"] in (
@@ -100,9 +102,10 @@ def settle(server: Server, ledger: Ledger, timeout: float = 300) -> list[str]:
                 "in_progress",
             ):
                 if time.monotonic() > deadline:
-                    return [f"{acc.response_id} unfinished after {timeout:.0f} s"]
+                    return [f"{acc.response_id} unfinished after {timeout:.0f} s"], ids
                 time.sleep(0.05)
-    return []
+            ids.add(acc.response_id)
+    return [], ids
 
 
 def test_reattach_campaign(tmp_path: Path) -> None:
@@ -142,7 +145,7 @@ def test_reattach_campaign(tmp_path: Path) -> None:
             if not may and not exited(before):
                 leftovers.append(before)
             outcomes["reattached" if after == before else f"new engine ({how})"] += 1
-        violations += settle(server, ledger)
+        violations += settle(server, ledger)[0]
         last = wait_pid(server)
         server.stop()
         if last is not None and not wait_exited(last, 30):

@@ -40,6 +40,7 @@ import pytest
 
 from lmsp.protocol import webhooks as wire
 from tests.campaigns.invariants import Ledger, check, long_run, report
+from tests.campaigns.test_round4_reattach import burst, settle
 from tests.helpers import Server
 from tests.webhook_receiver import Receiver
 
@@ -59,20 +60,6 @@ SCHEMAS: list[dict[str, Any]] = [
         "properties": {"n": json.loads('{"type": "array", "items": ' * 40 + "{}" + "}" * 40)},
     },
 ]
-
-
-def burst(server: Server, rng: random.Random, ledger: Ledger) -> None:
-    with server.client() as http:
-        for _ in range(rng.randint(2, 6)):
-            body: dict[str, Any] = {
-                "model": TEST_MODEL,
-                "input": f"start word {rng.random()}",
-                "background": True,
-                "on_restart": rng.choice(["resume", "retry", "fail"]),
-            }
-            answer = http.post("/v1/responses", json=body)
-            if answer.status_code == 202:
-                ledger.accept(answer.json(), body, None)
 
 
 def first_uses(server: Server, hook: str, rng: random.Random) -> dict[str, Callable[[], str]]:
@@ -156,23 +143,6 @@ def at_once(uses: dict[str, Callable[[], str]]) -> list[str]:
     for thread in threads:
         thread.join(180)
     return problems
-
-
-def settle(server: Server, ledger: Ledger, timeout: float = 300) -> tuple[list[str], set[str]]:
-    """Every accepted task finished: the violations, and the ids of the responses."""
-    deadline = time.monotonic() + timeout
-    ids: set[str] = set()
-    with server.client() as http:
-        for acc in list(ledger.accepted.values()):
-            while http.get(f"/v1/responses/{acc.response_id}").json()["status"] in (
-                "queued",
-                "in_progress",
-            ):
-                if time.monotonic() > deadline:
-                    return [f"{acc.response_id} unfinished after {timeout:.0f} s"], ids
-                time.sleep(0.05)
-            ids.add(acc.response_id)
-    return [], ids
 
 
 def delivered(receiver: Receiver, ids: set[str], timeout: float = 120) -> list[str]:
