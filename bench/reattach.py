@@ -130,11 +130,7 @@ def bench_reattach(
 
 def main() -> None:
     from bench.compare import quick
-
-    def table(title: str, header: list[str], rows: list[list[str]]) -> None:
-        print(f"\n{title}")
-        for row in [header, *rows]:
-            print(" | ".join(row))
+    from bench.run import table  # make bench's table, when run alone
 
     with tempfile.TemporaryDirectory(prefix="lmsp-reattach-") as work:
         reps = int(os.environ.get("LMSP_REATTACH_REPS", "0")) or (1 if quick() else 3)

@@ -227,11 +227,7 @@ def bench_start(work: Path, reps: int, table: Table) -> None:
 
 def main() -> None:
     from bench.compare import quick
-
-    def table(title: str, header: list[str], rows: list[list[str]]) -> None:
-        print(f"\n{title}")
-        for row in [header, *rows]:
-            print(" | ".join(row))
+    from bench.run import table  # make bench's table, when run alone
 
     with tempfile.TemporaryDirectory(prefix="lmsp-start-") as work:
         reps = int(os.environ.get("LMSP_START_REPS", "0")) or (2 if quick() else 7)
