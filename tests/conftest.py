@@ -17,6 +17,7 @@ from lmsp.app.service import Service
 from lmsp.bootstrap import bundled_model_path, store_blob
 from lmsp.config import Settings
 from lmsp.store import clients
+from tests import helpers
 from tests.pgcluster import MISSING as PG_MISSING
 from tests.pgcluster import REQUIRED as PG_REQUIRED
 from tests.pgcluster import Cluster, bin_dir
@@ -39,6 +40,12 @@ def blob_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     blobs = tmp_path_factory.mktemp("blob-cache")
     store_blob(blobs, bundled_model_path())
     return blobs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def servers_link_the_model(blob_cache: Path) -> None:
+    """Servers the tests start (``tests.helpers.Server``) link the cached model too."""
+    helpers.BLOB_CACHE = blob_cache
 
 
 @pytest.fixture

@@ -32,6 +32,12 @@ EVENT_FOR_STATUS = {
 }
 
 
+#: the session's one copy of the bundled model (set by ``tests.conftest``): a server the
+#: tests start on a new data directory links it rather than copying 98 MB (some 200
+#: copies a suite filled the disk CI shares)
+BLOB_CACHE: Path | None = None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -69,6 +75,8 @@ class Server:
 
     def launch(self) -> subprocess.Popen[bytes]:
         """Start the process without waiting for it to serve."""
+        if BLOB_CACHE is not None and not (self.data_dir / "blobs").exists():
+            seeded_data_dir(self.data_dir, BLOB_CACHE)
         env = dict(os.environ)
         env.update(
             {
@@ -257,7 +265,7 @@ def seeded_data_dir(data_dir: Path, blob_cache: Path) -> Path:
     """A fresh data directory whose blob store already links the bundled model, so a
     first start does not copy 92 MB."""
     blobs = data_dir / "blobs"
-    blobs.mkdir(parents=True)
+    blobs.mkdir(parents=True, mode=0o700)
     for blob in blob_cache.iterdir():
         os.link(blob, blobs / blob.name)
     return data_dir
