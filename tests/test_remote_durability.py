@@ -4,7 +4,7 @@ crash, handled per ``on_restart`` — ``fail`` keeps the committed text and name
 upstream, ``resume`` continues by token ids once the upstream is back and ends with the
 uninterrupted greedy answer, ``retry`` starts over with a reset event; ``kill -9`` of
 lmsp itself recovers as for a local model; a cancel closes the upstream's stream and
-frees its slot; a JSON schema on an upstream without grammar support is refused."""
+frees its slot. What an upstream's grammars allow and refuse: ``tests/test_remote_gbnf.py``."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import time
 import pytest
 
 from tests import remote_fixtures
-from tests.helpers import Server, open_db
+from tests.helpers import Server
 from tests.remote_fixtures import (
-    MODEL,
-    add,
     final,
     greedy_text,
     output_text,
@@ -109,26 +107,3 @@ def test_a_cancel_closes_the_upstream_stream_and_frees_its_slot(
         assert upstream.busy() == 0  # the upstream stopped generating: its slot is free
         assert final(http, rid)["status"] == "cancelled"
     print(f"slot free {freed * 1000:.0f} ms after the cancel's answer")
-
-
-def test_a_json_schema_on_an_upstream_without_grammars_is_refused_and_writes_nothing(
-    lmsp: Server, upstream: Upstream
-) -> None:
-    with lmsp.client(timeout=300) as http:
-        add(http, upstream)
-        conn = open_db(lmsp.data_dir)
-        before = conn.execute("SELECT count(*) FROM responses").fetchone()[0]
-        conn.close()
-        schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-        fmt = {"type": "json_schema", "name": "x", "schema": schema}
-        body = {"model": MODEL, "input": "hi", "background": True, "text": {"format": fmt}}
-        refused = http.post("/v1/responses", json=body)
-        tool = {"type": "function", "name": "f", "parameters": schema}
-        tools = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "tools": [tool]})
-    assert refused.status_code == 400, refused.text
-    assert tools.status_code == 400, tools.text
-    conn = open_db(lmsp.data_dir)
-    try:
-        assert conn.execute("SELECT count(*) FROM responses").fetchone()[0] == before
-    finally:
-        conn.close()

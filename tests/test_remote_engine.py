@@ -90,7 +90,13 @@ def test_a_remote_model_is_added_with_its_capabilities_and_shown(
         env=env,
     )
     assert shown.returncode == 0, shown.stderr
-    for word in (upstream.url, "capability grammar", "capability token_ids", "2048"):
+    for word in (
+        upstream.url,
+        "capability grammar",
+        "capability gbnf",
+        "capability token_ids",
+        "2048",
+    ):
         assert word in shown.stdout, shown.stdout
     with lmsp.client() as http:
         model = http.get(f"/v1/models/{MODEL}").json()
@@ -98,6 +104,7 @@ def test_a_remote_model_is_added_with_its_capabilities_and_shown(
     assert caps["dialect"] == "llama-server" and caps["n_ctx"] == 2048 and caps["slots"] == 2
     assert caps["token_ids"] and caps["streamed_ids"] and caps["logprobs"]
     assert caps["grammar"] is False  # this build of llama-server has no llguidance
+    assert caps["gbnf"] is True  # but holds output to a GBNF grammar (JSON schemas)
     assert caps["embeddings"] is False  # started without --embeddings
     assert model["context_length"] == 2048
 

@@ -222,7 +222,9 @@ class Service(Core):
         sampling = stored_request.sampling_used(given, record.defaults)
         # schemas and grammar compiled once, in a worker, under their budget
         given = await toolcheck.check_grammar(self.grammars, given, param, ticket)
-        if not self.host.constrains(record):
+        if self.host.holds_json(record) and not self.host.constrains(record):
+            toolcheck.refuse_beyond_json(given, record.id, param)
+        elif not self.host.constrains(record):
             toolcheck.refuse_constraints(given, record.id, param)
         # every input item checked (once), and each file read as text once, before any write
         checked = given.input

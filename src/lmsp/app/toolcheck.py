@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from lmsp.app import tooldefs
-from lmsp.constraints import grammar, refs
+from lmsp.constraints import gbnf, grammar, refs
 from lmsp.constraints.budget import GrammarBudget, Outcome
 from lmsp.errors import LmspError
 from lmsp.fairgate import Ticket
@@ -145,6 +145,30 @@ def refuse_constraints(request: RequestFields, model: str, param: Param) -> None
         f"The model {model!r} cannot constrain its output (tools or a JSON schema).",
         param=where,
     )
+
+
+def refuse_beyond_json(request: RequestFields, model: str, param: Param) -> None:
+    """A model whose upstream holds output only to GBNF grammars is asked for tools, or
+    for a schema :mod:`lmsp.constraints.gbnf` cannot write exactly: ``400``."""
+    text_grammar, calls = grammar_of(request)
+    if calls or mcp_tools(request.tools):
+        raise LmspError(
+            "unsupported_parameter",
+            f"The model {model!r} can hold its output to a JSON schema only (its upstream"
+            " runs GBNF grammars, not llguidance): tools cannot be constrained.",
+            param=param("tools"),
+        )
+    if text_grammar is None:
+        return
+    try:
+        gbnf.from_llguidance(text_grammar)
+    except grammar.UnsupportedSchema as exc:
+        where = param("text", "format", "schema")
+        raise LmspError(
+            "unsupported_schema",
+            f"The schema cannot be enforced on the upstream of {model!r} (GBNF): {exc.message}",
+            param=f"{where}.{exc.path}" if exc.path else where,
+        ) from None
 
 
 def _refusal(

@@ -233,7 +233,15 @@ def _add_remote(
 
 
 def _caps(caps: dict[str, Any]) -> str:
-    flags = ("token_ids", "streamed_ids", "grammar", "logprobs", "embeddings", "deterministic")
+    flags = (
+        "token_ids",
+        "streamed_ids",
+        "grammar",
+        "gbnf",
+        "logprobs",
+        "embeddings",
+        "deterministic",
+    )
     shown = [f"{name}={'yes' if caps.get(name) else 'no'}" for name in flags]
     return ", ".join([f"{caps.get('dialect', '?')}", f"context {caps.get('n_ctx', '?')}", *shown])
 

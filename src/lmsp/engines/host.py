@@ -37,6 +37,7 @@ from lmsp.engines.hosted import EngineStatus, Loaded, LockedTokenizer
 from lmsp.engines.kind import Engine
 from lmsp.engines.reattach import Registry
 from lmsp.engines.remote import constrains as remote_constrains
+from lmsp.engines.remote import holds_json
 from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size, model_path
@@ -538,6 +539,11 @@ class ModelHost:
         if engine is None:
             return True  # no such engine here: the task says so when it runs
         return engine.constrains or remote_constrains(record.remote)
+
+    def holds_json(self, record: ModelRecord) -> bool:
+        """Whether ``record``'s engine, though it cannot hold output to every grammar,
+        holds it to a JSON Schema (a remote model on an upstream that runs GBNF)."""
+        return holds_json(record.remote)
 
     def _locked_tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
         """The model's shared tokenizer (one thread at a time); ``model_load_failed``

@@ -450,3 +450,9 @@ class RemoteEngine:
 def constrains(stored: dict[str, Any] | None) -> bool:
     """Whether a remote model's upstream runs llguidance grammars (probed when added)."""
     return bool(stored and (stored.get("capabilities") or {}).get("grammar"))
+
+
+def holds_json(stored: dict[str, Any] | None) -> bool:
+    """Whether a remote model's upstream runs GBNF grammars (probed when added): JSON
+    Schemas that :mod:`lmsp.constraints.gbnf` writes exactly, no tools."""
+    return bool(stored and (stored.get("capabilities") or {}).get("gbnf"))

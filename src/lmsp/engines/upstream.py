@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from lmsp.constraints import gbnf
 from lmsp.engines.base import DEFAULT_TIER, Sampling
 
 if TYPE_CHECKING:
@@ -165,8 +166,10 @@ def completion_body(
             "frequency_penalty": sampling.frequency_penalty,
             "n_probs": max(1, sampling.top_logprobs) if sampling.logprobs else 0,
         }
-        if grammar is not None:
+        if grammar is not None and spec.capabilities.get("grammar"):
             body["grammar"] = "%llguidance {}\n" + grammar
+        elif grammar is not None:  # a JSON Schema, as a GBNF grammar written exactly
+            body["grammar"] = gbnf.from_llguidance(grammar)
         return "/completion", body
     body = {
         "model": spec.upstream_model,
@@ -411,6 +414,7 @@ def _probe(
     found["deterministic"] = again == first
     grammar = upstream.complete(dialect, sample, n=1, **_grammar_probe(dialect))
     found["grammar"] = grammar.status_code == 200
+    found["gbnf"] = dialect == "llama-server" and _gbnf_probe(upstream, sample)
     found["logprobs"] = dialect == "llama-server" or _logprobs_probe(upstream, sample)
     # vLLM's priority: accepted only when it schedules by priority (else a 400)
     if found.get("server") == "vllm":
@@ -469,6 +473,12 @@ def _grammar_probe(dialect: str) -> dict[str, Any]:
     if dialect == "llama-server":
         return {"grammar": "%llguidance {}\n" + lark}
     return {"structured_outputs": {"grammar": lark}}
+
+
+def _gbnf_probe(upstream: Probe, sample: list[int]) -> bool:
+    """Whether llama-server holds a completion to a GBNF grammar (``root ::= "a"``)."""
+    answer = upstream.complete("llama-server", sample, n=1, grammar='root ::= "a"')
+    return answer.status_code == 200 and answer.json().get("content") == "a"
 
 
 def _logprobs_probe(upstream: Probe, sample: list[int]) -> bool:
