@@ -527,9 +527,13 @@ def resume_body(plan: Plan) -> dict[str, Any]:
     }
 
 
-def resume_once(server: Server, plan: Plan, count: Count) -> tuple[int, float, float]:
+def resume_once(
+    server: Server, plan: Plan, count: Count, standby: Server | None = None
+) -> tuple[int, float, float]:
     """One task followed to ``plan.resume_at`` tokens, ``kill -9``, relaunch: (tokens seen
-    before the kill, seconds to healthy, seconds to the next text; NaN if none came)."""
+    before the kill, seconds to healthy, seconds to the next text; NaN if none came).
+    With ``standby`` (an ``lmsp serve --standby`` waiting on the same directory and
+    port), nothing is relaunched: the seconds count from the kill."""
     with server.client(timeout=900) as http:
         body = resume_body(plan)
         text = ""
@@ -547,18 +551,23 @@ def resume_once(server: Server, plan: Plan, count: Count) -> tuple[int, float, f
                         break
                 elif event in TERMINAL:
                     break
+    killed = time.perf_counter()
     server.kill()
     if seen < plan.resume_at:
         print(f"  the task ended after {seen} tokens; nothing to resume")
-        server.start()
+        (standby or server).start()
         return seen, math.nan, math.nan
     # the last event committed before the kill (a little past what the stream showed)
     with contextlib.closing(open_db(server.data_dir)) as conn:
         last = conn.execute(
             "SELECT last_sequence_number FROM tasks WHERE response_id = ?", (response_id,)
         ).fetchone()[0]
-    launched = time.perf_counter()
-    server.launch()
+    launched = killed
+    if standby is None:
+        launched = time.perf_counter()
+        server.launch()
+    else:
+        server = standby
     server.wait_healthy()
     healthy = time.perf_counter() - launched
     nxt = math.nan

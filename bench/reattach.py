@@ -65,6 +65,23 @@ def engine_kill_once(server: Server, plan: Plan, count: Count) -> tuple[int, flo
     return seen, nxt
 
 
+def waiting_standby(server: Server) -> Server:
+    """An ``lmsp serve --standby`` on ``server``'s directory and port, once it waits."""
+    spare = Server(
+        server.data_dir,
+        env=server.extra_env,
+        port=server.port,
+        args=("--standby",),
+        log_name="standby",
+    )
+    spare.launch()
+    deadline = time.monotonic() + 120
+    while "taking over when it exits" not in spare.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, spare.log_path.read_text()[-2000:]
+        time.sleep(0.05)
+    return spare
+
+
 def bench_reattach(
     work: Path, reps: int, table: Callable[[str, list[str], list[list[str]]], None]
 ) -> None:
@@ -83,15 +100,23 @@ def bench_reattach(
     env = dict(lmsp_env(), LMSP_DEFAULT_ON_RESTART="resume")
     rows: list[list[str]] = []
     try:
-        for name, orphan in (("API, engine exits with it", "0"), ("API, engine reattached", "60s")):
+        ways = (
+            ("API, engine exits with it", "0", False),
+            ("API, engine reattached", "60s", False),
+            ("API, a standby takes over", "60s", True),
+        )
+        for name, orphan, standby in ways:
             runs: list[tuple[int, float, float]] = []
             for rep in range(reps):
-                data = work / f"reattach-{orphan}-{rep}"
+                data = work / f"reattach-{orphan}-{standby}-{rep}"
                 server = Server(data, env=dict(env, LMSP_ENGINE_ORPHAN_TIMEOUT=orphan)).start()
+                spare = waiting_standby(server) if standby else None
                 try:
-                    runs.append(resume_once(server, plan, count))
+                    runs.append(resume_once(server, plan, count, spare))
                 finally:
                     server.stop()
+                    if spare is not None:
+                        spare.stop()
             done = [r for r in runs if not math.isnan(r[2])]
             seen = median([float(r[0]) for r in done]) if done else math.nan
             rows.append(

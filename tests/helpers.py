@@ -47,12 +47,23 @@ def free_port() -> int:
 class Server:
     """``lmsp serve`` in a subprocess on a data directory that outlives it."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        port: int | None = None,
+        args: tuple[str, ...] = (),
+        log_name: str = "server",
+        seed: bool = True,
+    ) -> None:
         self.data_dir = data_dir
-        self.port = free_port()
+        self.port = port or free_port()
         self.extra_env = env or {}
+        self.args = args  # after ``lmsp serve``
+        self.seed = seed  # a new directory gets the cached model linked (BLOB_CACHE)
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir.parent / f"{data_dir.name}-server.log"
+        self.log_path = data_dir.parent / f"{data_dir.name}-{log_name}.log"
 
     @property
     def url(self) -> str:
@@ -75,7 +86,7 @@ class Server:
 
     def launch(self) -> subprocess.Popen[bytes]:
         """Start the process without waiting for it to serve."""
-        if BLOB_CACHE is not None and not (self.data_dir / "blobs").exists():
+        if self.seed and BLOB_CACHE is not None and not (self.data_dir / "blobs").exists():
             seeded_data_dir(self.data_dir, BLOB_CACHE)
         env = dict(os.environ)
         env.update(
@@ -89,7 +100,7 @@ class Server:
         env.update(self.extra_env)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lmsp", "serve"],
+            [sys.executable, "-m", "lmsp", "serve", *self.args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

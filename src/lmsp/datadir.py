@@ -23,6 +23,7 @@ import os
 import re
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,10 +186,14 @@ def holder(data_dir: Path) -> Holder | None:
     return found if held else None
 
 
-def acquire(data_dir: Path, command: str | None = None) -> DataDirLock:
+def acquire(
+    data_dir: Path, command: str | None = None, waiting: Callable[[str], None] | None = None
+) -> DataDirLock:
     """Take the data directory's lock, creating the directory (``0700``) if needed.
 
-    Raises :class:`DataDirBusy` at once (never waits) when another process holds it.
+    Raises :class:`DataDirBusy` at once when another process holds it, unless
+    ``waiting`` is given: then it is called with the holder's description and the lock
+    is awaited (a standby: the kernel hands it over the moment the holder dies).
     """
     ensure_private_dir(data_dir)
     path = data_dir / LOCK_NAME
@@ -196,11 +201,19 @@ def acquire(data_dir: Path, command: str | None = None) -> DataDirLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        holder = _holder(fd)
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise DataDirBusy(data_dir, holder) from None
-        raise
+        busy = exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        if not busy or waiting is None:
+            holder = _holder(fd)
+            os.close(fd)
+            if busy:
+                raise DataDirBusy(data_dir, holder) from None
+            raise
+        try:
+            waiting(_holder(fd))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
     what = command if command is not None else " ".join(Path(a).name for a in sys.argv[:2])
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {what}\n".encode(), 0)

@@ -10,6 +10,7 @@ import resource
 import shutil
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -42,11 +43,14 @@ def main(ctx: click.Context, url: str | None, token: str | None) -> None:
     ctx.obj = {"url": url, "token": token}
 
 
-def _lock(settings: config.Settings, command: str) -> datadir.DataDirLock:
-    """The data directory's lock, or one line naming its holder and exit status 1."""
+def _lock(
+    settings: config.Settings, command: str, waiting: Callable[[str], None] | None = None
+) -> datadir.DataDirLock:
+    """The data directory's lock, or one line naming its holder and exit status 1
+    (``waiting``: told who holds it, then the lock awaited)."""
     os.umask(0o077)  # whatever this process creates in the data directory is private
     try:
-        return datadir.acquire(settings.data_dir, command)
+        return datadir.acquire(settings.data_dir, command, waiting)
     except datadir.DataDirBusy as exc:
         raise CliError(str(exc), "data_dir_in_use") from None
     except OSError as exc:
@@ -122,21 +126,27 @@ def _command_hint() -> str | None:
 @click.option("--data-dir", type=click.Path(path_type=Path), help=DATA_DIR_HELP)
 @click.option("--host", help=config.declared("host").option_help("Address to bind"))
 @click.option("--port", type=int, help=config.declared("port").option_help("Port"))
-def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
+@click.option(
+    "--standby",
+    is_flag=True,
+    help="Wait, loaded, for the lmsp serve holding the data directory to exit, then take"
+    " over at once (its engines too, where LMSP_ENGINE_ORPHAN_TIMEOUT lets them outlive it).",
+)
+def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bool) -> None:
     """Run the service in the foreground.
 
-    In this order: lock the data directory (refused if another lmsp process holds it),
-    bind the address (refused if it is in use) and note it in the directory's lock
-    file (where the lmsp command finds it), then open the directory, run startup
-    recovery, launch the engines the unfinished tasks need, start the HTTP application
-    and start listening.
+    In this order: lock the data directory (refused if another lmsp process holds it;
+    awaited with --standby), bind the address (refused if it is in use) and note it in
+    the directory's lock file (where the lmsp command finds it), then open the
+    directory, run startup recovery, launch the engines the unfinished tasks need,
+    start the HTTP application and start listening.
     """
     from lmsp import logs
 
     settings = _settings(data_dir, host=host, port=port)
     if settings.database_url:  # one line, not a traceback, for a URL that cannot work
         database.reach(settings.database_url)
-    lock = _lock(settings, "lmsp serve")
+    lock = _standby(settings) if standby else _lock(settings, "lmsp serve")
     sock = _listen(settings.host, settings.port)
     lock.record_address(_reach(settings.host, sock.getsockname()[1]))
     logs.configure(settings.log_format)
@@ -202,6 +212,45 @@ def serve(data_dir: Path | None, host: str | None, port: int | None) -> None:
     server.run(sockets=[sock])
     if not server.started:
         raise SystemExit(3)
+
+
+#: what a standby imports while it waits: the service's start, and what its first
+#: requests and the recovered tasks' resumes would import on their way
+STANDBY_IMPORTS = (
+    "uvicorn",
+    "lmsp.api.app",
+    "lmsp.api.guard",
+    "lmsp.cluster.startup",
+    "lmsp.engines.llama_cpp",
+    "numpy",
+    "httpx",
+    "llguidance",
+)
+
+
+def _standby(settings: config.Settings) -> datadir.DataDirLock:
+    """The data directory's lock, awaited with everything serving needs imported: the
+    kernel hands the lock over the moment its holder exits, however it exits."""
+    import importlib
+
+    from lmsp import logs
+
+    logs.configure(settings.log_format)
+    log = logging.getLogger("lmsp")
+    for name in STANDBY_IMPORTS:
+        importlib.import_module(name)
+
+    def waiting(holder: str) -> None:
+        log.info(
+            "standby: %s holds %s; taking over when it exits",
+            holder,
+            settings.data_dir,
+            extra={"event": "service.standby"},
+        )
+
+    lock = _lock(settings, "lmsp serve", waiting)
+    log.info("standby: taking over %s", settings.data_dir, extra={"event": "service.takeover"})
+    return lock
 
 
 @main.command(short_help="Delete expired finished work and orphan blobs (server stopped).")
