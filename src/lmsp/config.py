@@ -413,6 +413,10 @@ class Settings:
         "how long an engine process outlives a crash of the API process, waiting for the next"
         " `lmsp serve` on this data directory to reattach to it (its model loaded, its cache"
         " warm); 0: it exits with the API process")
+    spare_engine: bool = setting(
+        "LMSP_SPARE_ENGINE", FLAG, "0",
+        "`1`: each loaded model keeps a second engine process loaded (its KV cache too: twice"
+        " the memory) that takes over at once when the serving one crashes")
     embed_max_inputs: int = setting(
         "LMSP_EMBED_MAX_INPUTS", INT, "256",
         "inputs one `POST /v1/embeddings` request may have (`400` above)",

@@ -130,6 +130,7 @@ def open_host(settings: Settings, db: Database, metrics: Metrics) -> ModelHost:
             if settings.engine_orphan_timeout > 0
             else None
         ),
+        spares=settings.spare_engine,
     )
     host.metrics = metrics
     return host

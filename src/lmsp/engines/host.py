@@ -27,6 +27,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from lmsp.engines.kind import Engine
 from lmsp.engines.reattach import Registry
 from lmsp.engines.remote import constrains as remote_constrains
 from lmsp.engines.remote import holds_json
+from lmsp.engines.spares import Spares
 from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size, model_path
@@ -70,8 +72,10 @@ class ModelHost:
         log_format: str = "text",
         load: LoadOptions | None = None,
         registry: Registry | None = None,
+        spares: bool = False,
     ) -> None:
         self.blobs_dir = blobs_dir
+        self.spares = Spares() if spares else None  # LMSP_SPARE_ENGINE (spares.py)
         self.registry = registry  # engines that outlive this process (reattach.py)
         self.engines = engines
         self.n_ctx = n_ctx
@@ -115,27 +119,15 @@ class ModelHost:
             entries = sorted(self._loaded.items())
             busy = set(self._busy.values())
         statuses = {s["model"]: s for s in self.engine_status()}
-        shown: list[dict[str, object]] = []
-        for model_id, entry in entries:
-            memory = entry.client.memory
-            if not memory:
-                path = blob_path(self.blobs_dir, entry.record.digest)
-                memory = path.stat().st_size if path.exists() else 0
-            in_use = model_id in busy
-            left = None if in_use else max(0.0, self.keep_alive - (now - entry.last_used))
-            status = statuses.get(model_id, {})
-            shown.append(
-                {
-                    "model": model_id,
-                    "digest": entry.record.digest,
-                    "pid": entry.client.pid,
-                    "restarts": status.get("restarts", 0),
-                    "memory_bytes": int(memory),
-                    "busy": in_use,
-                    "unloads_in": None if left is None else round(left, 1),
-                }
+        return [
+            entry.shown(
+                self.blobs_dir,
+                statuses.get(model_id, {}),
+                in_use=model_id in busy,
+                left=self.keep_alive - (now - entry.last_used),
             )
-        return shown
+            for model_id, entry in entries
+        ]
 
     def engine_status(self) -> list[dict[str, Any]]:
         """Every model's engine this service started (running, restarting, failed or
@@ -318,20 +310,21 @@ class ModelHost:
                 on_exit=lambda c, reason: self._exited(record, c, reason),
             )
 
-        registry = self.registry
-        if engine.name in self.in_thread or record.remote is not None:
-            registry = None  # only a local model's engine process outlives this one
+        local = engine.name not in self.in_thread and record.remote is None
+        registry = self.registry if local else None  # only a local engine outlives this one
         with self._status_lock:
             again = record.id in self._status
         self._set_status(record, state="restarting" if again else "starting", pid=None)
         client = None if registry is None else registry.reattach(spec, make)
-        reattached = client is not None  # its blob was checked before it was loaded
+        if client is None and local and self.spares is not None:
+            client = self.spares.take(record)
+        ready = client is not None  # reattached or a spare: its blob checked as it loaded
         try:
             if client is None:
                 client = make(spec if registry is None else registry.prepare(spec))
                 client.launch()
             try:  # while the engine loads: the blob's integrity, the API's tokenizer
-                self.check(record, full=False if reattached else None)
+                self.check(record, full=False if ready else None)
                 client.tokenizer = self._locked_tokenizer(record, engine)
             except BaseException:
                 client.stopping()
@@ -350,6 +343,8 @@ class ModelHost:
             raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
         if registry is not None:
             registry.record(client)
+        if local and self.spares is not None:
+            self.spares.make(record, lambda: self._spare(record, engine, spec, make))
         self._set_status(record, state="ready", pid=client.pid)
         log.info(
             "loaded %s (%d sequences, engine pid %s)",
@@ -360,6 +355,26 @@ class ModelHost:
         )
         if self.metrics is not None:
             self.metrics.model_loaded(record.id)
+        return client
+
+    def _spare(
+        self,
+        record: ModelRecord,
+        engine: Engine,
+        spec: EngineSpec,
+        make: Callable[[EngineSpec], EngineClient],
+    ) -> EngineClient:
+        """A new engine for ``record``, loaded and checked, to be held as its spare."""
+        client = make(spec if self.registry is None else self.registry.prepare(spec))
+        client.launch()
+        try:
+            self.check(record, full=False)
+            client.tokenizer = self._locked_tokenizer(record, engine)
+            client.wait()
+        except BaseException:
+            client.stopping()
+            client.close(timeout=0)
+            raise
         return client
 
     # -- engines that die --------------------------------------------------------------
@@ -383,30 +398,15 @@ class ModelHost:
     def _crashed(self, record: ModelRecord, message: str, restart: bool) -> bool:
         """Count a crash; whether the engine may be started again (else its model is
         now failed)."""
-        now = time.monotonic()
         with self._status_lock:
             status = self._status.get(record.id)
             if status is None or status.digest != record.digest:
                 status = self._status[record.id] = EngineStatus(record.id, record.digest)
-            status.crashes += 1
-            status.last_exit = message
-            status.pid = None
-            status.crash_times.append(now)
-            while status.crash_times and status.crash_times[0] < now - self.restart_window:
-                status.crash_times.popleft()
-            loop = len(status.crash_times) > self.max_restarts
-            if loop:
-                status.state = "failed"
-                status.error = (
-                    f"The engine of {record.id!r} crashed {len(status.crash_times)} times "
-                    f"within {self.restart_window:.0f} s and is not started again; the last "
-                    f"time: {message} Check the model file (`lmsp models verify`) or "
-                    "restart the service."
-                )
-            else:
-                status.state = "restarting" if restart else "stopped"
+            loop = not status.crashed(message, restart, self.restart_window, self.max_restarts)
         if self.metrics is not None:
             self.metrics.engine_crashed(record.id)
+        if loop and self.spares is not None:
+            _stop(self.spares.drop(record.id))  # a failed model needs no spare
         if loop:
             log.error(
                 "model %s is failed: its engine crashed %d times within %.0f s",
@@ -466,14 +466,17 @@ class ModelHost:
     def _unload(self, model_id: str) -> list[EngineClient]:
         """Forget a model's engine (called with the lock held); the caller stops it
         (:func:`_stop`) once the lock is released."""
+        spare = [] if self.spares is None else self.spares.drop(model_id)
+        for client in spare:
+            client.stopping()
         entry = self._loaded.pop(model_id, None)
         if entry is None:
-            return []
+            return spare
         entry.client.stopping()
         self._set_status(entry.record, state="stopped", pid=None)
         if self.metrics is not None:
             self.metrics.model_unloaded(model_id)
-        return [entry.client]
+        return [entry.client, *spare]
 
     def reap(self, now: float | None = None) -> list[str]:
         """Unload models idle for longer than ``keep_alive``; the ids unloaded."""
@@ -624,6 +627,9 @@ class ModelHost:
             self._closed = True
             for model_id in list(self._loaded):
                 stopped += self._unload(model_id)
+            for client in [] if self.spares is None else self.spares.close():
+                client.stopping()
+                stopped.append(client)
         _stop(stopped)
         with self._tokenizer_lock:
             for tokenizer in self._tokenizers.values():

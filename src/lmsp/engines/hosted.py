@@ -8,10 +8,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lmsp.engines.base import Tokenizer
 from lmsp.engines.client import EngineClient
+from lmsp.store.blobs import blob_path
 from lmsp.store.models import ModelRecord
 
 
@@ -20,6 +22,25 @@ class Loaded:
     record: ModelRecord
     client: EngineClient
     last_used: float = field(default_factory=time.monotonic)
+
+    def shown(
+        self, blobs_dir: Path, status: dict[str, Any], in_use: bool, left: float
+    ) -> dict[str, object]:
+        """As ``lmsp ps`` shows it: ``left``, the seconds its keep-alive has left, only
+        when no task uses it."""
+        memory = self.client.memory
+        if not memory:
+            path = blob_path(blobs_dir, self.record.digest)
+            memory = path.stat().st_size if path.exists() else 0
+        return {
+            "model": self.record.id,
+            "digest": self.record.digest,
+            "pid": self.client.pid,
+            "restarts": status.get("restarts", 0),
+            "memory_bytes": int(memory),
+            "busy": in_use,
+            "unloads_in": None if in_use else round(max(0.0, left), 1),
+        }
 
 
 @dataclass
@@ -35,6 +56,27 @@ class EngineStatus:
     last_exit: str | None = None  # how its last process ended unasked
     error: str | None = None  # why it is failed
     crash_times: deque[float] = field(default_factory=deque)
+
+    def crashed(self, message: str, restart: bool, window: float, most: int) -> bool:
+        """Count a crash; whether the engine may start again: not after more than
+        ``most`` crashes within ``window`` seconds (its model is then failed)."""
+        now = time.monotonic()
+        self.crashes += 1
+        self.last_exit = message
+        self.pid = None
+        self.crash_times.append(now)
+        while self.crash_times and self.crash_times[0] < now - window:
+            self.crash_times.popleft()
+        if len(self.crash_times) <= most:
+            self.state = "restarting" if restart else "stopped"
+            return True
+        self.state = "failed"
+        self.error = (
+            f"The engine of {self.model!r} crashed {len(self.crash_times)} times within"
+            f" {window:.0f} s and is not started again; the last time: {message} Check the"
+            " model file (`lmsp models verify`) or restart the service."
+        )
+        return False
 
     def shown(self) -> dict[str, Any]:
         return {
