@@ -11,8 +11,11 @@ as a stream to ~1,000 tokens (counted with the model's tokenizer):
   the task's next text (:func:`bench.compare.resume_once`);
 - API, engine reattached: the same with ``LMSP_ENGINE_ORPHAN_TIMEOUT=60s``: the new API
   process reattaches to the running engine, whose KV cache still holds the sequence;
+- API, a standby takes over: the same with an ``lmsp serve --standby`` waiting on the
+  directory and port; time from the kill (nothing is relaunched);
 - engine: ``kill -9`` of the engine process (the API lives on): time from the kill to the
-  first text after the task's ``resumed`` event (a new engine started by the supervisor).
+  first text after the task's ``resumed`` event (a new engine started by the supervisor;
+  then with ``LMSP_SPARE_ENGINE=1``, the model's spare engine taking over).
 
 Medians of ``reps`` (3; 1 with ``LMSP_BENCH_QUICK``, at ~150 tokens); ``LMSP_REATTACH_AT``
 sets how many tokens in and ``LMSP_REATTACH_REPS`` how many repetitions (on a busy machine). Alone:
@@ -37,9 +40,12 @@ from tests.helpers import Server
 Count = Callable[[str], int]
 
 
-def engine_kill_once(server: Server, plan: Plan, count: Count) -> tuple[int, float]:
+def engine_kill_once(
+    server: Server, plan: Plan, count: Count, spare: bool = False
+) -> tuple[int, float]:
     """A task followed to ``plan.resume_at`` tokens, its engine ``kill -9``: (tokens seen,
-    seconds from the kill to the first text after its ``resumed`` event)."""
+    seconds from the kill to the first text after its ``resumed`` event). ``spare``: the
+    kill waits until the model's spare engine is ready."""
     body = resume_body(plan)
     text, seen, killed, resumed, nxt = "", 0, 0.0, False, math.nan
     with (
@@ -52,7 +58,7 @@ def engine_kill_once(server: Server, plan: Plan, count: Count) -> tuple[int, flo
             if not killed and event == "response.output_text.delta":
                 text += json.loads(data)["delta"]
                 seen = count(text)
-                if seen >= plan.resume_at:
+                if seen >= plan.resume_at and (not spare or _spare_ready(server)):
                     pid = engine_pid(server)
                     assert pid is not None
                     os.kill(pid, 9)
@@ -63,6 +69,10 @@ def engine_kill_once(server: Server, plan: Plan, count: Count) -> tuple[int, flo
                 nxt = time.perf_counter() - killed
                 break
     return seen, nxt
+
+
+def _spare_ready(server: Server) -> bool:
+    return "a spare engine for" in server.log_path.read_text(errors="replace")
 
 
 def waiting_standby(server: Server) -> Server:
@@ -129,21 +139,24 @@ def bench_reattach(
                 ]
             )
             print(rows[-1], flush=True)
-        kills: list[tuple[int, float]] = []
-        for rep in range(reps):
-            server = Server(work / f"engine-kill-{rep}", env=env).start()
-            try:
-                kills.append(engine_kill_once(server, plan, count))
-            finally:
-                server.stop()
-        rows.append(
-            [
-                "kill -9 of the engine process",
-                num(median([float(k[0]) for k in kills]), ".0f"),
-                num(median([k[1] for k in kills]), ".2f"),
-                " ".join(num(k[1], ".2f") for k in kills),
-            ]
-        )
+        for name, spare in (("", "0"), (", a spare takes over", "1")):
+            kills: list[tuple[int, float]] = []
+            for rep in range(reps):
+                data = work / f"engine-kill-{spare}-{rep}"
+                server = Server(data, env=dict(env, LMSP_SPARE_ENGINE=spare)).start()
+                try:
+                    kills.append(engine_kill_once(server, plan, count, spare == "1"))
+                finally:
+                    server.stop()
+            rows.append(
+                [
+                    f"kill -9 of the engine process{name}",
+                    num(median([float(k[0]) for k in kills]), ".0f"),
+                    num(median([k[1] for k in kills]), ".2f"),
+                    " ".join(num(k[1], ".2f") for k in kills),
+                ]
+            )
+            print(rows[-1], flush=True)
     finally:
         vocab.close()
     table(
