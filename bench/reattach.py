@@ -75,23 +75,6 @@ def _spare_ready(server: Server) -> bool:
     return "a spare engine for" in server.log_path.read_text(errors="replace")
 
 
-def waiting_standby(server: Server) -> Server:
-    """An ``lmsp serve --standby`` on ``server``'s directory and port, once it waits."""
-    spare = Server(
-        server.data_dir,
-        env=server.extra_env,
-        port=server.port,
-        args=("--standby",),
-        log_name="standby",
-    )
-    spare.launch()
-    deadline = time.monotonic() + 120
-    while "taking over when it exits" not in spare.log_path.read_text(errors="replace"):
-        assert time.monotonic() < deadline, spare.log_path.read_text()[-2000:]
-        time.sleep(0.05)
-    return spare
-
-
 def bench_reattach(
     work: Path, reps: int, table: Callable[[str, list[str], list[list[str]]], None]
 ) -> None:
@@ -120,7 +103,7 @@ def bench_reattach(
             for rep in range(reps):
                 data = work / f"reattach-{orphan}-{standby}-{rep}"
                 server = Server(data, env=dict(env, LMSP_ENGINE_ORPHAN_TIMEOUT=orphan)).start()
-                spare = waiting_standby(server) if standby else None
+                spare = server.standby() if standby else None
                 try:
                     runs.append(resume_once(server, plan, count, spare))
                 finally:

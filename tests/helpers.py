@@ -138,6 +138,24 @@ class Server:
                 self.proc.wait(30)
         self.proc = None
 
+    def standby(self) -> Server:
+        """An ``lmsp serve --standby`` on this server's directory and port, launched and
+        waiting to take over."""
+        spare = Server(
+            self.data_dir,
+            env=self.extra_env,
+            port=self.port,
+            args=("--standby",),
+            log_name="standby",
+        )
+        spare.launch()
+        deadline = time.monotonic() + 120
+        while "taking over when it exits" not in spare.log_path.read_text(errors="replace"):
+            assert spare.proc is not None and spare.proc.poll() is None, spare.log_path.read_text()
+            assert time.monotonic() < deadline, spare.log_path.read_text()[-2000:]
+            time.sleep(0.05)
+        return spare
+
     def restart(self) -> Server:
         self.kill()
         return self.start()

@@ -19,6 +19,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -56,24 +57,39 @@ def served_once(server: Server) -> int:
         return engine_pid(http, TEST_MODEL)
 
 
+#: a greedy task on the real model that runs to its token limit, resumed after a crash
+JOB = {
+    "model": MODEL,
+    "input": "Write a long story about a lighthouse keeper.",
+    "temperature": 0,
+    "max_output_tokens": 96,
+    "background": True,
+    "on_restart": "resume",
+}
+
+
+def uninterrupted(http: httpx.Client) -> dict[str, Any]:
+    """:data:`JOB` run whole (the text a resumed run must end with, in exact mode)."""
+    whole = finish(http, http.post("/v1/responses", json=JOB).json()["id"])
+    assert whole["status"] == "incomplete", whole  # it runs to its token limit
+    return whole
+
+
+def under_way(http: httpx.Client) -> str:
+    """The id of :data:`JOB` created again, once it has written text."""
+    made = http.post("/v1/responses", json=JOB).json()
+    while not text_of(http.get(f"/v1/responses/{made['id']}").json()):
+        time.sleep(0.02)
+    return str(made["id"])
+
+
 def test_kill_9_of_the_api_reattaches_to_the_same_engine(tmp_path: Path) -> None:
     env = {"LMSP_ENGINE_ORPHAN_TIMEOUT": "60s", "LMSP_EXACT": "1", "LMSP_PARALLEL": "2"}
     server = Server(tmp_path / "data", env=env).start()
-    job = {
-        "model": MODEL,
-        "input": "Write a long story about a lighthouse keeper.",
-        "temperature": 0,
-        "max_output_tokens": 96,
-        "background": True,
-        "on_restart": "resume",
-    }
     try:
         with server.client() as http:
-            whole = finish(http, http.post("/v1/responses", json=job).json()["id"])
-            assert whole["status"] == "incomplete", whole  # it runs to its token limit
-            made = http.post("/v1/responses", json=job).json()
-            while not text_of(http.get(f"/v1/responses/{made['id']}").json()):
-                time.sleep(0.02)
+            whole = uninterrupted(http)
+            made = {"id": under_way(http)}
             pid = engine_pid(http, MODEL)
         server.kill()  # kill -9 of the API process, the task half done
         with open_db(server.data_dir) as conn:

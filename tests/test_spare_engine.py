@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import Server, check_log_invariants, finish, open_db, wait_exited
-from tests.test_engine_reattach import engine_pid
+from tests.test_engine_reattach import engine_pid, under_way, uninterrupted
 from tests.test_resume import text_of
 
 MODEL = "smollm2-135m-instruct"
@@ -41,27 +41,16 @@ def spares(server: Server, count: int) -> list[int]:
 def test_a_spare_engine_takes_over_a_crashed_one(tmp_path: Path) -> None:
     env = {"LMSP_SPARE_ENGINE": "1", "LMSP_EXACT": "1", "LMSP_PARALLEL": "2"}
     server = Server(tmp_path / "data", env=env).start()
-    job = {
-        "model": MODEL,
-        "input": "Write a long story about a lighthouse keeper.",
-        "temperature": 0,
-        "max_output_tokens": 96,
-        "background": True,
-        "on_restart": "resume",
-    }
     pids: list[int] = []
     try:
         with server.client() as http:
-            whole = finish(http, http.post("/v1/responses", json=job).json()["id"])
-            assert whole["status"] == "incomplete", whole  # it runs to its token limit
+            whole = uninterrupted(http)
             serving = engine_pid(http, MODEL)
             (spare,) = spares(server, 1)
             assert spare != serving
-            made = http.post("/v1/responses", json=job).json()
-            while not text_of(http.get(f"/v1/responses/{made['id']}").json()):
-                time.sleep(0.02)
+            made = under_way(http)
             os.kill(serving, signal.SIGKILL)  # the serving engine crashes mid-generation
-            resumed = finish(http, made["id"])
+            resumed = finish(http, made)
             assert engine_pid(http, MODEL) == spare  # the spare took over
             pids = [serving, *spares(server, 2)]  # and a new spare was made
         assert resumed["status"] == "incomplete", resumed

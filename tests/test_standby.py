@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.helpers import Server, check_log_invariants, finish, open_db
-from tests.test_engine_reattach import engine_pid
+from tests.test_engine_reattach import engine_pid, under_way, uninterrupted
 from tests.test_resume import text_of
 
 MODEL = "smollm2-135m-instruct"
@@ -32,42 +32,15 @@ MODEL = "smollm2-135m-instruct"
 pytestmark = pytest.mark.slow
 
 
-def standby_of(server: Server) -> Server:
-    """An ``lmsp serve --standby`` on ``server``'s directory and port, once it waits."""
-    spare = Server(
-        server.data_dir,
-        env=server.extra_env,
-        port=server.port,
-        args=("--standby",),
-        log_name="standby",
-    )
-    spare.launch()
-    deadline = time.monotonic() + 120
-    while "taking over when it exits" not in spare.log_path.read_text(errors="replace"):
-        assert spare.proc is not None and spare.proc.poll() is None, spare.log_path.read_text()
-        assert time.monotonic() < deadline, spare.log_path.read_text()[-2000:]
-        time.sleep(0.05)
-    return spare
-
-
 def test_a_standby_takes_over_a_killed_service_and_resumes_its_task(tmp_path: Path) -> None:
     env = {"LMSP_ENGINE_ORPHAN_TIMEOUT": "60s", "LMSP_EXACT": "1", "LMSP_PARALLEL": "2"}
     server = Server(tmp_path / "data", env=env).start()
     spare: Server | None = None
-    job = {
-        "model": MODEL,
-        "input": "Write a long story about a lighthouse keeper.",
-        "temperature": 0,
-        "max_output_tokens": 96,
-        "background": True,
-        "on_restart": "resume",
-    }
     try:
         with server.client() as http:
-            whole = finish(http, http.post("/v1/responses", json=job).json()["id"])
-            assert whole["status"] == "incomplete", whole  # it runs to its token limit
+            whole = uninterrupted(http)
             pid = engine_pid(http, MODEL)
-        spare = standby_of(server)
+        spare = server.standby()
         assert server.proc is not None
         assert f"pid {server.proc.pid}" in spare.log_path.read_text()  # whom it waits for
         second = subprocess.run(
@@ -79,15 +52,13 @@ def test_a_standby_takes_over_a_killed_service_and_resumes_its_task(tmp_path: Pa
         )
         assert second.returncode == 1 and "in use by another lmsp process" in second.stderr
         with server.client() as http:  # the service still answers, alone on its port
-            made = http.post("/v1/responses", json=job).json()
-            while not text_of(http.get(f"/v1/responses/{made['id']}").json()):
-                time.sleep(0.02)
+            made = under_way(http)
         server.kill()  # kill -9 of the API process, the task half done
         killed = time.monotonic()
         spare.wait_healthy()
         print(f"the standby served {time.monotonic() - killed:.2f} s after the kill")
         with spare.client() as http:
-            resumed = finish(http, made["id"])
+            resumed = finish(http, made)
             assert engine_pid(http, MODEL) == pid  # the same engine process: reattached
         assert resumed["status"] == "incomplete", resumed
         assert text_of(resumed) == text_of(whole)  # exact mode: as if never interrupted
