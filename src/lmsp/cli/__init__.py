@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -19,6 +20,9 @@ from lmsp import __version__, config, datadir
 from lmsp.cli import database
 from lmsp.cli.common import DATA_DIR_HELP, TOKEN_HELP, URL_HELP
 from lmsp.cli.errors import CliError, Lazy
+
+if TYPE_CHECKING:
+    from lmsp.engines.base import Tokenizer
 
 
 def _settings(data_dir: Path | None, **overrides: object) -> config.Settings:
@@ -146,7 +150,11 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
     settings = _settings(data_dir, host=host, port=port)
     if settings.database_url:  # one line, not a traceback, for a URL that cannot work
         database.reach(settings.database_url)
-    lock = _standby(settings) if standby else _lock(settings, "lmsp serve")
+    tokenizers: dict[str, Tokenizer] | None = None
+    if standby:
+        lock, tokenizers = _standby(settings)
+    else:
+        lock = _lock(settings, "lmsp serve")
     sock = _listen(settings.host, settings.port)
     lock.record_address(_reach(settings.host, sock.getsockname()[1]))
     logs.configure(settings.log_format)
@@ -154,7 +162,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
     # the HTTP application's imports (most of a second), which their loading overlaps
     from lmsp.cluster.startup import head_start
 
-    head = head_start(settings, lock)
+    head = head_start(settings, lock, tokenizers)
     try:
         import uvicorn
 
@@ -228,9 +236,10 @@ STANDBY_IMPORTS = (
 )
 
 
-def _standby(settings: config.Settings) -> datadir.DataDirLock:
-    """The data directory's lock, awaited with everything serving needs imported: the
-    kernel hands the lock over the moment its holder exits, however it exits."""
+def _standby(settings: config.Settings) -> tuple[datadir.DataDirLock, dict[str, Tokenizer]]:
+    """The data directory's lock, awaited with everything serving needs imported and the
+    local models' tokenizers made (:func:`~lmsp.cluster.startup.preload_tokenizers`):
+    the kernel hands the lock over the moment its holder exits, however it exits."""
     import importlib
 
     from lmsp import logs
@@ -239,6 +248,9 @@ def _standby(settings: config.Settings) -> datadir.DataDirLock:
     log = logging.getLogger("lmsp")
     for name in STANDBY_IMPORTS:
         importlib.import_module(name)
+    from lmsp.cluster.startup import preload_tokenizers
+
+    tokenizers = preload_tokenizers(settings)
 
     def waiting(holder: str) -> None:
         log.info(
@@ -250,7 +262,7 @@ def _standby(settings: config.Settings) -> datadir.DataDirLock:
 
     lock = _lock(settings, "lmsp serve", waiting)
     log.info("standby: taking over %s", settings.data_dir, extra={"event": "service.takeover"})
-    return lock
+    return lock, dict(tokenizers)
 
 
 @main.command(short_help="Delete expired finished work and orphan blobs (server stopped).")

@@ -39,7 +39,7 @@ from lmsp.engines.kind import Engine
 from lmsp.engines.reattach import Registry
 from lmsp.engines.remote import constrains as remote_constrains
 from lmsp.engines.remote import holds_json
-from lmsp.engines.spares import Spares
+from lmsp.engines.spares import REPLACE_AFTER, Spares
 from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size, model_path
@@ -73,6 +73,7 @@ class ModelHost:
         load: LoadOptions | None = None,
         registry: Registry | None = None,
         spares: bool = False,
+        tokenizers: dict[str, Tokenizer] | None = None,
     ) -> None:
         self.blobs_dir = blobs_dir
         self.spares = Spares() if spares else None  # LMSP_SPARE_ENGINE (spares.py)
@@ -100,6 +101,8 @@ class ModelHost:
         self._verified: set[str] = set()  # digests fully hashed by this process
         self._verify_lock = threading.Lock()
         self._tokenizers: dict[str, Tokenizer] = {}
+        # local GGUF models' tokenizers made before this host (a standby's), by digest
+        self._preloaded = dict(tokenizers or {})
         self._contexts: dict[str, int] = {}  # digest → the context it would load with
         self._tokenizer_lock = threading.Lock()
         self.metrics: Metrics | None = None  # the service's: loads, unloads, crashes
@@ -316,8 +319,8 @@ class ModelHost:
             again = record.id in self._status
         self._set_status(record, state="restarting" if again else "starting", pid=None)
         client = None if registry is None else registry.reattach(spec, make)
-        if client is None and local and self.spares is not None:
-            client = self.spares.take(record)
+        took = None if client is not None or not local else self._take_spare(record)
+        client = client or took
         ready = client is not None  # reattached or a spare: its blob checked as it loaded
         try:
             if client is None:
@@ -344,7 +347,8 @@ class ModelHost:
         if registry is not None:
             registry.record(client)
         if local and self.spares is not None:
-            self.spares.make(record, lambda: self._spare(record, engine, spec, make))
+            after = REPLACE_AFTER if took is not None else 0.0
+            self.spares.make(record, lambda: self._spare(record, engine, spec, make), after)
         self._set_status(record, state="ready", pid=client.pid)
         log.info(
             "loaded %s (%d sequences, engine pid %s)",
@@ -356,6 +360,9 @@ class ModelHost:
         if self.metrics is not None:
             self.metrics.model_loaded(record.id)
         return client
+
+    def _take_spare(self, record: ModelRecord) -> EngineClient | None:
+        return None if self.spares is None else self.spares.take(record)
 
     def _spare(
         self,
@@ -561,6 +568,10 @@ class ModelHost:
         """The model's vocabulary-only tokenizer (loads no weights), made once."""
         with self._tokenizer_lock:
             tokenizer = self._tokenizers.get(record.digest)
+            if tokenizer is None and record.engine == "llama_cpp" and record.remote is None:
+                tokenizer = self._preloaded.pop(record.digest, None)
+                if tokenizer is not None:
+                    self._tokenizers[record.digest] = tokenizer
             if tokenizer is None:
                 path = model_path(self.blobs_dir, record)
                 tokenizer = engine.tokenizer(path, self.n_ctx, self._options(record))
@@ -632,9 +643,10 @@ class ModelHost:
                 stopped.append(client)
         _stop(stopped)
         with self._tokenizer_lock:
-            for tokenizer in self._tokenizers.values():
+            for tokenizer in [*self._tokenizers.values(), *self._preloaded.values()]:
                 tokenizer.close()
             self._tokenizers.clear()
+            self._preloaded.clear()
 
 
 def _stop(clients: list[EngineClient]) -> None:

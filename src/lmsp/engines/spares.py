@@ -5,7 +5,9 @@ cache allocated, held back to take over at once when the serving one crashes
 A crash of an engine otherwise costs a new process its start — the interpreter, its
 imports, the model, the KV cells cleared — before the interrupted tasks resume. With a
 spare, :class:`~lmsp.engines.host.ModelHost` takes it in place of a launch (its blob was
-checked when it was made) and a new spare is made in the background. A spare runs
+checked when it was made) and a new spare is made in the background — a while later
+(:data:`REPLACE_AFTER`), so that its start does not take the cores the interrupted
+tasks' resumes need. A spare runs
 nothing: it costs the memory of its KV cache (the model's weights are mapped, shared
 with the serving engine). One that dies idle is dropped; one whose model was unloaded,
 changed or deleted is stopped with it.
@@ -15,12 +17,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from lmsp.engines.client import EngineClient
 from lmsp.store.models import ModelRecord
 
 log = logging.getLogger(__name__)
+
+#: seconds after a spare took over before the next spare is started
+REPLACE_AFTER = 10.0
 
 
 class Spares:
@@ -45,9 +51,11 @@ class Spares:
         _stop([client])
         return None
 
-    def make(self, record: ModelRecord, build: Callable[[], EngineClient]) -> None:
-        """Make ``record``'s spare in the background unless it has one or one is being
-        made; ``build`` launches an engine and waits until it is ready."""
+    def make(
+        self, record: ModelRecord, build: Callable[[], EngineClient], after: float = 0.0
+    ) -> None:
+        """Make ``record``'s spare in the background, ``after`` seconds, unless it has one
+        or one is being made; ``build`` launches an engine and waits until it is ready."""
         with self._lock:
             if self._closed or record.id in self._ready or record.id in self._making:
                 return
@@ -57,6 +65,7 @@ class Spares:
         def run() -> None:
             client = None
             try:
+                time.sleep(after)
                 client = build()
             except Exception as exc:  # no spare; the serving engine goes on
                 log.warning("no spare engine for %s: %s", record.id, exc)
