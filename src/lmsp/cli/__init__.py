@@ -171,25 +171,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
     except BaseException:
         head.close()
         raise
-    log = logging.getLogger("lmsp")
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    log.info(
-        "lmsp %s on http://%s:%d, data in %s",
-        __version__,
-        host,
-        settings.port,
-        settings.data_dir,
-        extra={"event": "service.start"},
-    )
-    log.info(
-        "owner token (admin): %s — the lmsp command reads it from there; agents pair"
-        " with `lmsp pair approve`",
-        settings.owner_token_path,
-        extra={"event": "service.owner_token"},
-    )
-    hint = _command_hint()
-    if hint:
-        log.info(hint, extra={"event": "service.command"})
+    _announce(settings)
     protocol = guarded_protocol(
         settings.header_timeout,
         settings.body_timeout,
@@ -220,6 +202,29 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
     server.run(sockets=[sock])
     if not server.started:
         raise SystemExit(3)
+
+
+def _announce(settings: config.Settings) -> None:
+    """The start's lines in the log: where it serves, the owner's token, the command."""
+    log = logging.getLogger("lmsp")
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    log.info(
+        "lmsp %s on http://%s:%d, data in %s",
+        __version__,
+        host,
+        settings.port,
+        settings.data_dir,
+        extra={"event": "service.start"},
+    )
+    log.info(
+        "owner token (admin): %s — the lmsp command reads it from there; agents pair"
+        " with `lmsp pair approve`",
+        settings.owner_token_path,
+        extra={"event": "service.owner_token"},
+    )
+    hint = _command_hint()
+    if hint:
+        log.info(hint, extra={"event": "service.command"})
 
 
 #: what a standby imports while it waits: the service's start, and what its first

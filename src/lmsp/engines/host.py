@@ -53,6 +53,8 @@ __all__ = ["ModelHost", "blob_path"]
 
 log = logging.getLogger(__name__)
 
+Maker = Callable[[EngineSpec], EngineClient]
+
 
 class ModelHost:
     """Loads models on demand in engines of their own, verifies their blobs, unloads idle
@@ -319,7 +321,8 @@ class ModelHost:
             again = record.id in self._status
         self._set_status(record, state="restarting" if again else "starting", pid=None)
         client = None if registry is None else registry.reattach(spec, make)
-        took = None if client is not None or not local else self._take_spare(record)
+        spares = self.spares if local and client is None else None
+        took = None if spares is None else spares.take(record)
         client = client or took
         ready = client is not None  # reattached or a spare: its blob checked as it loaded
         try:
@@ -361,15 +364,8 @@ class ModelHost:
             self.metrics.model_loaded(record.id)
         return client
 
-    def _take_spare(self, record: ModelRecord) -> EngineClient | None:
-        return None if self.spares is None else self.spares.take(record)
-
     def _spare(
-        self,
-        record: ModelRecord,
-        engine: Engine,
-        spec: EngineSpec,
-        make: Callable[[EngineSpec], EngineClient],
+        self, record: ModelRecord, engine: Engine, spec: EngineSpec, make: Maker
     ) -> EngineClient:
         """A new engine for ``record``, loaded and checked, to be held as its spare."""
         client = make(spec if self.registry is None else self.registry.prepare(spec))
