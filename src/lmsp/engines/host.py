@@ -23,6 +23,7 @@ below zero, so it is not unloaded under it).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -39,7 +40,7 @@ from lmsp.engines.kind import Engine
 from lmsp.engines.reattach import Registry
 from lmsp.engines.remote import constrains as remote_constrains
 from lmsp.engines.remote import holds_json
-from lmsp.engines.spares import REPLACE_AFTER, Spares
+from lmsp.engines.spares import SPARE_AFTER, Spares
 from lmsp.engines.worker import EngineSpec
 from lmsp.metrics import Metrics
 from lmsp.store.blobs import blob_path, check_digest, check_size, model_path
@@ -322,8 +323,7 @@ class ModelHost:
         self._set_status(record, state="restarting" if again else "starting", pid=None)
         client = None if registry is None else registry.reattach(spec, make)
         spares = self.spares if local and client is None else None
-        took = None if spares is None else spares.take(record)
-        client = client or took
+        client = client or (None if spares is None else spares.take(record))
         ready = client is not None  # reattached or a spare: its blob checked as it loaded
         try:
             if client is None:
@@ -350,8 +350,8 @@ class ModelHost:
         if registry is not None:
             registry.record(client)
         if local and self.spares is not None:
-            after = REPLACE_AFTER if took is not None else 0.0
-            self.spares.make(record, lambda: self._spare(record, engine, spec, make), after)
+            build = functools.partial(self._spare, record, engine, spec, make)
+            self.spares.make(record, build, SPARE_AFTER)
         self._set_status(record, state="ready", pid=client.pid)
         log.info(
             "loaded %s (%d sequences, engine pid %s)",

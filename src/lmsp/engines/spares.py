@@ -5,9 +5,9 @@ cache allocated, held back to take over at once when the serving one crashes
 A crash of an engine otherwise costs a new process its start — the interpreter, its
 imports, the model, the KV cells cleared — before the interrupted tasks resume. With a
 spare, :class:`~lmsp.engines.host.ModelHost` takes it in place of a launch (its blob was
-checked when it was made) and a new spare is made in the background — a while later
-(:data:`REPLACE_AFTER`), so that its start does not take the cores the interrupted
-tasks' resumes need. A spare runs
+checked when it was made) and a new spare is made in the background. A spare starts a
+while after its engine is ready (:data:`SPARE_AFTER`), so that its start does not take the
+cores the model's first work, or the interrupted tasks' resumes, need. A spare runs
 nothing: it costs the memory of its KV cache (the model's weights are mapped, shared
 with the serving engine). One that dies idle is dropped; one whose model was unloaded,
 changed or deleted is stopped with it.
@@ -25,8 +25,9 @@ from lmsp.store.models import ModelRecord
 
 log = logging.getLogger(__name__)
 
-#: seconds after a spare took over before the next spare is started
-REPLACE_AFTER = 10.0
+#: seconds after an engine is ready (a first one, or a spare that took over) before the
+#: next spare is started
+SPARE_AFTER = 10.0
 
 
 class Spares:
