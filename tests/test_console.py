@@ -206,11 +206,13 @@ def test_a_page_on_another_port_can_do_nothing_with_the_session(page: Any, serve
     assert page.evaluate(SESSION)  # the console tab is signed in, in this same browser
     with server.client() as owner:
         before = owner.get("/v1/clients").json()["data"]
-    reached: list[tuple[str, int]] = []
-    page.context.on(
-        "response",
-        lambda r: reached.append((r.url, r.status)) if r.url.startswith(server.url) else None,
-    )
+    reached: list[tuple[str, int]] = []  # what the probe's tab reached (not the console's)
+
+    def seen(r: Any) -> None:
+        if r.url.startswith(server.url) and r.frame.page is not page:
+            reached.append((r.url, r.status))
+
+    page.context.on("response", seen)
     with other_page(PROBE % server.url) as url:
         probe = page.context.new_page()  # a tab beside the console, same browser
         probe.goto(url)
