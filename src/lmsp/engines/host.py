@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmsp.engines.base import EngineCrashed, EngineError, LoadOptions, Tokenizer
 from lmsp.engines.client import EngineClient
-from lmsp.engines.hosted import EngineStatus, Loaded, LockedTokenizer
+from lmsp.engines.hosted import EngineStatus, Loaded, Vocabularies
 from lmsp.engines.kind import Engine
 from lmsp.engines.reattach import Registry
 from lmsp.engines.remote import constrains as remote_constrains
@@ -103,11 +103,8 @@ class ModelHost:
         self._status_lock = threading.Lock()
         self._verified: set[str] = set()  # digests fully hashed by this process
         self._verify_lock = threading.Lock()
-        self._tokenizers: dict[str, Tokenizer] = {}
-        # local GGUF models' tokenizers made before this host (a standby's), by digest
-        self._preloaded = dict(tokenizers or {})
+        self._vocabularies = Vocabularies(tokenizers)  # the API side's tokenizers
         self._contexts: dict[str, int] = {}  # digest → the context it would load with
-        self._tokenizer_lock = threading.Lock()
         self.metrics: Metrics | None = None  # the service's: loads, unloads, crashes
 
     # -- what is loaded ----------------------------------------------------------------
@@ -503,10 +500,7 @@ class ModelHost:
         with self._cond:
             stopped = [] if record.id in self._busy.values() else self._unload(record.id)
         _stop(stopped)
-        with self._tokenizer_lock:
-            tokenizer = self._tokenizers.pop(record.digest, None)
-            if tokenizer is not None:
-                tokenizer.close()
+        self._vocabularies.drop(record.digest)
 
     def context_length(self, record: ModelRecord) -> int | None:
         """One sequence's context ``record`` runs at here: its engine's when loaded, else
@@ -555,24 +549,19 @@ class ModelHost:
         """The model's shared tokenizer (one thread at a time); ``model_load_failed``
         when its vocabulary cannot be read (then neither can the model)."""
         try:
-            return LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
+            return self._vocabularies.shared(self._tokenizer(record, engine))
         except Exception as exc:
             log.warning("reading the vocabulary of %s failed: %s", record.id, exc)
             raise EngineError("model_load_failed", f"Loading {record.id!r} failed.") from exc
 
     def _tokenizer(self, record: ModelRecord, engine: Engine) -> Tokenizer:
         """The model's vocabulary-only tokenizer (loads no weights), made once."""
-        with self._tokenizer_lock:
-            tokenizer = self._tokenizers.get(record.digest)
-            if tokenizer is None and record.engine == "llama_cpp" and record.remote is None:
-                tokenizer = self._preloaded.pop(record.digest, None)
-                if tokenizer is not None:
-                    self._tokenizers[record.digest] = tokenizer
-            if tokenizer is None:
-                path = model_path(self.blobs_dir, record)
-                tokenizer = engine.tokenizer(path, self.n_ctx, self._options(record))
-                self._tokenizers[record.digest] = tokenizer
-            return tokenizer
+
+        def make() -> Tokenizer:
+            path = model_path(self.blobs_dir, record)
+            return engine.tokenizer(path, self.n_ctx, self._options(record))
+
+        return self._vocabularies.get(record, make)
 
     def prompt_size(
         self,
@@ -588,7 +577,7 @@ class ModelHost:
             return None
         try:
             self.check(record)
-            tokenizer = LockedTokenizer(self._tokenizer(record, engine), self._tokenizer_lock)
+            tokenizer = self._vocabularies.shared(self._tokenizer(record, engine))
             prompt = tokenizer.prompt_tokens(messages, tools)
             return len(prompt), tokenizer.n_ctx
         except Exception as exc:
@@ -638,11 +627,7 @@ class ModelHost:
                 client.stopping()
                 stopped.append(client)
         _stop(stopped)
-        with self._tokenizer_lock:
-            for tokenizer in [*self._tokenizers.values(), *self._preloaded.values()]:
-                tokenizer.close()
-            self._tokenizers.clear()
-            self._preloaded.clear()
+        self._vocabularies.close()
 
 
 def _stop(clients: list[EngineClient]) -> None:

@@ -1,12 +1,13 @@
 """What the model host (:mod:`lmsp.engines.host`) keeps of each model: its loaded engine
 process, its engine's status as ``lmsp ps``, ``/healthz`` and ``/metrics`` show it, and
-the vocabulary-only tokenizer the API process shares under a lock."""
+the vocabulary-only tokenizers the API process shares under a lock."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,44 @@ class LockedTokenizer:
 
     def close(self) -> None:
         return None
+
+
+class Vocabularies:
+    """Each model blob's vocabulary-only tokenizer in the API process, made once and
+    shared under one lock (:class:`LockedTokenizer`); a standby's, made while it waited,
+    are taken over as they are first asked for."""
+
+    def __init__(self, preloaded: dict[str, Tokenizer] | None = None) -> None:
+        self.lock = threading.Lock()
+        self._made: dict[str, Tokenizer] = {}  # digest → its tokenizer
+        # local GGUF models' tokenizers made before the host (a standby's), by digest
+        self._preloaded = dict(preloaded or {})
+
+    def get(self, record: ModelRecord, make: Callable[[], Tokenizer]) -> Tokenizer:
+        """``record``'s tokenizer: the one made already, a preloaded one (a local GGUF
+        model's), or ``make()``."""
+        with self.lock:
+            tokenizer = self._made.get(record.digest)
+            if tokenizer is None and record.engine == "llama_cpp" and record.remote is None:
+                tokenizer = self._preloaded.pop(record.digest, None)
+            if tokenizer is None:
+                tokenizer = make()
+            self._made[record.digest] = tokenizer
+            return tokenizer
+
+    def shared(self, tokenizer: Tokenizer) -> LockedTokenizer:
+        return LockedTokenizer(tokenizer, self.lock)
+
+    def drop(self, digest: str) -> None:
+        """Close the tokenizer of ``digest`` (its model evicted)."""
+        with self.lock:
+            tokenizer = self._made.pop(digest, None)
+            if tokenizer is not None:
+                tokenizer.close()
+
+    def close(self) -> None:
+        with self.lock:
+            for tokenizer in [*self._made.values(), *self._preloaded.values()]:
+                tokenizer.close()
+            self._made.clear()
+            self._preloaded.clear()
