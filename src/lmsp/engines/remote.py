@@ -34,29 +34,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmsp.engines import protocol as wire
 from lmsp.engines import upstream
 from lmsp.engines.base import EngineError, LoadOptions, Piece, Utf8Stream
 from lmsp.engines.client import UPSTREAM_LOST
 from lmsp.engines.hf_tokenizer import JsonTokenizer, is_gguf
 from lmsp.engines.llama_cpp import LlamaTokenizer
-from lmsp.engines.protocol import (
-    CANCELLED,
-    LENGTH,
-    STOP,
-    Cancel,
-    Channel,
-    Done,
-    Embed,
-    Embeddings,
-    Error,
-    FromEngine,
-    Shutdown,
-    Stats,
-    StatsReply,
-    Submit,
-    Tokens,
-    pack,
-)
 from lmsp.engines.upstream import RemoteSpec, UpstreamLost, UpstreamRefused
 
 if TYPE_CHECKING:
@@ -157,10 +140,10 @@ class RemoteBackend:
         self.cancelled = 0
         self.lost = 0
         self.refilled = 0  # chunks whose unstreamed tokens were re-tokenized here
-        self._channel: Channel | None = None
+        self._channel: wire.Channel | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._gate: asyncio.Semaphore | None = None
-        self._outbox: list[FromEngine] = []  # sent at the end of the loop's turn (_flush)
+        self._outbox: list[wire.FromEngine] = []  # sent at the end of the loop's turn (_flush)
 
     def memory_bytes(self) -> int:
         return 0  # the weights live on the upstream
@@ -169,13 +152,13 @@ class RemoteBackend:
         self.tokenizer.close()
 
     # -- the loop ------------------------------------------------------------------------
-    def serve(self, channel: Channel, alive: Callable[[], bool]) -> None:
+    def serve(self, channel: wire.Channel, alive: Callable[[], bool]) -> None:
         """Serve ``channel`` until :class:`Shutdown` or the API process is gone."""
         self._channel = channel
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line a request
         asyncio.run(self._serve(channel, alive))
 
-    async def _serve(self, channel: Channel, alive: Callable[[], bool]) -> None:
+    async def _serve(self, channel: wire.Channel, alive: Callable[[], bool]) -> None:
         import httpx
 
         loop = asyncio.get_running_loop()
@@ -209,7 +192,7 @@ class RemoteBackend:
             }
             while True:
                 message = await inbox.get()
-                if message is None or isinstance(message, Shutdown):
+                if message is None or isinstance(message, wire.Shutdown):
                     break
                 self._handle(clients, message)
             for task in list(self._tasks.values()):
@@ -227,17 +210,17 @@ class RemoteBackend:
         return least
 
     def _handle(self, clients: dict[str, httpx.AsyncClient], message: Any) -> None:
-        if isinstance(message, Submit):
+        if isinstance(message, wire.Submit):
             url = self.route(message.prompt)
             self._start(message.id, self._generate(clients[url], url, message), url)
-        elif isinstance(message, Embed):
+        elif isinstance(message, wire.Embed):
             url = min(self.live, key=lambda u: self.load[u])
             self._start(message.id, self._embed(clients[url], url, message), url)
-        elif isinstance(message, Cancel):
+        elif isinstance(message, wire.Cancel):
             task = self._tasks.get(message.id)
             if task is not None:
                 task.cancel()  # closes its stream: the upstream stops and frees the slot
-        elif isinstance(message, Stats):
+        elif isinstance(message, wire.Stats):
             figures = {
                 "active": len(self._tasks),
                 "streams": self.streams,
@@ -245,7 +228,7 @@ class RemoteBackend:
                 "refilled": self.refilled,
                 "upstreams": dict(self.load),
             }
-            self._send(StatsReply(message.id, figures))
+            self._send(wire.StatsReply(message.id, figures))
         else:
             log.warning("remote engine: an unknown message %s was ignored", type(message).__name__)
 
@@ -260,7 +243,7 @@ class RemoteBackend:
 
         task.add_done_callback(ended)
 
-    def _send(self, message: FromEngine) -> None:
+    def _send(self, message: wire.FromEngine) -> None:
         """Queue ``message`` for the API process: what every sequence has to say by the
         end of this turn of the event loop goes in one frame (as a local engine sends a
         step's tokens), so 8 streams cost one pipe write a round, not eight."""
@@ -274,18 +257,18 @@ class RemoteBackend:
         if not messages:
             return
         try:
-            self._channel.send(pack(messages))
+            self._channel.send(wire.pack(messages))
         except (OSError, ValueError):
             os._exit(0)  # the API process is gone: nothing here is worth finishing
 
     # -- one sequence --------------------------------------------------------------------
-    async def _generate(self, client: httpx.AsyncClient, url: str, message: Submit) -> None:
+    async def _generate(self, client: httpx.AsyncClient, url: str, message: wire.Submit) -> None:
         assert self._gate is not None
         if message.grammar is not None and message.resume:
             # an upstream's grammar starts at the start of what it generates: fed a
             # resume's tokens as prompt it would constrain the rest as a whole answer
             why = "A constrained answer cannot be continued mid-grammar on a remote upstream."
-            self._send(Error(message.id, "engine_error", why))
+            self._send(wire.Error(message.id, "engine_error", why))
             return
         try:
             async with self._gate:
@@ -293,7 +276,7 @@ class RemoteBackend:
                 reason = await self._pieces(client, url, message)
         except asyncio.CancelledError:
             self.cancelled += 1
-            self._send(Done(message.id, CANCELLED))
+            self._send(wire.Done(message.id, wire.CANCELLED))
             return
         except (UpstreamRefused, UpstreamLost) as exc:
             self._failed(message.id, url, exc, "engine_error")
@@ -301,12 +284,12 @@ class RemoteBackend:
         except Exception as exc:  # a bug here: this sequence fails, the engine goes on
             log.exception("remote engine: a sequence failed")
             self._send(
-                Error(message.id, "engine_error", f"The engine failed: {type(exc).__name__}.")
+                wire.Error(message.id, "engine_error", f"The engine failed: {type(exc).__name__}.")
             )
             return
-        self._send(Done(message.id, reason))
+        self._send(wire.Done(message.id, reason))
 
-    async def _pieces(self, client: httpx.AsyncClient, url: str, message: Submit) -> str:
+    async def _pieces(self, client: httpx.AsyncClient, url: str, message: wire.Submit) -> str:
         """Stream one completion, sending its pieces as they come; why it ended."""
         tokenizer = self.tokenizer
         decoder = Utf8Stream()
@@ -339,11 +322,11 @@ class RemoteBackend:
                 pieces.append(Piece(token, decoder.feed(raw), entry))
             if pieces or first:
                 cached = (chunk.cached or 0) if first else None
-                self._send(Tokens(message.id, pieces, cached))
+                self._send(wire.Tokens(message.id, pieces, cached))
                 first = False
             if chunk.stop is not None:
-                return LENGTH if chunk.stop == "limit" else STOP
-        return STOP
+                return wire.LENGTH if chunk.stop == "limit" else wire.STOP
+        return wire.STOP
 
     def _filled(self, chunk: upstream.Chunk, seen: int) -> list[int]:
         """The chunk's tokens, with those llama-server generated but did not stream (it
@@ -370,7 +353,7 @@ class RemoteBackend:
         if isinstance(exc, UpstreamLost):
             self._lost(sid, url, str(exc))
         else:
-            self._send(Error(sid, refused, str(exc)))
+            self._send(wire.Error(sid, refused, str(exc)))
 
     def _lost(self, sid: int, url: str, why: str) -> None:
         """An upstream broke off: every open sequence hears it (naming the upstream),
@@ -380,19 +363,19 @@ class RemoteBackend:
         message = f"The upstream {url} of this model broke off ({why})."
         log.warning("remote engine: %s", message)
         for other in [sid, *(t for t in self._tasks if t != sid)]:
-            self._send(Error(other, "engine_crashed", message))
+            self._send(wire.Error(other, "engine_crashed", message))
         self._flush()  # every piece so far, then these, before the engine goes
         os._exit(UPSTREAM_LOST)
 
     # -- embeddings ------------------------------------------------------------------------
-    async def _embed(self, client: httpx.AsyncClient, url: str, message: Embed) -> None:
+    async def _embed(self, client: httpx.AsyncClient, url: str, message: wire.Embed) -> None:
         import numpy as np
 
         try:
             inputs = [list(i) for i in message.inputs]
             rows = await upstream.embed(client, self.spec.at(url), inputs)
         except asyncio.CancelledError:
-            self._send(Done(message.id, CANCELLED))
+            self._send(wire.Done(message.id, wire.CANCELLED))
             return
         except (UpstreamRefused, UpstreamLost) as exc:
             self._failed(message.id, url, exc, "model_cannot_embed")
@@ -402,7 +385,7 @@ class RemoteBackend:
         vectors: npt.NDArray[np.float32] = (raw / np.where(norms > 0, norms, 1.0)).astype(
             np.float32
         )
-        self._send(Embeddings(message.id, vectors))
+        self._send(wire.Embeddings(message.id, vectors))
 
 
 def _logprob(
