@@ -49,6 +49,22 @@ def variant_gguf(source: Path, target: Path) -> Path:
     return target
 
 
+def split_gguf(source: Path, folder: Path, name: str) -> list[Path]:
+    """``source`` written again as a split GGUF of two parts in ``folder`` (gguf's
+    writer, as llama.cpp's gguf-split would): ``name-00001-of-00002.gguf`` and
+    ``name-00002-of-00002.gguf``."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(folder / f"{name}.gguf"), arch, split_max_tensors=150)
+    copy_with_new_metadata(reader, writer, {}, [])
+    parts = sorted(folder.glob(f"{name}-*-of-00002.gguf"))
+    assert len(parts) == 2
+    return parts
+
+
 def sha256_of(path: Path) -> str:
     sha = hashlib.sha256()
     with path.open("rb") as fh:

@@ -26,7 +26,7 @@ from lmsp.bootstrap import bundled_model_path
 from lmsp.outbound.hub import parse_reference, pick_files
 from tests.campaigns.smallfs import fill, require_small_fs, seed_by_symlink, small_fs
 from tests.helpers import Server, check_log_invariants, open_db, seeded_data_dir, task_log
-from tests.hub_standin import Hub, HubFile, serve, sha256_of, variant_gguf
+from tests.hub_standin import Hub, HubFile, serve, sha256_of, split_gguf, variant_gguf
 
 REPO = "test-owner/SmolLM2-135M-Instruct-GGUF"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -400,17 +400,7 @@ def test_a_full_disk_refuses_a_pull_up_front_or_fails_it_mid_way_and_deletes_the
 def split_parts(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The bundled model written again as a split GGUF of two parts (gguf's writer, as
     llama.cpp's gguf-split would)."""
-    import gguf
-    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
-
-    folder = tmp_path_factory.mktemp("split")
-    reader = gguf.GGUFReader(str(bundled_model_path()))
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(folder / "SmolSplit-Q4_1.gguf"), arch, split_max_tensors=150)
-    copy_with_new_metadata(reader, writer, {}, [])
-    parts = sorted(folder.glob("SmolSplit-Q4_1-*-of-00002.gguf"))
-    assert len(parts) == 2
-    return parts
+    return split_gguf(bundled_model_path(), tmp_path_factory.mktemp("split"), "SmolSplit-Q4_1")
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.helpers import Server, check_log_invariants, finish, open_db
+from tests.hub_standin import split_gguf
 from tests.test_engine_reattach import engine_pid, under_way, uninterrupted
 from tests.test_resume import text_of
 
@@ -79,3 +80,41 @@ def test_a_standby_on_a_free_directory_serves_at_once(tmp_path: Path) -> None:
         assert "standby: taking over" in spare.log_path.read_text()
     finally:
         spare.stop()
+
+
+def test_the_standby_makes_each_whole_models_tokenizer_and_passes_over_split_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a standby prepares while it waits (:func:`preload_tokenizers`): the tokenizer
+    of the bundled model, keyed by its blob's digest; a split model's parts (which load
+    only together, under the names the model host links) and a blob that is no GGUF are
+    passed over without a load being tried."""
+    from lmsp.bootstrap import bundled_model_path
+    from lmsp.cluster import startup
+    from lmsp.config import from_env
+    from lmsp.engines.llama_cpp import LlamaEngine
+
+    settings = from_env({"LMSP_DATA_DIR": str(tmp_path / "data")})
+    blobs = settings.blobs_dir
+    blobs.mkdir(parents=True)
+    first, second = split_gguf(bundled_model_path(), tmp_path, "Split")
+    named = {"whole": bundled_model_path(), "first": first, "second": second}
+    for name, source in named.items():
+        (blobs / f"sha256-{name}").symlink_to(source)
+    (blobs / "sha256-text").write_text("not a model")
+    tried: list[str] = []
+    make = LlamaEngine.tokenizer
+
+    def recorded(self: LlamaEngine, path: Path, *args: object) -> object:
+        tried.append(path.name)
+        return make(self, path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LlamaEngine, "tokenizer", recorded)
+    made = startup.preload_tokenizers(settings)
+    try:
+        assert list(made) == ["sha256:whole"]
+        assert tried == ["sha256-whole"]
+        assert made["sha256:whole"].text_tokens("Hello") == [19556]  # the model's vocabulary
+    finally:
+        for tokenizer in made.values():
+            tokenizer.close()

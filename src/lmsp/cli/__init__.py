@@ -267,7 +267,7 @@ def _standby(settings: config.Settings) -> tuple[datadir.DataDirLock, dict[str, 
 
     lock = _lock(settings, "lmsp serve", waiting)
     log.info("standby: taking over %s", settings.data_dir, extra={"event": "service.takeover"})
-    return lock, dict(tokenizers)
+    return lock, tokenizers
 
 
 @main.command(short_help="Delete expired finished work and orphan blobs (server stopped).")

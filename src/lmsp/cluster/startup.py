@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lmsp import datadir
+from lmsp import datadir, gguf
 from lmsp.bootstrap import bootstrap
 from lmsp.cluster.nodes import Membership
 from lmsp.config import Settings
@@ -156,15 +156,16 @@ def preload_tokenizers(settings: Settings) -> dict[str, Tokenizer]:
     """The tokenizer of every local GGUF model in the data directory's blob store, by
     digest, made as the model host makes them: a standby makes them while it waits, so
     that its first resume does not read a vocabulary (a fifth of a second each). Read
-    only: no lock is needed; a blob that is no whole model is passed over."""
+    only: no lock is needed; a blob that is no GGUF, or a part of a split model (its
+    parts load together, under the names the model host links them by), is passed over
+    unloaded: made at first use as before."""
     engine = LlamaEngine()
     found: dict[str, Tokenizer] = {}
     for path in sorted(settings.blobs_dir.glob("sha256-*")):
         digest = f"sha256:{path.name.removeprefix('sha256-')}"
         try:
-            with path.open("rb") as head:
-                if head.read(4) != b"GGUF":
-                    continue
+            if int(gguf.read_header(path).get("split.count", 1)) > 1:
+                continue
             options = replace(load_options(settings, None), digest=digest)
             found[digest] = engine.tokenizer(path, settings.n_ctx, options)
         except Exception:
