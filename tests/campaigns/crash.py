@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import Server, children, free_port, seeded_data_dir, wait_exited
+from tests.helpers import Server, children, free_ports, seeded_data_dir, wait_exited
 
 from .invariants import (
     Ledger,
@@ -253,9 +253,11 @@ def race(data_dir: Path, log_dir: Path, figs: Figures, alone: bool = False) -> S
     """Two servers on one directory at once: exactly one serves; the other refuses.
     (``alone``: one server, no race.)"""
     pair = [Server(data_dir, env=ENV)] + ([] if alone else [Server(data_dir, env=ENV)])
-    for n, srv in enumerate(pair):
+    # distinct ports: with one port for both, the refused one's probe would reach the
+    # other, and the server that serves would be taken for the loser
+    for n, (srv, port) in enumerate(zip(pair, free_ports(len(pair)), strict=True)):
         srv.log_path = log_dir / f"server-{n}.log"
-        srv.port = free_port()
+        srv.port = port
         srv.launch()
     deadline = time.monotonic() + 120
     winner: Server | None = None
