@@ -170,6 +170,11 @@ class EmbedCall:
         self._client.cancel_embed(self)
 
 
+class ChannelBroken(EngineCrashed):
+    """A message could not be sent: the engine's end of the channel is closed (it is
+    exiting or gone; its reader learns why from its exit)."""
+
+
 class EngineClient:
     """One engine (see the module docstring). ``in_thread``: run it on a thread of this
     process instead (tests of the test engine); ``on_exit`` is called, from the reader
@@ -342,6 +347,8 @@ class EngineClient:
             self._streams[sid] = stream
         try:
             self._send(Submit(sid, list(prompt), list(resume), sampling, grammar, max_tokens))
+        except ChannelBroken:
+            pass  # it is exiting: its reader ends this stream saying why (:meth:`_ended`)
         except EngineError:
             with self._lock:
                 self._streams.pop(sid, None)
@@ -407,7 +414,7 @@ class EngineClient:
             try:
                 self._conn.send([message])
             except (OSError, ValueError) as exc:
-                raise EngineCrashed(f"The engine cannot be reached: {exc}.") from exc
+                raise ChannelBroken(f"The engine cannot be reached: {exc}.") from exc
 
     # -- what comes back ---------------------------------------------------------------
     def _read(self) -> None:
