@@ -82,25 +82,31 @@ def test_a_standby_on_a_free_directory_serves_at_once(tmp_path: Path) -> None:
         spare.stop()
 
 
-def test_the_standby_makes_each_whole_models_tokenizer_and_passes_over_split_parts(
+def test_the_standby_hashes_and_makes_each_whole_model_and_passes_over_split_parts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What a standby prepares while it waits (:func:`preload_tokenizers`): the tokenizer
-    of the bundled model, keyed by its blob's digest; a split model's parts (which load
-    only together, under the names the model host links) and a blob that is no GGUF are
+    """What a standby prepares while it waits (:func:`startup.prepare`): the bundled
+    model's blob hashed and found intact, and its tokenizer, keyed by its digest; a blob
+    whose bytes are not what its name says is not taken as checked (its tokenizer is
+    made: a load checks it again first); a split model's parts (which load only
+    together, under the names the model host links) and a blob that is no GGUF are
     passed over without a load being tried."""
     from lmsp.bootstrap import bundled_model_path
     from lmsp.cluster import startup
     from lmsp.config import from_env
     from lmsp.engines.llama_cpp import LlamaEngine
+    from lmsp.store.blobs import hash_file
 
     settings = from_env({"LMSP_DATA_DIR": str(tmp_path / "data")})
     blobs = settings.blobs_dir
     blobs.mkdir(parents=True)
+    digest = hash_file(bundled_model_path())[0]
+    whole = "sha256-" + digest.removeprefix("sha256:")
     first, second = split_gguf(bundled_model_path(), tmp_path, "Split")
-    named = {"whole": bundled_model_path(), "first": first, "second": second}
+    named = {whole: bundled_model_path(), "sha256-misnamed": bundled_model_path()}
+    named |= {"sha256-first": first, "sha256-second": second}
     for name, source in named.items():
-        (blobs / f"sha256-{name}").symlink_to(source)
+        (blobs / name).symlink_to(source)
     (blobs / "sha256-text").write_text("not a model")
     tried: list[str] = []
     make = LlamaEngine.tokenizer
@@ -110,11 +116,38 @@ def test_the_standby_makes_each_whole_models_tokenizer_and_passes_over_split_par
         return make(self, path, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(LlamaEngine, "tokenizer", recorded)
-    made = startup.preload_tokenizers(settings)
+    made = startup.prepare(settings)
     try:
-        assert list(made) == ["sha256:whole"]
-        assert tried == ["sha256-whole"]
-        assert made["sha256:whole"].text_tokens("Hello") == [19556]  # the model's vocabulary
+        assert sorted(made.tokenizers) == sorted([digest, "sha256:misnamed"])
+        assert sorted(tried) == sorted([whole, "sha256-misnamed"])
+        assert made.verified == {digest}
+        assert made.tokenizers[digest].text_tokens("Hello") == [19556]  # the model's vocabulary
     finally:
-        for tokenizer in made.values():
+        for tokenizer in made.tokenizers.values():
             tokenizer.close()
+
+
+def test_the_standby_has_imported_what_the_servers_start_imports() -> None:
+    """uvicorn imports its protocols and event loop as its server starts (15-20 ms on
+    this machine, after the takeover): a standby has them imported already."""
+    script = """
+import importlib, sys
+from lmsp.cli import STANDBY_IMPORTS
+for name in STANDBY_IMPORTS:
+    importlib.import_module(name)
+import uvicorn.loops.uvloop
+before = set(sys.modules)
+import uvicorn
+async def app(scope, receive, send): ...
+config = uvicorn.Config(
+    app, http="httptools", ws="websockets-sansio", ws_per_message_deflate=False, log_config=None
+)
+config.load()
+config.get_loop_factory()
+new = sorted(set(sys.modules) - before)
+print([m for m in new if m.split(".")[0] in ("uvicorn", "websockets", "httptools", "uvloop")])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

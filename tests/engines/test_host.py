@@ -317,3 +317,68 @@ def test_a_warm_load_checks_the_digest_while_the_engine_loads(blobs: Path) -> No
     assert err.value.code == "model_corrupt"
     assert text(h.get(a, 0), "hi") == "x"
     h.close()
+
+
+class Reattaching:
+    """A stand-in for :class:`lmsp.engines.reattach.Registry` that always finds an
+    engine an earlier process left running (here: one started on the spot)."""
+
+    def prepare(self, spec: Any) -> Any:
+        return spec
+
+    def reattach(self, spec: Any, make: Any) -> EngineClient:
+        client: EngineClient = make(spec)
+        client.launch()
+        return client
+
+    def record(self, client: EngineClient) -> None:
+        return None
+
+
+def hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The threads the model host hashes a blob on, from now on."""
+    import lmsp.engines.host as host_module
+
+    seen: list[str] = []
+    real = host_module.check_digest
+
+    def recorded(blobs_dir: Path, rec: ModelRecord) -> str | None:
+        seen.append(threading.current_thread().name)
+        return real(blobs_dir, rec)
+
+    monkeypatch.setattr(host_module, "check_digest", recorded)
+    return seen
+
+
+def test_a_reattached_engines_blob_is_hashed_by_the_warm_load_not_on_the_resume(
+    blobs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reattached engine's blob was checked by the process that loaded it; this one
+    hashes it once (its first meeting of the digest) on the warm load's thread, beside
+    the rest of the start, not when the resumed task first asks for the engine."""
+    h = ModelHost(blobs, {"fake": FakeEngine()}, 64)  # type: ignore[dict-item]
+    h.registry = Reattaching()  # type: ignore[assignment]  # (only a process's engine)
+    a = record(blobs, "a")
+    seen = hashes(monkeypatch)
+    thread = h.warm([a])
+    assert thread is not None
+    thread.join(10)
+    assert seen == ["lmsp-warm"]
+    assert text(h.get(a, 0), "hi") == "x"
+    assert seen == ["lmsp-warm"]  # the task's get found it checked
+    h.close()
+
+
+def test_a_blob_a_standby_hashed_is_not_hashed_again(
+    blobs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digests a standby hashed while it waited (``verified``) count as this
+    process's own check: a load checks their size only; another blob is hashed."""
+    a, b = record(blobs, "a"), record(blobs, "b")
+    h = host(blobs, FakeEngine(), max_loaded=2, verified=frozenset({a.digest}))
+    seen = hashes(monkeypatch)
+    assert text(h.get(a, 0), "hi") == "x"
+    assert seen == []
+    assert text(h.get(b, 1), "hi") == "x"
+    assert len(seen) == 1
+    h.close()

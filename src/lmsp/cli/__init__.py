@@ -22,7 +22,7 @@ from lmsp.cli.common import DATA_DIR_HELP, TOKEN_HELP, URL_HELP
 from lmsp.cli.errors import CliError, Lazy
 
 if TYPE_CHECKING:
-    from lmsp.engines.base import Tokenizer
+    from lmsp.cluster.startup import Prepared
 
 
 def _settings(data_dir: Path | None, **overrides: object) -> config.Settings:
@@ -150,9 +150,9 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
     settings = _settings(data_dir, host=host, port=port)
     if settings.database_url:  # one line, not a traceback, for a URL that cannot work
         database.reach(settings.database_url)
-    tokenizers: dict[str, Tokenizer] | None = None
+    prepared: Prepared | None = None
     if standby:
-        lock, tokenizers = _standby(settings)
+        lock, prepared = _standby(settings)
     else:
         lock = _lock(settings, "lmsp serve")
     sock = _listen(settings.host, settings.port)
@@ -162,7 +162,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
     # the HTTP application's imports (most of a second), which their loading overlaps
     from lmsp.cluster.startup import head_start
 
-    head = head_start(settings, lock, tokenizers)
+    head = head_start(settings, lock, prepared)
     try:
         import uvicorn
 
@@ -227,10 +227,15 @@ def _announce(settings: config.Settings) -> None:
         log.info(hint, extra={"event": "service.command"})
 
 
-#: what a standby imports while it waits: the service's start, and what its first
+#: what a standby imports while it waits: the service's start (uvicorn's protocols and
+#: event loop, which its server imports as it starts: 15-20 ms), and what its first
 #: requests and the recovered tasks' resumes would import on their way
 STANDBY_IMPORTS = (
     "uvicorn",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.websockets.websockets_sansio_impl",
+    "uvicorn.lifespan.on",
+    "uvicorn.loops.auto",
     "lmsp.api.app",
     "lmsp.api.guard",
     "lmsp.cluster.startup",
@@ -241,9 +246,10 @@ STANDBY_IMPORTS = (
 )
 
 
-def _standby(settings: config.Settings) -> tuple[datadir.DataDirLock, dict[str, Tokenizer]]:
-    """The data directory's lock, awaited with everything serving needs imported and the
-    local models' tokenizers made (:func:`~lmsp.cluster.startup.preload_tokenizers`):
+def _standby(settings: config.Settings) -> tuple[datadir.DataDirLock, Prepared]:
+    """The data directory's lock, awaited with everything serving needs imported, the
+    local models' blobs hashed and their tokenizers made (:func:`~lmsp.cluster.startup.
+    prepare`):
     the kernel hands the lock over the moment its holder exits, however it exits."""
     import importlib
 
@@ -253,9 +259,11 @@ def _standby(settings: config.Settings) -> tuple[datadir.DataDirLock, dict[str, 
     log = logging.getLogger("lmsp")
     for name in STANDBY_IMPORTS:
         importlib.import_module(name)
-    from lmsp.cluster.startup import preload_tokenizers
+    with contextlib.suppress(ImportError):  # uvicorn's event loop where it is installed
+        importlib.import_module("uvicorn.loops.uvloop")
+    from lmsp.cluster.startup import prepare
 
-    tokenizers = preload_tokenizers(settings)
+    prepared = prepare(settings)
 
     def waiting(holder: str) -> None:
         log.info(
@@ -267,7 +275,7 @@ def _standby(settings: config.Settings) -> tuple[datadir.DataDirLock, dict[str, 
 
     lock = _lock(settings, "lmsp serve", waiting)
     log.info("standby: taking over %s", settings.data_dir, extra={"event": "service.takeover"})
-    return lock, tokenizers
+    return lock, prepared
 
 
 @main.command(short_help="Delete expired finished work and orphan blobs (server stopped).")

@@ -16,7 +16,7 @@ that build the application alone get the same steps, in one go.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from lmsp import datadir, gguf
 from lmsp.bootstrap import bootstrap
@@ -32,7 +32,7 @@ from lmsp.engines.reattach import Registry
 from lmsp.engines.remote import RemoteEngine
 from lmsp.metrics import Metrics
 from lmsp.runner import recovery
-from lmsp.store import models
+from lmsp.store import blobs, models
 from lmsp.store.db import Database
 from lmsp.store.open import open_database
 
@@ -64,7 +64,7 @@ def engines() -> dict[str, Engine]:
 def head_start(
     settings: Settings,
     lock: datadir.DataDirLock | None = None,
-    tokenizers: dict[str, Tokenizer] | None = None,
+    prepared: Prepared | None = None,
 ) -> HeadStart:
     """Take the data directory's lock (unless the caller holds it already), open and
     bootstrap it, join the cluster, recover, and launch the engines the unfinished
@@ -92,7 +92,7 @@ def head_start(
         # a node recovers what it held itself (on a shared database, other nodes' tasks
         # are theirs, and their rescuers' once their lease runs out)
         report = recovery.recover(db, settings.node if db.shared else None)
-        host = open_host(settings, db, metrics, tokenizers)
+        host = open_host(settings, db, metrics, prepared)
     except BaseException:
         db.close()
         raise
@@ -105,10 +105,10 @@ def open_host(
     settings: Settings,
     db: Database,
     metrics: Metrics,
-    tokenizers: dict[str, Tokenizer] | None = None,
+    prepared: Prepared | None = None,
 ) -> ModelHost:
-    """The model host, its prefix cache the relief of a full disk; ``tokenizers``: those
-    :func:`preload_tokenizers` made ahead."""
+    """The model host, its prefix cache the relief of a full disk, and what a standby
+    :func:`prepare`-d ahead."""
     kv = PrefixFiles(
         settings.kv_dir,
         max_bytes=settings.kv_cache_bytes,
@@ -133,7 +133,8 @@ def open_host(
             else None
         ),
         spares=settings.spare_engine,
-        tokenizers=tokenizers,
+        tokenizers=prepared.tokenizers if prepared else None,
+        verified=prepared.verified if prepared else frozenset(),
     )
     host.metrics = metrics
     return host
@@ -152,22 +153,35 @@ def load_options(settings: Settings, kv: PrefixFiles | None) -> LoadOptions:
     )
 
 
-def preload_tokenizers(settings: Settings) -> dict[str, Tokenizer]:
-    """The tokenizer of every local GGUF model in the data directory's blob store, by
-    digest, made as the model host makes them: a standby makes them while it waits, so
-    that its first resume does not read a vocabulary (a fifth of a second each). Read
-    only: no lock is needed; a blob that is no GGUF, or a part of a split model (its
-    parts load together, under the names the model host links them by), is passed over
-    unloaded: made at first use as before."""
+@dataclass(frozen=True)
+class Prepared:
+    """What a standby makes while it waits, so that its first resume after the takeover
+    neither reads a vocabulary (a fifth of a second each) nor hashes a blob (about
+    0.1 s for the bundled model): the tokenizer of every local GGUF model in the blob
+    store, and the digests of the blobs it hashed, both by digest."""
+
+    tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
+    verified: frozenset[str] = frozenset()
+
+
+def prepare(settings: Settings) -> Prepared:
+    """:class:`Prepared` for the data directory's blob store, made as the model host
+    makes them: each whole GGUF blob hashed (as a process's first load of it would) and
+    its tokenizer made. Read only: no lock is needed; a blob that is no GGUF, or a part
+    of a split model (its parts load together, under the names the model host links
+    them by), is passed over: checked and made at first use as before."""
     engine = LlamaEngine()
     found: dict[str, Tokenizer] = {}
+    verified: set[str] = set()
     for path in sorted(settings.blobs_dir.glob("sha256-*")):
         digest = f"sha256:{path.name.removeprefix('sha256-')}"
         try:
             if int(gguf.read_header(path).get("split.count", 1)) > 1:
                 continue
+            if blobs.hash_file(path)[0] == digest:
+                verified.add(digest)
             options = replace(load_options(settings, None), digest=digest)
             found[digest] = engine.tokenizer(path, settings.n_ctx, options)
         except Exception:
             continue
-    return found
+    return Prepared(found, frozenset(verified))

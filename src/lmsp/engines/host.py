@@ -77,6 +77,7 @@ class ModelHost:
         registry: Registry | None = None,
         spares: bool = False,
         tokenizers: dict[str, Tokenizer] | None = None,
+        verified: frozenset[str] = frozenset(),
     ) -> None:
         self.blobs_dir = blobs_dir
         self.spares = Spares() if spares else None  # LMSP_SPARE_ENGINE (spares.py)
@@ -101,7 +102,8 @@ class ModelHost:
         self._closed = False
         self._status: dict[str, EngineStatus] = {}  # read by /healthz: its own lock
         self._status_lock = threading.Lock()
-        self._verified: set[str] = set()  # digests fully hashed by this process
+        # digests fully hashed by this process (``verified``: by it as a standby)
+        self._verified: set[str] = set(verified)
         self._verify_lock = threading.Lock()
         self._vocabularies = Vocabularies(tokenizers)  # the API side's tokenizers
         self._contexts: dict[str, int] = {}  # digest → the context it would load with
@@ -226,6 +228,9 @@ class ModelHost:
             for record in chosen:
                 try:  # checked as it loads (see _launch)
                     self._ensure(record, self.engines[record.engine], None)
+                    # a reattached engine's blob was checked by the process that loaded
+                    # it: this one hashes it now, not on the way of the task's resume
+                    self.check(record)
                 except Exception as exc:
                     log.info("not loaded ahead: %s (%s)", record.id, exc)
 
