@@ -69,6 +69,8 @@ TEST_TIMEOUT = 5.0
 TEST_RESPONSE_ID = "resp_test"
 #: the shortest and longest naps between looks at the outbox
 MIN_NAP = 0.01
+#: the table of deliveries to make (its changes are counted: :meth:`Deliverer._committed`)
+OUTBOX = "webhook_deliveries"
 MAX_NAP = 1.0
 
 
@@ -147,6 +149,7 @@ class Deliverer:
         self._outcomes: list[store.Outcome] = []
         self._ready = threading.Event()
         self._woken = False  # a wake is on its way to the loop (one is enough)
+        self._outbox_seen = -1  # the outbox's change count the last commit showed
         self._http: httpx.AsyncClient | None = None  # made for the first try
         self.sent = 0  # tries made by this process (for tests and figures)
 
@@ -156,7 +159,7 @@ class Deliverer:
         start sending."""
         node = self._shared_node
         self.db.write_sync(lambda c: store.release(c, node, time.time()))
-        self.db.on_commit(self.wake)
+        self.db.on_commit(self._committed)
         self._thread = threading.Thread(target=self._run, name="lmsp-webhooks", daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -172,8 +175,21 @@ class Deliverer:
             with contextlib.suppress(Exception):
                 self.db.write_sync(lambda c: store.release(c, self.node, time.time()))
 
+    def _committed(self) -> None:
+        """After a commit (in the writer's thread; on PostgreSQL, after any node's):
+        look at the outbox if it may have changed. One SQLite database counts the
+        outbox's changes (:attr:`Database.versions`), so a commit that queued, claimed or
+        settled no delivery — a task's flush of text, say — wakes nothing; the commits
+        of a shared database's other nodes are not counted here, and each wakes it."""
+        if not self.db.shared:
+            seen = self.db.versions[OUTBOX]
+            if seen == self._outbox_seen:
+                return
+            self._outbox_seen = seen
+        self.wake()
+
     def wake(self) -> None:
-        """Look at the outbox now (called after every commit; from any thread)."""
+        """Look at the outbox now (from any thread)."""
         loop, event = self._loop, self._wake
         if self._woken or loop is None or event is None or loop.is_closed():
             return

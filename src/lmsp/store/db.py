@@ -61,6 +61,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "clients": ("token_prefix", "token_hash", "scopes", "name", "revoked_at"),
     "models": (),
     "model_aliases": (),
+    "webhook_deliveries": (),  # the outbox: its sender wakes when it changed
 }
 
 
