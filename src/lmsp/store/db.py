@@ -373,6 +373,8 @@ class Database:
                 except BaseException as exc:
                     if is_storage_error(exc):
                         raise _StorageFull(exc) from exc
+                    if self._retryable(exc):  # a deadlock, say: the whole batch again
+                        raise
                     self._control(conn, ["ROLLBACK TO job"])
                     conn.events_pending = events_before
                     outcomes.append((request, False, exc))
