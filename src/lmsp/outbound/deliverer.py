@@ -69,9 +69,9 @@ TEST_TIMEOUT = 5.0
 TEST_RESPONSE_ID = "resp_test"
 #: the shortest and longest naps between looks at the outbox
 MIN_NAP = 0.01
+MAX_NAP = 1.0
 #: the table of deliveries to make (its changes are counted: :meth:`Deliverer._committed`)
 OUTBOX = "webhook_deliveries"
-MAX_NAP = 1.0
 
 
 def signed_headers(event_id: str, secret: str, body: bytes) -> dict[str, str]:
