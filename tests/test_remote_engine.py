@@ -21,7 +21,9 @@ import pytest
 from bench import llama_server
 
 from lmsp.bootstrap import bundled_model_path
+from lmsp.engines.base import Sampling
 from lmsp.engines.llama_cpp import LlamaTokenizer
+from lmsp.engines.upstream import RemoteSpec, completion_body
 from tests import remote_fixtures
 from tests.helpers import Server, open_db
 from tests.remote_fixtures import (
@@ -148,6 +150,24 @@ def test_a_background_response_on_a_remote_model_is_the_upstreams_greedy_answer(
     finally:
         conn.close()
     assert engine[0] == "remote" and json.loads(engine[1])["url"] == upstream.url
+
+
+def test_a_greedy_draw_asks_llama_server_for_its_top_token_only() -> None:
+    """Greedy without logprobs, llama-server is sent ``top_k`` 1 (the argmax, as at
+    temperature 0, without its softening the whole vocabulary each token); a sampled
+    draw, or one whose logprobs list the alternatives, keeps the request's ``top_k``.
+    That the answer is still the upstream's own greedy one over the whole vocabulary
+    (``top_k`` 0) is the test above, against the real llama-server."""
+    spec = RemoteSpec("http://127.0.0.1:1", "m", capabilities={"dialect": "llama-server"})
+    for sampling, sent in [
+        (Sampling(temperature=0.0), 1),
+        (Sampling(temperature=0.0, repeat_penalty=1.3, top_k=40), 1),
+        (Sampling(temperature=0.0, logprobs=True, top_logprobs=3), 0),
+        (Sampling(temperature=0.7, top_k=0), 0),
+        (Sampling(temperature=0.7, top_k=40), 40),
+    ]:
+        _, body = completion_body(spec, [1, 2], sampling, 8)
+        assert body["top_k"] == sent, sampling
 
 
 def test_a_tokenizer_that_differs_from_the_upstreams_is_refused_and_nothing_written(

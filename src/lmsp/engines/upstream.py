@@ -152,7 +152,7 @@ def completion_body(
             "n_predict": -1 if max_tokens is None else max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
+            "top_k": llama_top_k(sampling),
             "min_p": sampling.min_p,
             "typical_p": 1.0,
             "xtc_probability": 0.0,
@@ -196,6 +196,17 @@ def completion_body(
     if priority:
         body["priority"] = priority
     return "/v1/completions", body
+
+
+def llama_top_k(sampling: Sampling) -> int:
+    """llama-server's ``top_k`` for ``sampling``: 1 for a greedy draw without logprobs
+    (the same argmax, after the penalties, as the whole vocabulary at temperature 0,
+    which llama-server would otherwise soften and draw from: a tenth of its CPU a token
+    with 8 sequences on a small model, ``bench/run.py --only remote``); the request's
+    value otherwise (logprobs list the vocabulary's most likely, not the one kept)."""
+    if sampling.temperature <= 0 and not sampling.logprobs:
+        return 1
+    return sampling.top_k
 
 
 def upstream_priority(spec: RemoteSpec, tier: int) -> int:
