@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -161,24 +160,7 @@ class RemoteBackend:
     async def _serve(self, channel: wire.Channel, alive: Callable[[], bool]) -> None:
         import httpx
 
-        loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._gate = asyncio.Semaphore(self.sequences)
-
-        def read() -> None:
-            try:
-                while True:
-                    if channel.poll(0.5):
-                        frame = channel.recv()
-                        for message in frame if isinstance(frame, list) else [frame]:
-                            loop.call_soon_threadsafe(inbox.put_nowait, message)
-                    elif not alive():
-                        break
-            except (EOFError, OSError):
-                pass
-            loop.call_soon_threadsafe(inbox.put_nowait, None)
-
-        threading.Thread(target=read, name="lmsp-remote-read", daemon=True).start()
         headers = self.spec.headers()
         limits = httpx.Limits(max_connections=self.sequences + 4)
         async with contextlib.AsyncExitStack() as stack:
@@ -190,15 +172,54 @@ class RemoteBackend:
                 )
                 for url in self.live
             }
-            while True:
-                message = await inbox.get()
-                if message is None or isinstance(message, wire.Shutdown):
-                    break
-                self._handle(clients, message)
+            await self._listen(channel, alive, clients)
             for task in list(self._tasks.values()):
                 task.cancel()
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
             self._flush()
+
+    async def _listen(
+        self,
+        channel: wire.Channel,
+        alive: Callable[[], bool],
+        clients: dict[str, httpx.AsyncClient],
+    ) -> None:
+        """Handle the API process's messages as they come, on this event loop (the
+        pipe's descriptor is watched by it: a ``Submit`` goes upstream without a hand-over
+        between threads), until :class:`Shutdown`, the channel's end, or the API process
+        is gone (looked at every half second)."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def end() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        def readable() -> None:
+            try:
+                while not ended.done() and channel.poll(0):
+                    frame = channel.recv()
+                    for message in frame if isinstance(frame, list) else [frame]:
+                        if isinstance(message, wire.Shutdown):
+                            end()
+                            break
+                        self._handle(clients, message)
+            except (EOFError, OSError):
+                end()
+
+        async def watch() -> None:
+            while alive():
+                await asyncio.sleep(0.5)
+            end()
+
+        fd = channel.fileno()
+        loop.add_reader(fd, readable)
+        watcher = loop.create_task(watch())
+        try:
+            await ended
+        finally:
+            loop.remove_reader(fd)
+            watcher.cancel()
 
     def route(self, prompt: list[int]) -> str:
         """The upstream a sequence goes to: its prefix's (:func:`affinity`) unless that
