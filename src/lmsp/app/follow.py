@@ -2,11 +2,13 @@
 terminal event; and the revocation of the client that follows it, which ends the
 following.
 
-Events are always read from the database, so a follower sees exactly the committed
-log — the same bytes before and after a restart. A follower reads again only when its
-task changed since its last read: it waits on its task's stamp, which the broker checks
-after each commit, so a commit wakes only the followers of the tasks it changed (a task
-whose stamp is not known wakes on every commit). A transport frames what it reads
+A follower sees exactly the committed log — the same bytes before and after a restart:
+what this process committed last comes from the writer's tail of each task's log
+(:mod:`lmsp.store.tail`, the rows as inserted, published once committed), anything else
+from the database. A follower reads again only when its task changed since its last
+read: it waits on its task's stamp, which the broker checks after each commit, so a
+commit wakes only the followers of the tasks it changed (a task whose stamp is not known
+wakes on every commit). A transport frames what it reads
 (HTTP: server-sent events, :mod:`lmsp.api.sse`)."""
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ async def task_pages(
         if stamp is not None and stamp == seen:
             await broker.wait_change(probe, stamp, 10.0)
             continue
-        rows, over = await asyncio.to_thread(_page, core, task_id, last)
+        # what this process just committed, else a read of the database
+        rows, over = db.tail.after(task_id, last) or [], False
+        if not rows:
+            rows, over = await asyncio.to_thread(_page, core, task_id, last)
         seen = stamp if len(rows) < PAGE else None
         page: list[tuple[int, str, str]] = []
         ended = False

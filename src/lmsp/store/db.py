@@ -37,6 +37,7 @@ from lmsp.datadir import create_private_file
 from lmsp.store.health import StorageHealth, insufficient_storage, is_storage_error
 from lmsp.store.migrations import migrate
 from lmsp.store.sql import SQLITE, Conn
+from lmsp.store.tail import Tail
 
 if TYPE_CHECKING:
     from lmsp.datadir import DataDirLock
@@ -66,10 +67,10 @@ WATCHED: dict[str, tuple[str, ...]] = {
 
 
 class Connection(sqlite3.Connection):
-    """A connection that counts the events appended in its open transaction (for the
-    ``events written`` metric: counted once committed)."""
+    """A connection that notes the events appended in its open transaction (the
+    writer's: published to :class:`~lmsp.store.tail.Tail` and counted once committed)."""
 
-    events_pending = 0
+    appended: list[tuple[str, int, str, str]] | None = None
     dialect = SQLITE
     for_update = ""
 
@@ -252,6 +253,8 @@ class Database:
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._writer_conn = writer
         self.versions = Versions()
+        #: the events this process committed last, for their followers (store/tail.py)
+        self.tail = Tail()
         self._changed: set[str] = set()  # watched tables changed in this transaction
         self._tasks_changed: set[str] = set()  # tasks changed in this transaction
         self._listeners: list[Callable[[], None]] = []
@@ -360,12 +363,13 @@ class Database:
         changes_before = conn.total_changes
         faults = self.faults
         began = time.perf_counter()
-        conn.events_pending = 0
+        appended: list[tuple[str, int, str, str]] = []
+        conn.appended = appended
         try:
             before = [self.BEGIN]  # what must run before the next statement of ours
             for request in batch:
                 self._control(conn, [*before, "SAVEPOINT job"])
-                events_before = conn.events_pending
+                events_before = len(appended)
                 try:
                     if faults is not None:
                         faults.job()
@@ -376,7 +380,7 @@ class Database:
                     if self._retryable(exc):  # a deadlock, say: the whole batch again
                         raise
                     self._control(conn, ["ROLLBACK TO job"])
-                    conn.events_pending = events_before
+                    del appended[events_before:]
                     outcomes.append((request, False, exc))
                 else:
                     outcomes.append((request, True, value))
@@ -412,11 +416,12 @@ class Database:
                 if not request.future.done():
                     request.future.set_exception(answer)
             return
+        self.tail.publish(appended)  # before the stamps move: a woken follower finds them
         self._settle_changes()
         self.commits += 1
         self.jobs += len(batch)
         if self.metrics is not None:
-            self.metrics.transaction(len(batch), time.perf_counter() - began, conn.events_pending)
+            self.metrics.transaction(len(batch), time.perf_counter() - began, len(appended))
         if conn.total_changes != changes_before:
             self.health.succeeded()
         for request, ok, value in outcomes:

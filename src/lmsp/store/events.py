@@ -54,8 +54,9 @@ def append(conn: Conn, task_id: str, events: list[dict[str, Any]]) -> int:
         " VALUES (?, ?, ?, ?, ?)",
         rows,
     )
-    if hasattr(conn, "events_pending"):  # the writer's: counted for the metrics at commit
-        conn.events_pending += len(rows)
+    appended = getattr(conn, "appended", None)
+    if appended is not None:  # the writer's: published once committed (store/tail.py)
+        appended.extend(row[:4] for row in rows)
     return seq
 
 

@@ -139,7 +139,8 @@ class PgConnection:
     def __init__(self, raw: psycopg.Connection[Any], *, writer: bool = False) -> None:
         self.raw = raw
         self.for_update = " FOR UPDATE" if writer else ""
-        self.events_pending = 0  # events appended in the open transaction (metrics)
+        #: the writer's: events appended in the open transaction (store/tail.py)
+        self.appended: list[tuple[str, int, str, str]] | None = None
         self.total_changes = 0  # rows changed since opened, as sqlite3's
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Any]:
