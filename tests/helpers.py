@@ -270,6 +270,25 @@ def log_violations(data_dir: Path) -> list[str]:
     return []
 
 
+def queue_background(svc: Any, body: dict[str, Any] | None = None) -> str:
+    """Queue a background response on an open service (``open_service``) as its create
+    route does, in one writer transaction, for the service's owner; its task's id."""
+    from lmsp.protocol.request import from_stored
+    from lmsp.store import responses
+
+    conn = svc.db.reader()
+    query = "SELECT value FROM service_config WHERE key = 'owner_client_id'"
+    owner = conn.execute(query).fetchone()[0]
+    request = from_stored(body or {"model": "lmsp-test", "input": "hello", "background": True})
+
+    def create(c: Any) -> Any:
+        return responses.create(
+            c, client_id=owner, request=request, on_restart="fail", max_queue=1000, key=None
+        )
+
+    return str(svc.db.write_sync(create).task_id)
+
+
 def finish(http: httpx.Client, response_id: str, timeout: float = 600) -> dict[str, Any]:
     """The response once it is no longer queued or in progress (polled)."""
     deadline = time.monotonic() + timeout

@@ -16,36 +16,15 @@ from lmsp.app import follow
 from lmsp.app.broker import Broker
 from lmsp.app.root import open_service
 from lmsp.config import Settings
-from lmsp.protocol.request import from_stored
-from lmsp.store import events, responses
-
-BODY = {"model": "lmsp-test", "input": "hello", "background": True}
-
-
-def _create(svc: Any, owner: str) -> None:
-    def create(conn: Any) -> Any:
-        return responses.create(
-            conn,
-            client_id=owner,
-            request=from_stored(BODY),
-            on_restart="fail",
-            max_queue=1000,
-            key=None,
-        )
-
-    svc.db.write_sync(create)
+from lmsp.store import events
+from tests.helpers import queue_background
 
 
 def test_a_follower_sleeps_through_other_tasks_commits(tmp_path: Path) -> None:
     svc = open_service(Settings(data_dir=tmp_path / "data", enable_test_engine=True))
     try:
-        owner = (
-            svc.db.reader()
-            .execute("SELECT value FROM service_config WHERE key = 'owner_client_id'")
-            .fetchone()[0]
-        )
-        _create(svc, owner)
-        _create(svc, owner)
+        queue_background(svc)
+        queue_background(svc)
         (mine, logged), (other, _) = [
             (r[0], int(r[1]))
             for r in svc.db.reader().execute(

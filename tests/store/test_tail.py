@@ -14,9 +14,9 @@ from lmsp.app import follow
 from lmsp.app.broker import Broker
 from lmsp.app.root import open_service
 from lmsp.config import Settings
-from lmsp.protocol.request import from_stored
-from lmsp.store import events, responses
+from lmsp.store import events
 from lmsp.store.tail import LARGEST, Tail
+from tests.helpers import queue_background
 
 
 def rows(task: str, first: int, last: int) -> list[tuple[str, int, str, str]]:
@@ -69,35 +69,13 @@ def service(tmp_path: Path) -> Any:
     svc.db.close()
 
 
-def _task(svc: Any) -> str:
-    owner = (
-        svc.db.reader()
-        .execute("SELECT value FROM service_config WHERE key = 'owner_client_id'")
-        .fetchone()[0]
-    )
-    body = {"model": "lmsp-test", "input": "hello", "background": True}
-
-    def create(conn: Any) -> Any:
-        return responses.create(
-            conn,
-            client_id=owner,
-            request=from_stored(body),
-            on_restart="fail",
-            max_queue=1000,
-            key=None,
-        )
-
-    svc.db.write_sync(create)
-    return str(svc.db.reader().execute("SELECT id FROM tasks").fetchone()[0])
-
-
 def _delta(text: str) -> dict[str, Any]:
     return {"type": "response.output_text.delta", "delta": text}
 
 
 def test_the_tail_is_the_committed_log_and_never_a_rolled_back_job(service: Any) -> None:
     svc = service
-    task = _task(svc)
+    task = queue_background(svc)
 
     def doomed(conn: Any) -> None:
         events.append(conn, task, [_delta("never")])
@@ -120,7 +98,7 @@ def test_a_follower_takes_the_commits_from_the_tail_and_the_rest_from_the_databa
     only for what the tail does not hold (here: the log as it was before, written by an
     earlier process as far as this one's tail knows)."""
     svc = service
-    task = _task(svc)
+    task = queue_background(svc)
     svc.db.tail = Tail()  # the create's events are not in it
     reads: list[int] = []
     page = follow._page
@@ -146,9 +124,7 @@ def test_a_follower_takes_the_commits_from_the_tail_and_the_rest_from_the_databa
         for n in range(20):
             await svc.db.write(lambda conn, n=n: events.append(conn, task, [_delta(str(n))]))
             await asyncio.sleep(0.01)
-        await svc.db.write(
-            lambda conn: events.append(conn, task, [{"type": "response.completed"}])
-        )
+        await svc.db.write(lambda conn: events.append(conn, task, [{"type": "response.completed"}]))
         await asyncio.wait_for(following, 10)
         return seen
 
