@@ -57,7 +57,7 @@ class Ledger:
     """The client side's record of one data directory."""
 
     accepted: dict[str, Accepted] = field(default_factory=dict)  # by task id
-    refused_inputs: set[str] = field(default_factory=set)  # 507: nothing may exist
+    refused_inputs: set[str] = field(default_factory=set)  # refused (507, 409): nothing may exist
     keys: dict[str, set[str]] = field(default_factory=dict)  # key → response ids
     key_inputs: dict[str, str] = field(default_factory=dict)  # key → its unique input
     deleted: set[str] = field(default_factory=set)  # response ids deleted on purpose
@@ -170,7 +170,7 @@ def check(data_dir: Path, ledger: Ledger) -> list[str]:
                 found.append(f"key {key}: {inputs[key_inputs[key]]} responses for one request")
         for text in refused:
             if inputs.get(text):
-                found.append(f"a request refused with 507 was written: {text[:40]}")
+                found.append(f"a refused request (507, 409) was written: {text[:40]}")
         conn.execute("COMMIT")
         integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
         if integrity != "ok":
