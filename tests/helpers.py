@@ -238,6 +238,20 @@ def task_log(conn: sqlite3.Connection, task_id: str) -> list[dict[str, Any]]:
     ]
 
 
+def stored_events(data_dir: Path, task_id: str) -> list[tuple[int, str]]:
+    """``(sequence number, JSON as stored)`` of a task's log, in order."""
+    conn = open_db(data_dir)
+    try:
+        rows = conn.execute(
+            "SELECT sequence_number, data FROM task_events WHERE task_id = ?"
+            " ORDER BY sequence_number",
+            (task_id,),
+        ).fetchall()
+    finally:
+        conn.close()
+    return [(int(seq), str(data)) for seq, data in rows]
+
+
 def check_log_invariants(conn: sqlite3.Connection) -> None:
     """Every log is gap-free from 0, the task row holds its last number, a finished task
     has exactly one terminal event and it is the last, and the status matches it."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import Server, open_db
+from tests.helpers import Server, open_db, stored_events
 
 STREAMS = 12
 ALL = {"stream": "true", "include": "lmsp.lifecycle"}  # every event of the log
@@ -26,19 +26,6 @@ def data_lines(answer: httpx.Response) -> list[str]:
         for line in answer.iter_lines()
         if line.startswith("data: ") and line != "data: [DONE]"
     ]
-
-
-def stored(data_dir: Path, task_id: str) -> list[tuple[int, str]]:
-    conn = open_db(data_dir)
-    try:
-        rows = conn.execute(
-            "SELECT sequence_number, data FROM task_events WHERE task_id = ?"
-            " ORDER BY sequence_number",
-            (task_id,),
-        ).fetchall()
-    finally:
-        conn.close()
-    return [(int(seq), str(data)) for seq, data in rows]
 
 
 def test_every_stream_is_the_stored_log_byte_for_byte(tmp_path: Path) -> None:
@@ -76,7 +63,7 @@ def test_every_stream_is_the_stored_log_byte_for_byte(tmp_path: Path) -> None:
         finally:
             conn.close()
         for rid in ids:
-            log = stored(server.data_dir, tasks[rid])
+            log = stored_events(server.data_dir, tasks[rid])
             assert [seq for seq, _ in log] == list(range(len(log)))
             assert streamed[rid] == [data for _, data in log], rid
             assert '"response.completed"' in log[-1][1]

@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from tests.campaigns.invariants import Ledger, check, long_run, report, wait_all_finished
-from tests.helpers import Server, open_db
+from tests.helpers import Server, stored_events
 
 pytestmark = pytest.mark.slow
 
@@ -71,16 +71,7 @@ def sse_events(lines: Iterator[str]) -> Iterator[tuple[int | None, str]]:
 
 
 def stored_log(server: Server, task_id: str) -> dict[int, str]:
-    conn = open_db(server.data_dir)
-    try:
-        rows = conn.execute(
-            "SELECT sequence_number, data FROM task_events WHERE task_id = ?"
-            " ORDER BY sequence_number",
-            (task_id,),
-        ).fetchall()
-    finally:
-        conn.close()
-    return {int(r[0]): str(r[1]) for r in rows}
+    return dict(stored_events(server.data_dir, task_id))
 
 
 class Follower:
