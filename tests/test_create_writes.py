@@ -72,6 +72,55 @@ def test_a_plain_create_costs_the_writer_fewer_than_five_jobs(tmp_path: Path) ->
         conn.close()
 
 
+def lone_transactions(http: httpx.Client) -> tuple[int, int]:
+    """The writer's transactions so far, and those that held one job only."""
+    text = http.get("/metrics").text
+    total = re.search(r"^lmsp_write_jobs_per_transaction_count ([0-9.e+]+)$", text, re.M)
+    lone = re.search(
+        r'^lmsp_write_jobs_per_transaction_bucket\{le="1.0"\} ([0-9.e+]+)$', text, re.M
+    )
+    assert total is not None and lone is not None
+    return int(float(total.group(1))), int(float(lone.group(1)))
+
+
+def test_a_create_carries_a_waiting_workers_claim_in_its_own_commit(tmp_path: Path) -> None:
+    """A create that finds a worker waiting commits that worker's claim with the
+    response and its task: one transaction of two jobs, not a transaction for the create
+    and then another, after the worker woke, for its claim. Each of these creates finds
+    the workers waiting (the one before it finished, and a moment passed), so each adds
+    a transaction of more than one job; before this change they added none (the runner's
+    first text is joined to its end, and nothing else writes)."""
+    data = tmp_path / "data"
+    creates = 5
+    with served(data, env=QUIET) as server, server.client() as http:
+        finish(http, http.post("/v1/responses", json=BODY).json()["id"])  # the model loaded
+        time.sleep(0.3)  # its worker back to waiting
+        total_before, lone_before = lone_transactions(http)
+        for _ in range(creates):
+            created = http.post("/v1/responses", json=BODY)
+            assert created.status_code == 202, created.text
+            assert finish(http, created.json()["id"])["status"] == "completed"
+            time.sleep(0.3)
+        total, lone = lone_transactions(http)
+        grouped = (total - total_before) - (lone - lone_before)
+        print(f"{creates} creates: {total - total_before} transactions, {grouped} of them grouped")
+        assert grouped >= creates
+    conn = open_db(data)
+    try:
+        check_log_invariants(conn)  # gap-free from 0, one terminal event, the last
+        for (task_id,) in conn.execute("SELECT id FROM tasks"):
+            kinds = [e["type"] for e in task_log(conn, task_id)]
+            assert kinds[:4] == [
+                "response.created",
+                "response.queued",
+                "response.loading",
+                "response.in_progress",
+            ], kinds
+            assert kinds[-1] == "response.completed"
+    finally:
+        conn.close()
+
+
 def test_an_idle_service_gives_the_writer_nothing(tmp_path: Path) -> None:
     """Idle workers look for a task every half second: with a read, not a claim's write
     transaction each (before: two writer jobs a second a worker, and the downloader's)."""

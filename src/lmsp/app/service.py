@@ -9,6 +9,7 @@ modules of :mod:`lmsp.app`."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -24,6 +25,7 @@ from lmsp.protocol import request as stored_request
 from lmsp.protocol.itemtypes import InputItem
 from lmsp.protocol.request import CreateRequest, PreparedRequest
 from lmsp.runner.plan import messages_of, tools_of
+from lmsp.runner.runner import Taken
 from lmsp.sandbox import WALL_FACTOR
 from lmsp.store import clients as client_store
 from lmsp.store import conversations as conversation_store
@@ -155,8 +157,10 @@ class Service(Core):
             )
         if resolved is None:  # it names a model now, added since the cache looked
             raise model_cache.Changed(given.model)
-        job = self._job(client, request, key, secret, resolved)
-        return await self._created(model, await self.db.write(job))
+        pending = self.db.submit(self._job(client, request, key, secret, resolved))
+        claim = self.runner.claim_beside()  # a waiting worker's claim: the same commit
+        created: response_store.Created = await asyncio.wrap_future(pending)
+        return await self._created(model, created, taken_by_claim(claim, created))
 
     def _job(
         self,
@@ -276,9 +280,13 @@ class Service(Core):
         stored = await self.db.write(lambda c: idempotency.lookup(c, key))
         return stored is not None
 
-    async def _created(self, model: str, created: response_store.Created) -> response_store.Created:
+    async def _created(
+        self, model: str, created: response_store.Created, claimed: bool = False
+    ) -> response_store.Created:
+        """``claimed``: the claim beside its write took its task (no worker to wake)."""
         if not created.replayed:
-            self.runner.notify()
+            if not claimed:
+                self.runner.notify()
             log.info(
                 "response %s queued as task %s",
                 created.response_id,
@@ -298,3 +306,15 @@ class Service(Core):
                     "A request with this Idempotency-Key is still being processed.",
                 )
         return created
+
+
+def taken_by_claim(
+    claim: concurrent.futures.Future[Taken | None] | None, created: response_store.Created
+) -> bool:
+    """Did ``claim`` (:meth:`Runner.claim_beside`, committed with the create or after it)
+    take the created task? ``False`` while it is not answered yet: a worker is woken then,
+    as it is when the claim took an older task."""
+    if claim is None or not claim.done() or claim.cancelled() or claim.exception() is not None:
+        return False
+    taken = claim.result()
+    return taken is not None and taken[0].id == created.task_id

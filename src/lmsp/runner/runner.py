@@ -6,7 +6,10 @@ and events.
 resume`` first); ``reserved`` more workers, each with a sequence of its own, take only a
 task of a client with nothing running, and only while every other sequence is busy: a
 client's first request starts at once instead of waiting for one of another client's
-tasks to end (``LMSP_RESERVED_SEQUENCES``). Workers move tasks ``loading → running →``
+tasks to end (``LMSP_RESERVED_SEQUENCES``). A create that finds a regular worker waiting
+submits that worker's claim right behind its own write (:meth:`Runner.claim_beside`,
+:mod:`lmsp.runner.idlers`): the writer commits both in one transaction, and the worker
+starts as soon as it is answered. Workers move tasks ``loading → running →``
 terminal; each hands its task to an attempt (:mod:`lmsp.runner.attempt`: a plain
 response is one turn, :mod:`lmsp.runner.mcp_loop` turns and journaled calls), which
 generates it and logs its text deltas in batches, each with the snapshot that covers it,
@@ -49,6 +52,7 @@ from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import Status
 from lmsp.runner import durable, mcp_loop, relax, revocation
 from lmsp.runner.attempt import Attempt, Job, TaskContext
+from lmsp.runner.idlers import Idlers
 from lmsp.runner.plan import plan_for
 from lmsp.store import events, models, nodes, pulls, retrying
 from lmsp.store import responses as response_store
@@ -59,6 +63,9 @@ from lmsp.store.nodes import Node
 from lmsp.store.sql import Conn
 
 log = logging.getLogger(__name__)
+
+#: what a claim took: the task, and whether the claim started it (moved it to running)
+Taken = tuple[TaskRecord, bool]
 
 
 class Runner:
@@ -80,7 +87,7 @@ class Runner:
         self._regular_busy = 0  # of the ``parallel`` workers, those holding a task
         self._busy_lock = threading.Lock()
         self.flush_interval = flush_interval
-        self._wake = threading.Condition()
+        self._idlers = Idlers()  # the regular workers waiting (runner/idlers.py)
         # the reserved workers wait apart: a wake one of them takes without claiming
         # (its sequence is not needed) must not be lost to a regular worker
         self._reserve_wake = threading.Condition()
@@ -121,8 +128,7 @@ class Runner:
 
     def notify(self) -> None:
         """A task was queued: wake a worker."""
-        with self._wake:
-            self._wake.notify()
+        self._idlers.wake()
         if self.reserved:
             with self._reserve_wake:
                 self._reserve_wake.notify_all()
@@ -183,9 +189,9 @@ class Runner:
     def pause(self, timeout: float = 30) -> None:
         """Stop the worker threads once their current task ends (``run_next`` still works)."""
         self._stop.set()
-        for wake in (self._wake, self._reserve_wake):
-            with wake:
-                wake.notify_all()
+        self._idlers.wake_all()
+        with self._reserve_wake:
+            self._reserve_wake.notify_all()
         for thread in self._threads:
             thread.join(timeout)
         self._threads.clear()
@@ -220,9 +226,13 @@ class Runner:
         digests = None if node is None else self._local_digests()
         if not self._anything_to_claim(node):
             return None
-        taken: tuple[TaskRecord, bool] | None = self.db.write_sync(
-            lambda c: self._claim(c, node, digests, reserved)
-        )
+        taken: Taken | None = self.db.write_sync(lambda c: self._claim(c, node, digests, reserved))
+        return self._take(taken, slot, node, reserved)
+
+    def _take(
+        self, taken: Taken | None, slot: int, node: Node | None, reserved: bool
+    ) -> str | None:
+        """Run what a claim took (the task, and whether the claim started it) to its end."""
         if taken is None:
             return None
         claimed, started = taken
@@ -240,9 +250,21 @@ class Runner:
         a task queued after this read wakes a worker (:meth:`notify`)."""
         return task_store.claimable(self.db.reader(), shared=node is not None)
 
+    def claim_beside(self) -> concurrent.futures.Future[Taken | None] | None:
+        """A waiting regular worker's claim, submitted to the writer now, just after a
+        create's write, so that both go in one transaction (:mod:`lmsp.runner.idlers`):
+        its future, or ``None`` when no worker waits (then :meth:`notify` wakes one)."""
+        if self._stop.is_set():
+            return None
+        node = self.node
+        digests = None if node is None else self._local_digests()
+        return self._idlers.hand(
+            lambda: self.db.submit(lambda c: self._claim(c, node, digests, False))
+        )
+
     def _claim(
         self, conn: Conn, node: Node | None, digests: list[str] | None, reserved: bool
-    ) -> tuple[TaskRecord, bool] | None:
+    ) -> Taken | None:
         """Claim the next task (:func:`lmsp.store.tasks.claim_next`) and, for a fresh
         one whose model this node's engine holds already (:meth:`ModelHost.ready`: no
         load to wait for), move it on to ``running`` in the same transaction, through
@@ -310,9 +332,25 @@ class Runner:
                 time.sleep(0.1)
             if ran is None:
                 self.host.reap()  # idle: unload models past their keep-alive
-                wake = self._reserve_wake if slot >= self.parallel else self._wake
-                with wake:
-                    wake.wait(timeout=0.5)
+                if slot < self.parallel:
+                    self._wait_idle(slot)
+                    continue
+                with self._reserve_wake:
+                    self._reserve_wake.wait(timeout=0.5)
+
+    def _wait_idle(self, slot: int) -> None:
+        """A regular worker with nothing to do waits for a wake (or half a second); a
+        claim a create handed it (:meth:`claim_beside`) it runs here once committed."""
+        handed = self._idlers.wait(0.5)
+        if handed is None:
+            return
+        try:
+            taken = handed.result()
+        except Exception as exc:  # its transaction failed: nothing was claimed
+            if not is_storage_error(exc):
+                log.warning("a claim beside a create failed: %s", exc)
+            return
+        self._take(taken, slot, self.node, reserved=False)
 
     def _storage_back(self) -> bool:
         """While writes fail: does a small write go through again?"""
