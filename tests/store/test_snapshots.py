@@ -97,6 +97,18 @@ def snapshot_json(conn: sqlite3.Connection, task_id: str) -> str | None:
     return value
 
 
+def test_a_held_lone_surrogate_is_kept_across_flushes(conn: sqlite3.Connection) -> None:
+    """Held text the UTF-8 of msgspec's encoder cannot hold (a lone surrogate) is
+    written escaped, and the next flush, which reads the stored snapshot back, reads it
+    too."""
+    task_id = running_task(conn)
+    for hi in (2, 5, 9):
+        assert flush(conn, task_id, LONG[:hi], held="a\ud800b")
+        loaded = task_store.snapshot(conn, task_id)
+        assert loaded is not None
+        assert loaded["tokens"] == LONG[:hi] and loaded["held"] == "a\ud800b"
+
+
 def test_the_chunks_round_trip_exactly(conn: sqlite3.Connection) -> None:
     task_id = running_task(conn)
     assert task_store.snapshot(conn, task_id) is None  # nothing flushed yet

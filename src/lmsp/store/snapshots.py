@@ -28,7 +28,10 @@ import json
 import struct
 from typing import Any
 
+import msgspec
+
 from lmsp.protocol.objects import usage_counts
+from lmsp.store import events
 from lmsp.store.sql import Conn
 
 #: how many bytes one token id takes in a chunk
@@ -49,6 +52,16 @@ def unpack(blob: bytes) -> list[int]:
     if len(blob) % TOKEN_BYTES:
         raise SnapshotError(f"a token chunk of {len(blob)} bytes")
     return list(struct.unpack(f"<{len(blob) // TOKEN_BYTES}i", blob))
+
+
+def decode(text: str) -> dict[str, Any]:
+    """A stored snapshot's JSON, read (msgspec's decoder; ``json.loads`` for what it
+    refuses: an escaped lone surrogate, which :func:`lmsp.store.events.encode` writes)."""
+    try:
+        snap: dict[str, Any] = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        snap = json.loads(text)
+    return snap
 
 
 def _counts(snap: dict[str, Any] | None) -> tuple[int, int]:
@@ -85,7 +98,7 @@ def write(
     )
     cur = conn.execute(
         "UPDATE tasks SET snapshot = ?, updated_at = ? WHERE id = ? AND status = 'running'",
-        (json.dumps(small, separators=(",", ":")), stamp, task_id),
+        (events.encode(small), stamp, task_id),
     )
     if cur.rowcount != 1:
         return False

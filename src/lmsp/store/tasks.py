@@ -299,11 +299,15 @@ def append_output(
     Returns ``False`` (writing nothing) when the task is no longer running, e.g. a
     cancel won.
     """
-    task = get(conn, task_id)
-    if task is None or task.status is not Status.RUNNING:
+    # the three columns it needs, not the whole typed record: this runs at every flush
+    row = conn.execute(
+        "SELECT status, last_sequence_number, snapshot FROM tasks WHERE id = ?", (task_id,)
+    ).fetchone()
+    if row is None or row[0] != Status.RUNNING.value:
         return False
-    seq = events.append(conn, task_id, batch) if batch else task.last_sequence_number
-    return snapshots.write(conn, task_id, task.snapshot, snapshot, seq, _now())
+    seq = events.append(conn, task_id, batch) if batch else int(row[1])
+    previous = None if row[2] is None else snapshots.decode(row[2])
+    return snapshots.write(conn, task_id, previous, snapshot, seq, _now())
 
 
 def snapshot(conn: Conn, task_id: str) -> dict[str, Any] | None:
