@@ -1,16 +1,19 @@
 """What the model host (:mod:`lmsp.engines.host`) keeps of each model: its loaded engine
 process, its engine's status as ``lmsp ps``, ``/healthz`` and ``/metrics`` show it, and
-the vocabulary-only tokenizers the API process shares under a lock."""
+the vocabulary-only tokenizers the API process shares under a lock, with the prompts
+each rendered last."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from lmsp.engines.base import Tokenizer
 from lmsp.engines.client import EngineClient
@@ -91,15 +94,58 @@ class EngineStatus:
         }
 
 
-class LockedTokenizer:
-    """A shared vocabulary-only tokenizer, used by one thread at a time."""
+class Prompts:
+    """The prompts one tokenizer rendered last, by their messages and tools: a create
+    measures its prompt (the length check) and its worker renders the same prompt a
+    moment later, in the same process; the second is a look-up. Used under the
+    tokenizer's lock."""
 
-    def __init__(self, tokenizer: Tokenizer, lock: threading.Lock) -> None:
+    #: how many prompts are kept, and the longest messages (as JSON) kept at all
+    SIZE = 64
+    LARGEST = 256 * 1024
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[bytes, list[int]] = OrderedDict()
+
+    @staticmethod
+    def key(messages: list[dict[str, str]], tools: list[dict[str, Any]] | None) -> bytes | None:
+        try:
+            key = _KEY.encode((messages, tools or None))
+        except (TypeError, msgspec.EncodeError):
+            return None
+        return key if len(key) <= Prompts.LARGEST else None
+
+    def get(self, key: bytes | None) -> list[int] | None:
+        if key is None:
+            return None
+        tokens = self._kept.get(key)
+        if tokens is None:
+            return None
+        self._kept.move_to_end(key)
+        return list(tokens)
+
+    def keep(self, key: bytes | None, tokens: list[int]) -> None:
+        if key is None:
+            return
+        self._kept[key] = list(tokens)
+        while len(self._kept) > self.SIZE:
+            self._kept.popitem(last=False)
+
+
+_KEY = msgspec.json.Encoder()
+
+
+class LockedTokenizer:
+    """A shared vocabulary-only tokenizer, used by one thread at a time, with the
+    prompts it rendered last (:class:`Prompts`)."""
+
+    def __init__(self, tokenizer: Tokenizer, lock: threading.Lock, prompts: Prompts) -> None:
         self.tokenizer = tokenizer
         self.n_ctx = tokenizer.n_ctx
         self.n_embd = tokenizer.n_embd
         self.n_vocab = tokenizer.n_vocab
         self._lock = lock
+        self._prompts = prompts
 
     def text_tokens(self, text: str) -> list[int]:
         with self._lock:
@@ -108,10 +154,16 @@ class LockedTokenizer:
     def prompt_tokens(
         self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
+        key = Prompts.key(messages, tools)
         with self._lock:
-            if tools:
-                return self.tokenizer.prompt_tokens(messages, tools)
-            return self.tokenizer.prompt_tokens(messages)
+            tokens = self._prompts.get(key)
+            if tokens is None:
+                if tools:
+                    tokens = self.tokenizer.prompt_tokens(messages, tools)
+                else:
+                    tokens = self.tokenizer.prompt_tokens(messages)
+                self._prompts.keep(key, tokens)
+            return tokens
 
     def close(self) -> None:
         return None
@@ -127,6 +179,8 @@ class Vocabularies:
         self._made: dict[str, Tokenizer] = {}  # digest → its tokenizer
         # local GGUF models' tokenizers made before the host (a standby's), by digest
         self._preloaded = dict(preloaded or {})
+        # each shared tokenizer's last prompts, by its id (the tokenizer kept beside)
+        self._prompts: dict[int, tuple[Tokenizer, Prompts]] = {}
 
     def get(self, record: ModelRecord, make: Callable[[], Tokenizer]) -> Tokenizer:
         """``record``'s tokenizer: the one made already, a preloaded one (a local GGUF
@@ -141,13 +195,16 @@ class Vocabularies:
             return tokenizer
 
     def shared(self, tokenizer: Tokenizer) -> LockedTokenizer:
-        return LockedTokenizer(tokenizer, self.lock)
+        with self.lock:  # the tokenizer kept with its prompts: its id is not reused
+            _, prompts = self._prompts.setdefault(id(tokenizer), (tokenizer, Prompts()))
+        return LockedTokenizer(tokenizer, self.lock, prompts)
 
     def drop(self, digest: str) -> None:
         """Close the tokenizer of ``digest`` (its model evicted)."""
         with self.lock:
             tokenizer = self._made.pop(digest, None)
             if tokenizer is not None:
+                self._prompts.pop(id(tokenizer), None)
                 tokenizer.close()
 
     def close(self) -> None:
@@ -156,3 +213,4 @@ class Vocabularies:
                 tokenizer.close()
             self._made.clear()
             self._preloaded.clear()
+            self._prompts.clear()
