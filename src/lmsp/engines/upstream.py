@@ -16,6 +16,7 @@ the upstream refuses (a 4xx) is :class:`UpstreamRefused`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Callable
@@ -24,9 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from lmsp.constraints import gbnf
 from lmsp.engines.base import DEFAULT_TIER, Sampling
+from lmsp.engines.upstream_http import ExchangeLost, direct, post
 
 if TYPE_CHECKING:
     import httpx
+
+#: a streamed body's bytes as they come
+Blocks = AsyncIterator[bytes]
 
 #: how long connecting (and each read while nothing streams) may take
 CONNECT_TIMEOUT = 10.0
@@ -119,7 +124,11 @@ class Chunk:
 
 
 def _raise_for(response: httpx.Response, body: bytes) -> None:
-    if response.status_code < 400:
+    _raise_for_status(response.status_code, body)
+
+
+def _raise_for_status(status: int, body: bytes) -> None:
+    if status < 400:
         return
     text = body.decode("utf-8", errors="replace")[:500]
     try:
@@ -127,9 +136,9 @@ def _raise_for(response: httpx.Response, body: bytes) -> None:
         text = error.get("message", text) if isinstance(error, dict) else str(error or text)
     except (ValueError, AttributeError):
         pass
-    if response.status_code >= 500:
-        raise UpstreamLost(f"it answered {response.status_code}: {text}")
-    raise UpstreamRefused(f"the upstream refused the request ({response.status_code}): {text}")
+    if status >= 500:
+        raise UpstreamLost(f"it answered {status}: {text}")
+    raise UpstreamRefused(f"the upstream refused the request ({status}): {text}")
 
 
 def completion_body(
@@ -244,7 +253,7 @@ def parse_chunk(dialect: str, data: dict[str, Any]) -> Chunk:
     return Chunk(tokens=[int(t) for t in choice.get("token_ids") or []], stop=stop, cached=cached)
 
 
-def _read_chunk(dialect: str, payload: str) -> Chunk:
+def _read_chunk(dialect: str, payload: bytes | str) -> Chunk:
     try:
         return parse_chunk(dialect, json.loads(payload))
     except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
@@ -259,37 +268,70 @@ async def stream(
     max_tokens: int | None,
     grammar: str | None = None,
 ) -> AsyncIterator[Chunk]:
-    """The chunks of one streamed completion after ``tokens``. Raises
-    :class:`UpstreamLost` when the upstream cannot be reached or the stream ends before
-    its last chunk, :class:`UpstreamRefused` on a 4xx."""
-    import httpx
-
+    """The chunks of one streamed completion after ``tokens`` (over plain HTTP on the
+    event loop's own socket, :mod:`.upstream_http`; through ``client`` behind TLS or a
+    proxy). Raises :class:`UpstreamLost` when the upstream cannot be reached or the
+    stream ends before its last chunk, :class:`UpstreamRefused` on a 4xx."""
     path, body = completion_body(spec, tokens, sampling, max_tokens, grammar)
     ended = False
+    streamed = _direct(spec, path, body) if direct(spec.url) else _via(client, path, body)
+    async with streamed as blocks:  # left (a cancel too): the upstream stops
+        async for payload in _payloads(blocks):
+            if payload == b"[DONE]":
+                ended = True
+                break
+            chunk = _read_chunk(spec.dialect, payload)
+            if chunk.stop is not None:
+                ended = True
+            yield chunk
+            if ended and spec.dialect == "llama-server":
+                break
+    if not ended:
+        raise UpstreamLost("its stream ended before the answer did")
+
+
+async def _payloads(blocks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The ``data:`` of each line of a server-sent event stream, as lines complete."""
+    rest = b""
+    async for block in blocks:
+        *lines, rest = (rest + block).split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+    if rest.startswith(b"data:"):
+        yield rest[5:].strip()
+
+
+@contextlib.asynccontextmanager
+async def _direct(spec: RemoteSpec, path: str, body: dict[str, Any]) -> AsyncIterator[Blocks]:
+    """The body of a streamed POST on the event loop's own socket (:mod:`.upstream_http`)."""
+    data = json.dumps(body, separators=(",", ":")).encode()
+    try:
+        async with post(
+            spec.url, path, data, spec.headers(), CONNECT_TIMEOUT, READ_TIMEOUT
+        ) as exchange:
+            if exchange.status >= 400:
+                _raise_for_status(exchange.status, await exchange.read())
+            yield exchange.body()
+    except ExchangeLost as exc:
+        raise UpstreamLost(str(exc)) from exc
+
+
+@contextlib.asynccontextmanager
+async def _via(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> AsyncIterator[Blocks]:
+    """The body of a streamed POST through httpx (TLS, proxies)."""
+    import httpx
+
     try:
         response = await _open(client, path, body)
         try:
             if response.status_code >= 400:
                 _raise_for(response, await response.aread())
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    ended = True
-                    break
-                chunk = _read_chunk(spec.dialect, payload)
-                if chunk.stop is not None:
-                    ended = True
-                yield chunk
-                if ended and spec.dialect == "llama-server":
-                    break
+            yield response.aiter_bytes()
         finally:
-            await response.aclose()  # a cancel closes the stream: the upstream stops
+            await response.aclose()
     except httpx.TransportError as exc:
         raise UpstreamLost(f"{type(exc).__name__}: {exc}") from exc
-    if not ended:
-        raise UpstreamLost("its stream ended before the answer did")
 
 
 async def _open(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> httpx.Response:
