@@ -189,6 +189,7 @@ def test_what_goes_direct(monkeypatch: pytest.MonkeyPatch) -> None:
     assert direct("http://127.0.0.1:8080")
     assert direct("http://gpu-box:8000/v1")
     assert not direct("https://gpu-box:8000")
+    assert not direct("http://user:secret@gpu-box:8000")  # httpx sends them as basic auth
     monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
     assert not direct("http://gpu-box:8000")
     monkeypatch.setenv("NO_PROXY", "gpu-box")

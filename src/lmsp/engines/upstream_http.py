@@ -32,9 +32,10 @@ class ExchangeLost(Exception):
 
 def direct(url: str) -> bool:
     """Is ``url`` plain ``http://`` reached without a proxy (as httpx, which reads the
-    same environment, would reach it)?"""
+    same environment, would reach it)? A URL with credentials in it goes through httpx
+    too (it sends them as basic authentication)."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
+    if parts.scheme != "http" or not parts.hostname or "@" in parts.netloc:
         return False
     proxies = urllib.request.getproxies()
     if not (proxies.get("http") or proxies.get("all")):
