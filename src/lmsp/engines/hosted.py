@@ -102,7 +102,7 @@ class Prompts:
 
     #: how many prompts are kept, and the longest messages (as JSON) kept at all
     SIZE = 64
-    LARGEST = 256 * 1024
+    LARGEST = 64 * 1024
 
     def __init__(self) -> None:
         self._kept: OrderedDict[bytes, list[int]] = OrderedDict()
