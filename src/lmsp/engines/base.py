@@ -130,6 +130,17 @@ class Generation(Iterator[Piece]):
         (from another thread); a generation that says nothing never calls it."""
         return None
 
+    def pace(self, until: float) -> None:
+        """The consumer needs no piece before ``until`` (:func:`time.monotonic`) unless
+        the generation ends: a generation fed from another thread may keep its pieces
+        until then instead of waking the consumer for each (the next ``next`` then
+        waits for that time, or for the end). A time past is "at once"."""
+        return None
+
+    def ready(self) -> int:
+        """How many pieces the next ``next`` calls return without waiting."""
+        return 0
+
     def cancel(self) -> None:
         return None
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import multiprocessing
 import os
 import queue
@@ -92,20 +93,39 @@ _Item = Tokens | Done | Error | _Crashed | _Interrupted
 class Stream(Generation):
     """One sequence's pieces as they arrive. Iterating raises :class:`EngineError` when
     the engine failed the sequence and :class:`EngineCrashed` when the engine died, in
-    both cases after the pieces that came before."""
+    both cases after the pieces that came before.
+
+    The reader thread appends what comes to the stream's list and wakes its consumer
+    only when the consumer waits for it: for a step's tokens only once the time the
+    consumer gave to :meth:`pace` has come (until then they are kept, and taken all at
+    once), for the end of the sequence at once."""
 
     def __init__(self, client: EngineClient, sid: int) -> None:
         super().__init__()
         self.id = sid
         self._client = client
-        self._inbox: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._items: deque[_Item] = deque()
+        self._signal: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._waiting = False  # the consumer waits (or is about to)
+        self._patient = False  # ... and needs no tokens before ``_until``
+        self._until = -math.inf
         self._ready_pieces: deque[Piece] = deque()
         self._ended = False
         self.progress: PromptProgress | None = None  # the engine's last word on its prompt
         self._watcher: Callable[[PromptProgress], None] | None = None
 
     def put(self, item: _Item) -> None:
-        self._inbox.put(item)
+        """(The reader thread, or an interrupt.) Append ``item``; wake the consumer if
+        it waits for it."""
+        self._items.append(item)
+        if self._waiting and not (self._patient and isinstance(item, Tokens)):
+            self._signal.put(None)
+
+    def pace(self, until: float) -> None:
+        self._until = until
+
+    def ready(self) -> int:
+        return len(self._ready_pieces)
 
     def watch(self, callback: Callable[[PromptProgress], None]) -> None:
         self._watcher = callback
@@ -119,15 +139,31 @@ class Stream(Generation):
         if watcher is not None:
             watcher(self.progress)
 
+    def _take(self) -> _Item:
+        """The next item, once the consumer needs it: the end of the sequence (and the
+        tokens before it) at once; tokens once the paced time has come."""
+        items = self._items
+        while True:
+            wait = self._until - time.monotonic()
+            if items and (wait <= 0 or not isinstance(items[-1], Tokens)):
+                return items.popleft()
+            self._patient = wait > 0
+            self._waiting = True  # announced before the look below: no wake is lost
+            if not items or (self._patient and isinstance(items[-1], Tokens)):
+                with contextlib.suppress(queue.Empty):
+                    self._signal.get(timeout=wait if self._patient else None)
+            self._waiting = False
+
     def __next__(self) -> Piece:
         while not self._ready_pieces:
             if self._ended:
                 raise StopIteration
-            item = self._inbox.get()
+            item = self._take()
             if isinstance(item, Tokens):
-                if item.cached_tokens is not None:
-                    self.cached_tokens = item.cached_tokens
-                self._ready_pieces.extend(item.pieces)
+                self._add(item)
+                while self._items and isinstance(following := self._items[0], Tokens):
+                    self._items.popleft()
+                    self._add(following)  # all that came, at once
                 continue
             self._ended = True
             if isinstance(item, Error) and item.code == "engine_crashed":
@@ -138,6 +174,11 @@ class Stream(Generation):
                 raise EngineCrashed(item.reason)
         return self._ready_pieces.popleft()
 
+    def _add(self, tokens: Tokens) -> None:
+        if tokens.cached_tokens is not None:
+            self.cached_tokens = tokens.cached_tokens
+        self._ready_pieces.extend(tokens.pieces)
+
     def cancel(self) -> None:
         """Ask the engine to stop this sequence: it frees it and says it is done (the
         pieces it sent before still come first)."""
@@ -145,7 +186,7 @@ class Stream(Generation):
 
     def interrupt(self) -> None:
         """End the iteration on this side now (and free the engine's sequence)."""
-        self._inbox.put(_Interrupted())
+        self.put(_Interrupted())
         self._client.cancel(self.id)
 
     def close(self) -> None:

@@ -11,13 +11,15 @@ not logged yet, what the task has consumed, and their writes:
   turn's budget (:meth:`Attempt.room`) is spent;
 - the events are logged in batches (:meth:`Attempt.flush`): the first text is handed to
   the group-commit writer at once, then a batch at most every ``flush_interval`` seconds
-  while the engine goes on, each run of deltas of one item joined into one event
-  (:func:`lmsp.protocol.events.coalesce`), each batch with the snapshot that covers it
-  (the tokens, the seed, the text held back, the prompt tokens given so far, and what
-  the caller adds: the MCP loop's turn). A batch the writer has not begun when the next
-  write is due (the next batch, or the terminal write) is taken back and joined to it:
-  one writer job, the same events. Every write is guarded: once a cancel won, none
-  lands, and the attempt stops;
+  while the engine goes on (until the next one is due the generation keeps the engine's
+  pieces, :meth:`lmsp.engines.base.Generation.pace`: the runner's thread wakes a batch,
+  not a token, unless a stop sequence is looked for), each run of deltas of one item
+  joined into one event (:func:`lmsp.protocol.events.coalesce`), each batch with the
+  snapshot that covers it (the tokens, the seed, the text held back, the prompt tokens
+  given so far, and what the caller adds: the MCP loop's turn). A batch the writer has
+  not begun when the next write is due (the next batch, or the terminal write) is taken
+  back and joined to it: one writer job, the same events. Every write is guarded: once
+  a cancel won, none lands, and the attempt stops;
 - :meth:`Attempt.conclude` ends it: on :class:`lmsp.engines.base.EngineCrashed` the
   pieces that came before are logged and the crash goes on to the runner (the task's
   ``on_restart`` policy); at shutdown what it has is logged and the task left as it is,
@@ -227,11 +229,23 @@ class Attempt(Generic[A]):
                 return None
             if produced >= max_tokens:
                 return MAX_OUTPUT_TOKENS
-            if self.pending and time.monotonic() - self.last_flush >= task.flush_interval:
-                self.flush()
+            if not generation.ready():  # what came is read: log it, or wait for more
+                self._pace(generation)
         if produced == 0:
             metrics.prompt(task.id, prompt, generation.cached_tokens)
         return None
+
+    def _pace(self, generation: Generation) -> None:
+        """With every piece at hand read: a batch is due (the first text at once, then
+        one every ``flush_interval``), or the generation may keep its next pieces until
+        the next batch is due — unless a stop sequence may end the answer in them (it
+        is looked for as each piece comes)."""
+        interval = self.task.flush_interval
+        if self.pending and time.monotonic() - self.last_flush >= interval:
+            self.flush()
+        if self.assembler.stop:
+            return  # each piece as it comes
+        generation.pace(self.last_flush + interval)  # before the first text: at once
 
     # -- the end -----------------------------------------------------------------------------
     def conclude(
