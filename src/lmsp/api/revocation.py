@@ -42,31 +42,43 @@ async def until_revoked(
     check_every: float = CHECK_EVERY,
 ) -> AsyncIterator[ServerSentEvent]:
     """``source``'s events while ``client_id`` holds a valid token; then the error event
-    and the end (``on_revoked`` runs then, e.g. to cancel a task nobody may follow)."""
+    and the end (``on_revoked`` runs then, e.g. to cancel a task nobody may follow).
+
+    The watch runs beside the stream; a wait for ``source``'s next event is an
+    :func:`asyncio.timeout` with no deadline, which the watch brings forward to now
+    when the client is revoked (no task a event to race the watch)."""
     events = source.__aiter__()
+    loop = asyncio.get_running_loop()
+    waiting: list[asyncio.Timeout] = []  # the wait for the next event, while it lasts
+
+    def revoked(_: object) -> None:
+        for wait in waiting:
+            wait.reschedule(loop.time())
+
     watcher = asyncio.ensure_future(follow.until_revoked(core, client_id, check_every))
-    nxt: asyncio.Future[ServerSentEvent] | None = None
+    watcher.add_done_callback(revoked)
     try:
-        while True:
-            nxt = asyncio.ensure_future(events.__anext__())
-            await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if watcher.done():
-                break
+        while not watcher.done():
             try:
-                event = nxt.result()
+                async with asyncio.timeout(None) as wait:
+                    waiting.append(wait)
+                    try:
+                        event = await events.__anext__()
+                    finally:
+                        waiting.clear()
             except StopAsyncIteration:
                 return
-            nxt = None
+            except TimeoutError:
+                if not watcher.done():
+                    raise  # not the watch's: the source's own
+                break
             yield event
         yield revoked_event()
         if on_revoked is not None:
             on_revoked()
     finally:
+        watcher.remove_done_callback(revoked)
         watcher.cancel()
-        if nxt is not None and not nxt.done():
-            nxt.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await nxt
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(RuntimeError):
