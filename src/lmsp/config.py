@@ -320,6 +320,10 @@ class Settings:
         "LMSP_BODY_TIMEOUT", DURATION, "30s",
         "a request's body must arrive within this after its headers",
         above="0s")
+    http_idle_timeout: float = setting(
+        "LMSP_HTTP_IDLE_TIMEOUT", DURATION, "75s",
+        "an idle kept-alive connection is closed after this (longer than clients keep theirs)",
+        above="0s")
     max_connections: int = setting(
         "LMSP_MAX_CONNECTIONS", INT, "1000",
         "open connections; past it idle ones are dropped, then `503`",

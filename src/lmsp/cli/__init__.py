@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import resource
 import shutil
@@ -196,6 +197,11 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
             forwarded_allow_ips=list(settings.trusted_proxies) or None,
             log_level="info",
             log_config=None,  # lmsp's handler formats uvicorn's lines too (text or json)
+            # longer than clients keep an idle connection (httpx and the SDKs on it: 5 s),
+            # so none sends a request on one as the server closes it (uvicorn's own 5 s
+            # let a client's create meet the close: a connection error, not an answer);
+            # idle connections are evicted first when the connection limit is reached
+            timeout_keep_alive=math.ceil(settings.http_idle_timeout),
             timeout_graceful_shutdown=5,
         )
     )
