@@ -11,6 +11,7 @@ before servers know them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -195,11 +196,20 @@ def _first(problems: Iterator[LmspError]) -> None:
 
 def unavailable(body: BaseModel) -> Iterator[LmspError]:
     """The refusal of each :data:`Unavailable` field ``body`` sets, in declared order."""
-    for name, field in type(body).model_fields.items():
-        if getattr(body, name) is not None and any(
-            isinstance(mark, _Unavailable) for mark in field.metadata
-        ):
+    for name in _unavailable_fields(type(body)):
+        if getattr(body, name) is not None:
             yield unsupported(name, f"{name} is not supported by this server.")
+
+
+@functools.cache
+def _unavailable_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    """The :data:`Unavailable` fields of a body's class, in declared order (looked up
+    once a class, not a request)."""
+    return tuple(
+        name
+        for name, field in model.model_fields.items()
+        if any(isinstance(mark, _Unavailable) for mark in field.metadata)
+    )
 
 
 def _stream_options(body: CreateResponse | OpenAIBody) -> Iterator[LmspError]:
