@@ -7,6 +7,7 @@ its core (``voluntary_ctxt_switches``), not with times."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from pathlib import Path
@@ -67,3 +68,36 @@ def test_a_runner_wakes_for_its_batches_not_for_every_token(
     # a wake a batch (and its commit's answer), the first text's, the end's; before
     # this change at least one a token
     assert woke[0] < TOKENS // 3, woke
+
+
+def test_the_batches_of_tasks_in_flight_share_commits(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every task's batches fall due on the ticks of one flush clock, so the batches of
+    the tasks in flight reach the group-commit writer together: far fewer commits than
+    batches (before, each task's batch came a flush interval after its own last one:
+    51 and 70 commits for the same 120 jobs in two runs)."""
+    monkeypatch.setenv("LMSP_TEST_ENGINE_DELAY", "0.01")
+    monkeypatch.setenv("LMSP_TEST_ENGINE_LENGTH", str(TOKENS))
+    settings = dataclasses.replace(settings, parallel=8)
+    svc = open_service(settings)
+    try:
+        svc.runner.flush_interval = 0.25
+        enqueue(svc)
+        svc.runner.run_next()  # the engine loaded
+        ids = [enqueue(svc) for _ in range(8)]
+        jobs, commits = svc.db.jobs, svc.db.commits
+        runners = [threading.Thread(target=svc.runner.run_next, args=(i,)) for i in range(8)]
+        for runner in runners:
+            runner.start()
+        for runner in runners:
+            runner.join(120)
+        jobs, commits = svc.db.jobs - jobs, svc.db.commits - commits
+        assert all(status(svc, task_id) is Status.COMPLETED for task_id in ids)
+    finally:
+        svc.runner.stop()
+        svc.host.close()
+        svc.db.close()
+    print(f"8 tasks of {TOKENS} tokens: {jobs} writer jobs in {commits} commits")
+    assert jobs >= 8 * 10  # about 12 batches a task, and its claim and end
+    assert commits * 3 < jobs, (jobs, commits)  # before: 51 and 70 commits for 120 jobs

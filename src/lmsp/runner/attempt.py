@@ -10,16 +10,18 @@ not logged yet, what the task has consumed, and their writes:
   service is shutting down (:class:`Stopped`), a stop sequence ended the answer or the
   turn's budget (:meth:`Attempt.room`) is spent;
 - the events are logged in batches (:meth:`Attempt.flush`): the first text is handed to
-  the group-commit writer at once, then a batch at most every ``flush_interval`` seconds
-  while the engine goes on (until the next one is due the generation keeps the engine's
-  pieces, :meth:`lmsp.engines.base.Generation.pace`: the runner's thread wakes a batch,
-  not a token, unless a stop sequence is looked for), each run of deltas of one item
-  joined into one event (:func:`lmsp.protocol.events.coalesce`), each batch with the
-  snapshot that covers it (the tokens, the seed, the text held back, the prompt tokens
-  given so far, and what the caller adds: the MCP loop's turn). A batch the writer has
-  not begun when the next write is due (the next batch, or the terminal write) is taken
-  back and joined to it: one writer job, the same events. Every write is guarded: once
-  a cancel won, none lands, and the attempt stops;
+  the group-commit writer at once, then a batch on each tick of a flush clock shared by
+  every task (every ``flush_interval`` seconds, so the batches of the tasks in flight
+  reach the writer together) while the engine goes on. Until the next one is due the
+  generation keeps the engine's pieces (:meth:`lmsp.engines.base.Generation.pace`): the
+  runner's thread wakes a batch, not a token, unless a stop sequence is looked for. Each
+  run of deltas of one item is joined into one event
+  (:func:`lmsp.protocol.events.coalesce`), each batch goes with the snapshot that covers
+  it (the tokens, the seed, the text held back, the prompt tokens given so far, and what
+  the caller adds: the MCP loop's turn). A batch the writer has not begun when the next
+  write is due (the next batch, or the terminal write) is taken back and joined to it:
+  one writer job, the same events. Every write is guarded: once a cancel won, none
+  lands, and the attempt stops;
 - :meth:`Attempt.conclude` ends it: on :class:`lmsp.engines.base.EngineCrashed` the
   pieces that came before are logged and the crash goes on to the runner (the task's
   ``on_restart`` policy); at shutdown what it has is logged and the task left as it is,
@@ -240,12 +242,21 @@ class Attempt(Generic[A]):
         one every ``flush_interval``), or the generation may keep its next pieces until
         the next batch is due — unless a stop sequence may end the answer in them (it
         is looked for as each piece comes)."""
-        interval = self.task.flush_interval
-        if self.pending and time.monotonic() - self.last_flush >= interval:
+        if self.pending and time.monotonic() >= self._due():
             self.flush()
         if self.assembler.stop:
             return  # each piece as it comes
-        generation.pace(self.last_flush + interval)  # before the first text: at once
+        generation.pace(self._due())
+
+    def _due(self) -> float:
+        """When the next batch is due: at once before the first text, then at the first
+        tick of the flush clock after the last batch. The clock ticks every
+        ``flush_interval`` on :func:`time.monotonic` (the same for every task), so the
+        batches of all the tasks in flight reach the group-commit writer together."""
+        interval = self.task.flush_interval
+        if self.last_flush == -math.inf:
+            return -math.inf
+        return (math.floor(self.last_flush / interval) + 1) * interval
 
     # -- the end -----------------------------------------------------------------------------
     def conclude(
