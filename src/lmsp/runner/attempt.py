@@ -239,9 +239,9 @@ class Attempt(Generic[A]):
 
     def _pace(self, generation: Generation) -> None:
         """With every piece at hand read: a batch is due (the first text at once, then
-        one every ``flush_interval``), or the generation may keep its next pieces until
-        the next batch is due — unless a stop sequence may end the answer in them (it
-        is looked for as each piece comes)."""
+        one on each tick of the flush clock, :meth:`_due`), or the generation may keep
+        its next pieces until the next batch is due — unless a stop sequence may end
+        the answer in them (it is looked for as each piece comes)."""
         if self.pending and time.monotonic() >= self._due():
             self.flush()
         if self.assembler.stop:
