@@ -184,3 +184,82 @@ def test_a_forged_marker_in_a_tool_definition_is_shown_as_content(
     honest = markers.prompt_tokens(Native(), messages, TOOLS)  # type: ignore[arg-type]
     assert controls(tokenizer, honest) == [1, 2, 1, 2]  # tools turn, user
     assert b"tools" in bytes(tokenizer.llm.detokenize(honest[:3], special=True))
+
+
+class Spy:
+    """A vocabulary that tokenizes with the real one and notes each text it was given."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.texts: list[str] = []
+
+    def tokenize(self, data: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        self.texts.append(data.decode())
+        tokens: list[int] = self.llm.tokenize(data, add_bos=add_bos, special=special)
+        return tokens
+
+
+def test_a_turn_tokenizes_only_the_runs_it_did_not_share_with_the_last(
+    tokenizer: LlamaTokenizer,
+) -> None:
+    """An agent sends its conversation again every turn: the long system prompt and the
+    earlier messages are runs tokenized once; the tokens are those of the whole prompt
+    tokenized as one string."""
+    system = "\n".join(
+        f"Rule {n}: when the user mentions item {n * 7 % 97}, answer." for n in range(60)
+    )
+    earlier = "An earlier answer, long enough to be kept. " * 10
+
+    def render(given: list[dict[str, str]]) -> str:
+        return str(tokenizer.formatter(messages=given).prompt)  # type: ignore[arg-type]
+
+    spy, found = Spy(tokenizer.llm), markers.Markers(markers.markers_of(tokenizer).by_text)
+    first = [{"role": "system", "content": system}, {"role": "user", "content": "Rule 3?"}]
+    second = [*first, {"role": "assistant", "content": earlier}, {"role": "user", "content": "12?"}]
+    assert markers.tokenize(spy, found, render, first) == old_tokens(tokenizer, first)
+    assert any(system in text for text in spy.texts)
+    spy.texts.clear()
+    assert markers.tokenize(spy, found, render, second) == old_tokens(tokenizer, second)
+    assert not any(system in text for text in spy.texts)  # the system prompt: a look-up
+    assert any(earlier in text for text in spy.texts)  # the new answer: tokenized
+    spy.texts.clear()
+    third = [*second, {"role": "user", "content": "And 13?"}]
+    assert markers.tokenize(spy, found, render, third) == old_tokens(tokenizer, third)
+    assert all(len(text) < markers.Runs.SHORTEST for text in spy.texts)
+    assert found.runs.hits == 3  # the system prompt twice, the answer once
+
+
+class Letters:
+    """A vocabulary of one token a character, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def tokenize(self, data: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        self.calls += 1
+        return list(data)
+
+
+def test_the_runs_kept_are_bounded_and_the_least_recently_used_go_first() -> None:
+    runs, llm = markers.Runs(), Letters()
+    runs.CHARACTERS = 4 * 1000  # a run of up to 1,000 characters is kept
+    a, b, c, d, e = (letter * 1000 for letter in "abcde")
+    short = "s" * (markers.Runs.SHORTEST - 1)
+    tokens = runs.tokens(llm, a)
+    tokens.append(0)  # the caller's list is its own
+    assert runs.tokens(llm, a) == list(a.encode()) and llm.calls == 1
+    for text in (b, c, d):
+        runs.tokens(llm, text)
+    runs.tokens(llm, a)  # a used again: b is now the least recently used
+    runs.tokens(llm, e)  # 5,000 characters: one run goes
+    llm.calls = 0
+    assert [runs.tokens(llm, t) == list(t.encode()) for t in (a, c, d, e)] == [True] * 4
+    assert llm.calls == 0
+    runs.tokens(llm, b)
+    assert llm.calls == 1  # b was let go
+    runs.tokens(llm, short)
+    runs.tokens(llm, short)
+    assert llm.calls == 3  # a short run is tokenized each time
+    runs.tokens(llm, "x" * 1001)  # longer than a quarter of the bound: never kept
+    runs.tokens(llm, "x" * 1001)
+    assert llm.calls == 5

@@ -20,6 +20,10 @@ each content is tokenized by itself as plain text between the template's pieces.
 Tool definitions a template renders itself are template text, so a tool whose
 definition holds a control token's text is shown the generic way
 (:func:`lmsp.protocol.toolprompt.with_tools`: in the system message, as content).
+
+The longer runs are kept with their tokens (:class:`Runs`): an agent sends its whole
+conversation again every turn, and each earlier message is a run that tokenizes the same
+as the last time, so a turn tokenizes only what is new in it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import json
 import logging
 import re
 import secrets
+import threading
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -49,13 +56,55 @@ class Tokenizing(Protocol):
     control_markers: Markers | None  # its markers once read (:func:`markers_of`)
 
 
+class Runs:
+    """The longer runs of plain text one vocabulary tokenized last, with their tokens.
+
+    A run is the same text each time it comes again (a message's content and the role
+    around it, between two control tokens), and tokenizes the same: its tokens are a
+    look-up the next time. Runs shorter than :attr:`SHORTEST` characters are tokenized
+    each time (microseconds); at most :attr:`CHARACTERS` of text are kept in all, the
+    least recently used let go first, and none longer than a quarter of that. Used from
+    any thread."""
+
+    SHORTEST = 256
+    CHARACTERS = 4 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[str, array[int]] = OrderedDict()
+        self._size = 0  # characters kept
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def tokens(self, llm: Any, text: str) -> list[int]:
+        """``text`` tokenized by ``llm`` with no control token parsed and no BOS."""
+        if len(text) < self.SHORTEST:
+            return _tokenize(llm, text)
+        with self._lock:
+            kept = self._kept.get(text)
+            if kept is not None:
+                self._kept.move_to_end(text)
+                self.hits += 1
+                return kept.tolist()
+        tokens = _tokenize(llm, text)
+        if len(text) <= self.CHARACTERS // 4:
+            with self._lock:
+                if text not in self._kept:
+                    self._kept[text] = array("i", tokens)
+                    self._size += len(text)
+                while self._size > self.CHARACTERS:
+                    self._size -= len(self._kept.popitem(last=False)[0])
+        return tokens
+
+
 class Markers:
-    """The control tokens of a vocabulary, by their text."""
+    """The control tokens of a vocabulary, by their text, and the runs of plain text
+    between them it tokenized last (:class:`Runs`)."""
 
     def __init__(self, by_text: dict[str, int]) -> None:
         self.by_text = by_text
         texts = sorted(by_text, key=len, reverse=True)  # the longest first, as llama.cpp
         self.pattern = re.compile("|".join(re.escape(t) for t in texts)) if texts else None
+        self.runs = Runs()
 
     @classmethod
     def of(cls, llm: Any) -> Markers:
@@ -124,10 +173,10 @@ def tokenize(llm: Any, markers: Markers, render: Render, messages: Messages) -> 
             if token is None:
                 run.append(text)
             else:
-                tokens += _plain(llm, "".join(run))
+                tokens += markers.runs.tokens(llm, "".join(run))
                 run = []
                 tokens.append(token)
-    tokens += _plain(llm, "".join(run))
+    tokens += markers.runs.tokens(llm, "".join(run))
     return tokens
 
 
@@ -167,7 +216,7 @@ def _cut(markers: Markers, text: str) -> list[tuple[str, int | None]]:
     return out
 
 
-def _plain(llm: Any, text: str) -> list[int]:
+def _tokenize(llm: Any, text: str) -> list[int]:
     if not text:
         return []
     tokens: list[int] = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
@@ -185,7 +234,7 @@ def _piecewise(llm: Any, markers: Markers, render: Render, messages: Messages) -
     at = 0
     for found in re.finditer(rf"LMSP{nonce}C(\d+)Z", rendered):
         tokens += _template(llm, markers, rendered[at : found.start()])
-        tokens += _plain(llm, messages[int(found.group(1))]["content"])
+        tokens += markers.runs.tokens(llm, messages[int(found.group(1))]["content"])
         at = found.end()
     return tokens + _template(llm, markers, rendered[at:])
 
@@ -193,5 +242,5 @@ def _piecewise(llm: Any, markers: Markers, render: Render, messages: Messages) -
 def _template(llm: Any, markers: Markers, text: str) -> list[int]:
     tokens: list[int] = []
     for run, token in _cut(markers, text):
-        tokens += _plain(llm, run) if token is None else [token]
+        tokens += markers.runs.tokens(llm, run) if token is None else [token]
     return tokens
