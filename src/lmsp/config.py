@@ -417,6 +417,13 @@ class Settings:
         "how long an engine process outlives a crash of the API process, waiting for the next"
         " `lmsp serve` on this data directory to reattach to it (its model loaded, its cache"
         " warm); 0: it exits with the API process")
+    engine_nice: int = setting(
+        "LMSP_ENGINE_NICE", INT, "10",
+        "how far below the API process's the scheduling priority of a local model's engine"
+        " process is (`nice`): its threads give way to the API's, so requests, streams and"
+        " `/healthz` are served at once while the model computes; 0: on a par (a machine"
+        " shared with other CPU-heavy work)",
+        least="0", most="19")
     spare_engine: bool = setting(
         "LMSP_SPARE_ENGINE", FLAG, "0",
         "`1`: each loaded model keeps a second engine process loaded (its KV cache too: twice"

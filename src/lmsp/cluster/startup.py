@@ -150,6 +150,7 @@ def load_options(settings: Settings, kv: PrefixFiles | None) -> LoadOptions:
         kv_budget=settings.kv_budget,
         embed_share=settings.embed_share,
         rope_scaling=settings.rope_scaling,
+        nice=settings.engine_nice,
     )
 
 

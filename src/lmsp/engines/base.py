@@ -210,6 +210,8 @@ class LoadOptions:
     embed_share: float = 1 / 4  # ``LMSP_EMBED_SHARE``: embeddings' time while generating
     # ``LMSP_ROPE_SCALING``: a context past the model's trained one is stretched with YaRN
     rope_scaling: bool = True
+    #: ``LMSP_ENGINE_NICE``: added to the engine process's niceness (a local model's)
+    nice: int = 0
     #: a remote model's upstream (its record's ``remote``: :mod:`lmsp.engines.remote`)
     remote: dict[str, Any] | None = None
 

@@ -534,8 +534,11 @@ class ModelHost:
     # -- prompt length before queueing ---------------------------------------------------
     def _options(self, record: ModelRecord) -> LoadOptions:
         """How ``record``'s engine loads: the API side's tokenizer sizes the context with
-        the same options, so both agree on it before the engine has started."""
-        return replace(self.load, digest=record.digest, remote=record.remote)
+        the same options, so both agree on it before the engine has started. A remote
+        model's engine keeps the API's priority: it only relays, and its upstream may
+        share this machine's cores."""
+        nice = self.load.nice if record.remote is None else 0
+        return replace(self.load, digest=record.digest, remote=record.remote, nice=nice)
 
     def constrains(self, record: ModelRecord) -> bool:
         """Whether ``record``'s engine holds output to a grammar (tools, JSON schemas): a

@@ -84,6 +84,8 @@ def process_main(channel: Channel, spec: EngineSpec, parent: int) -> None:
     global _in_process
     _in_process = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.options.nice > 0:  # the model's threads give way to the API process's
+        os.nice(spec.options.nice)
     from lmsp import logs
 
     logs.configure(spec.log_format, spec.log_level)
