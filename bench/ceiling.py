@@ -16,7 +16,11 @@ work — what would bound it in front of a GPU engine decoding thousands of toke
   API's CPU a token shows what a batch costs.
 - **creates**: 64 clients create durable background responses (``202`` after the
   commit) back to back for a window; the server runs the created tasks meanwhile.
-  Creates a second, p50 / p99, errors, the API process's CPU a create.
+  Creates a second, p50 / p99, errors, the tasks not yet run at the window's end and
+  when they all had, the API process's CPU a create (its run included).
+
+Each client is a kept-alive connection that sends the same bytes again
+(:class:`bench.clients.KeptAlive`): the clients must not be what is measured.
 
     .venv/bin/python bench/run.py --only ceiling
     .venv/bin/python bench/ceiling.py [--seconds 10] [--reps 3] [--length 24,1000]
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -36,15 +41,19 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.clients import busy_cpus, creates_process, median, percentile, processes  # noqa: E402
-from tests.helpers import Server  # noqa: E402
+from bench.clients import (  # noqa: E402
+    KeptAlive,
+    busy_cpus,
+    creates_process,
+    median,
+    percentile,
+    processes,
+)
+from tests.helpers import Server, open_db  # noqa: E402
 
 CLIENTS = 64
 MODEL = "lmsp-test"
@@ -80,13 +89,10 @@ def streams_process(
     last end, and the errors. A stream's bytes are scanned only at its end: the client
     must not be what is measured."""
 
-    async def one(http: httpx.AsyncClient, body: dict[str, Any]) -> int:
-        tail = b""
-        async with http.stream("POST", "/v1/responses", json=body) as answer:
-            if answer.status_code != 200:
-                raise RuntimeError(f"{answer.status_code}: {(await answer.aread())[:120]!r}")
-            async for chunk in answer.aiter_raw():
-                tail = (tail + chunk)[-65536:]
+    async def one(conn: KeptAlive) -> int:
+        status, tail = await conn.send()
+        if status != 200:
+            raise RuntimeError(f"{status}: {tail[:120]!r}")
         at = tail.rfind(b'"output_tokens":')
         if b"response.completed" not in tail or at < 0:
             raise RuntimeError(f"no completed event at the end: {tail[-200:]!r}")
@@ -97,24 +103,25 @@ def streams_process(
         body = {"model": MODEL, "input": "stream hello", "stream": True}
         counts: list[int] = []
         errors: list[str] = []
-        limits = httpx.Limits(max_connections=clients)
-        async with httpx.AsyncClient(
-            base_url=url, headers=headers, limits=limits, timeout=300
-        ) as http:
-            await asyncio.gather(*(http.get("/healthz") for _ in range(clients)))
-            await asyncio.sleep(max(0.0, start_at - time.time()))
-            began = time.perf_counter()
-            stop_at = began + seconds
+        conns = [KeptAlive(url, "/v1/responses", headers, body) for _ in range(clients)]
+        await asyncio.gather(*(c.open() for c in conns))
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        began = time.perf_counter()
+        stop_at = began + seconds
 
-            async def worker() -> None:
-                while time.perf_counter() < stop_at:
-                    try:
-                        counts.append(await one(http, body))
-                    except (httpx.HTTPError, RuntimeError) as exc:
-                        errors.append(repr(exc)[:160])
+        async def worker(conn: KeptAlive) -> None:
+            while time.perf_counter() < stop_at:
+                try:
+                    counts.append(await one(conn))
+                except (OSError, asyncio.IncompleteReadError, ValueError, RuntimeError) as exc:
+                    errors.append(repr(exc)[:160])
 
-            await asyncio.gather(*(worker() for _ in range(clients)))
-            wall = time.perf_counter() - began
+        try:
+            await asyncio.gather(*(worker(c) for c in conns))
+        finally:
+            for conn in conns:
+                conn.close()
+        wall = time.perf_counter() - began
         return sum(counts), len(counts), wall, errors
 
     return asyncio.run(main())
@@ -189,6 +196,9 @@ def run_creates(work: Path, pool: ProcessPoolExecutor, seconds: float) -> Figure
         time.sleep(max(0.0, start_at - time.time()))
         cpu0 = cpu_seconds(api)
         latencies, errors = job.result()
+        ended = time.monotonic()
+        left = _unfinished(server)  # created in the window, not yet run
+        drained = _drain(server)
         cpu1 = cpu_seconds(api)
     finally:
         server.stop()
@@ -199,8 +209,26 @@ def run_creates(work: Path, pool: ProcessPoolExecutor, seconds: float) -> Figure
         0.0,
         f"p50 {percentile(latencies, 0.5) * 1000:.0f} ms, "
         f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms, {len(errors)} errors"
-        + (f" ({errors[0][:120]})" if errors else ""),
+        + (f" ({errors[0][:120]})" if errors else "")
+        + f"; {left} tasks not yet run at the window's end, all run {drained - ended:.1f} s"
+        " after it (the CPU a create counts its run too)",
     )
+
+
+def _unfinished(server: Server) -> int:
+    with contextlib.closing(open_db(server.data_dir)) as db:
+        row = db.execute(
+            "SELECT count(*) FROM tasks WHERE status NOT IN ('completed','failed','cancelled')"
+        ).fetchone()
+    return int(row[0])
+
+
+def _drain(server: Server, patience: float = 120.0) -> float:
+    """When every task created has ended (the monotonic time; at most ``patience``)."""
+    deadline = time.monotonic() + patience
+    while _unfinished(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return time.monotonic()
 
 
 def bench_ceiling(
