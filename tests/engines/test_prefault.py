@@ -46,7 +46,14 @@ def kernel_populates(libc: ctypes.CDLL) -> bool:
         area.close()
 
 
-def test_a_block_taken_inside_is_already_mapped_and_one_outside_is_not() -> None:
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_block_taken_inside_is_already_mapped_and_one_outside_is_not(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether one thread maps the pages or several share the range (3: shares that are
+    not a power of two, the last one longer)."""
+    monkeypatch.setattr(prefault, "THREADS", threads)
+    monkeypatch.setattr(prefault.os, "sched_getaffinity", lambda _pid: set(range(threads)))
     libc = _libc()
     with prefault.populated(SIZE):
         inside = libc.malloc(SIZE)
