@@ -189,8 +189,10 @@ class LlamaServer:
         cache_prompt: bool = True,
         flags: tuple[str, ...] = FAST_FLAGS,
         extra: tuple[str, ...] = (),
+        cpus: frozenset[int] | None = None,
     ) -> None:
         self.port = free_port()
+        self.cpus = cpus  # the cores it may run on (all when None)
         self.url = f"http://127.0.0.1:{self.port}"
         # llama-server splits n_ctx between its slots: give each slot the context lmsp has
         self.args = [
@@ -222,7 +224,11 @@ class LlamaServer:
         import httpx
 
         out = self.log.open("ab")
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
+        cpus = self.cpus
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+        self.proc = subprocess.Popen(
+            self.args, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin
+        )
         out.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

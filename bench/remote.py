@@ -9,13 +9,22 @@ event persisted) ÷ the same 8 streams sent to the upstream directly (goal ≥ 0
 time to first text of one stream through lmsp minus the upstream's own (goal ≤ 5 ms;
 the median of :data:`FIRSTS` streams a round, the sides alternated), and how long after
 lmsp answers a cancel the upstream's slot is free (goal ≤ 100 ms).
+
+Measured twice: with every process on every core (the upstream's threads and lmsp's
+compete for the same two cores) and with the upstream on a core of its own and lmsp with
+the clients on the others (:func:`layouts`), standing in for what a remote engine is
+for: an upstream on a GPU host whose compute does not share the control plane's cores.
+Both sides of a row see the same layout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -46,18 +55,55 @@ def remote_side(server: Server) -> Side:
     return lmsp_side(server, "lmsp (remote)", MODEL)
 
 
-def start_pair(work: Path) -> tuple[LlamaServer, Server]:
+@dataclass(frozen=True)
+class Layout:
+    """Where the processes run: ``upstream`` the upstream's cores, ``local`` lmsp's and the
+    clients' (``None``: every core)."""
+
+    name: str
+    upstream: frozenset[int] | None = None
+    local: frozenset[int] | None = None
+
+    def threads(self) -> int:
+        return threads() if self.upstream is None else len(self.upstream)
+
+
+def layouts() -> list[Layout]:
+    shared = Layout("cores shared")
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return [shared]
+    apart = Layout("upstream on a core of its own", frozenset(cores[-1:]), frozenset(cores[:-1]))
+    return [shared, apart]
+
+
+@contextlib.contextmanager
+def pinned(cpus: frozenset[int] | None) -> Iterator[None]:
+    """This process (and what it starts meanwhile) on ``cpus``."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def start_pair(work: Path, layout: Layout = Layout("cores shared")) -> tuple[LlamaServer, Server]:
     """A ``llama-server`` with :data:`STREAMS` slots on the bundled GGUF and an ``lmsp
     serve`` with :data:`MODEL` a remote model on it (both stopped by the caller)."""
     binary = llama_server.ensure_built()
     upstream = LlamaServer(
         binary,
         bundled_model_path(),
-        threads=threads(),
+        threads=layout.threads(),
         parallel=STREAMS,
         n_ctx=2048,
         log=work / "llama-server-remote.log",
         extra=("--slots",),
+        cpus=layout.upstream,
     ).start()
     server = Server(work / "lmsp-remote", env={"LMSP_PARALLEL": str(STREAMS)})
     try:
@@ -101,57 +147,84 @@ def slot_free_after_cancel(server: Server, upstream: str) -> float:
     return math.nan
 
 
-def bench_remote(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) -> None:
-    reps = 1 if quick() else 3
-    tokens = 24 if quick() else 128
-    upstream, server = start_pair(work)
-    try:
-        lm, ll = remote_side(server), llama_side(upstream, "llama-server direct")
-        for side in (lm, ll):  # the model's engine started, not timed as a first text
-            with side.client() as http:
-                side.stream(http, messages_for(SUBJECTS[2]), 4)
-        rates: dict[str, list[float]] = {lm.name: [], ll.name: []}
-        firsts: dict[str, list[float]] = {lm.name: [], ll.name: []}
-        for _ in range(reps):
-            for _ in range(FIRSTS):  # one stream at a time, the two sides alternated
-                for side in (lm, ll):
-                    with side.client() as http:
-                        one = side.stream(http, messages_for(SUBJECTS[0]), 16)
-                    if one.first is not None:
-                        firsts[side.name].append(one.first)
+@dataclass
+class Figures:
+    rate: dict[str, float]
+    first: dict[str, float]
+    freed: list[float]
+
+
+def measure(work: Path, layout: Layout, reps: int, tokens: int) -> Figures:
+    place = work / layout.name.replace(" ", "-")
+    place.mkdir(parents=True, exist_ok=True)
+    with pinned(layout.local):
+        upstream, server = start_pair(place, layout)
+        try:
+            return measure_pair(server, upstream, reps, tokens)
+        finally:
+            server.stop()
+            upstream.stop()
+
+
+def measure_pair(server: Server, upstream: LlamaServer, reps: int, tokens: int) -> Figures:
+    lm, ll = remote_side(server), llama_side(upstream, "llama-server direct")
+    for side in (lm, ll):  # the model's engine started, not timed as a first text
+        with side.client() as http:
+            side.stream(http, messages_for(SUBJECTS[2]), 4)
+    rates: dict[str, list[float]] = {lm.name: [], ll.name: []}
+    firsts: dict[str, list[float]] = {lm.name: [], ll.name: []}
+    for _ in range(reps):
+        for _ in range(FIRSTS):  # one stream at a time, the two sides alternated
             for side in (lm, ll):
-                rates[side.name].append(concurrent(side, STREAMS, tokens).rate)
-        freed = [slot_free_after_cancel(server, upstream.url) for _ in range(reps)]
-    finally:
-        server.stop()
-        upstream.stop()
-    rate = {k: median(v) for k, v in rates.items()}
-    first = {k: median(v) if v else math.nan for k, v in firsts.items()}
-    throughput = rate[lm.name] / rate[ll.name] if rate[ll.name] else math.nan
-    overhead = (first[lm.name] - first[ll.name]) * 1000
-    rows = [
+                with side.client() as http:
+                    one = side.stream(http, messages_for(SUBJECTS[0]), 16)
+                if one.first is not None:
+                    firsts[side.name].append(one.first)
+        for side in (lm, ll):
+            rates[side.name].append(concurrent(side, STREAMS, tokens).rate)
+    freed = [slot_free_after_cancel(server, upstream.url) for _ in range(reps)]
+    return Figures(
+        rate={k: median(v) for k, v in rates.items()},
+        first={k: median(v) if v else math.nan for k, v in firsts.items()},
+        freed=freed,
+    )
+
+
+def rows_for(layout: Layout, got: Figures, tokens: int) -> list[list[str]]:
+    lm, ll = "lmsp (remote)", "llama-server direct"
+    throughput = got.rate[lm] / got.rate[ll] if got.rate[ll] else math.nan
+    overhead = (got.first[lm] - got.first[ll]) * 1000
+    return [
         [
-            f"{STREAMS} streams x {tokens} tokens (tok/s)",
-            num(rate[lm.name]),
-            num(rate[ll.name]),
+            f"{layout.name}: {STREAMS} streams x {tokens} tokens (tok/s)",
+            num(got.rate[lm]),
+            num(got.rate[ll]),
             num(throughput, ".3f"),
             ">= 0.97",
         ],
         [
-            "time to first text (ms)",
-            num(first[lm.name], ".1f", 1000),
-            num(first[ll.name], ".1f", 1000),
+            f"{layout.name}: time to first text (ms)",
+            num(got.first[lm], ".1f", 1000),
+            num(got.first[ll], ".1f", 1000),
             f"+{num(overhead, '.1f')} ms",
             "<= +5 ms",
         ],
         [
-            "slot free after a cancel (ms)",
-            num(median(freed), ".1f", 1000),
+            f"{layout.name}: slot free after a cancel (ms)",
+            num(median(got.freed), ".1f", 1000),
             "",
             "",
             "<= 100 ms",
         ],
     ]
+
+
+def bench_remote(work: Path, table: Callable[[str, list[str], list[list[str]]], None]) -> None:
+    reps = 1 if quick() else 3
+    tokens = 24 if quick() else 128
+    rows: list[list[str]] = []
+    for layout in layouts():
+        rows += rows_for(layout, measure(work, layout, reps, tokens), tokens)
     table(
         "(s) a remote model (lmsp in front of llama-server) against llama-server directly",
         ["what", "lmsp remote", "upstream direct", "ratio", "goal"],

@@ -40,7 +40,8 @@
     turns run on a conversation filled to its quota (goal: 100 ms), each turn's time.
 (s) a remote model (bench/remote.py): lmsp in front of llama-server against llama-server
     used directly: 8-stream throughput (goal: >= 0.97x), time to first text (goal: +5 ms at
-    most), the upstream's slot free after a cancel (goal: 100 ms).
+    most), the upstream's slot free after a cancel (goal: 100 ms); with every process on
+    every core, and with the upstream on a core of its own (a GPU host's stand-in).
 (r) WebSocket mode (bench/websocket.py): a turn over a socket against the same turn over
     SSE (TTFT and tokens/s, goal: within 5 %); a short turn on an open socket against a
     new HTTP request (goal: faster).
