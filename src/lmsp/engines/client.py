@@ -69,6 +69,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+    from lmsp.engines.ahead import Ahead
+
 #: the exit status of a remote engine whose upstream broke off (lmsp.engines.remote)
 UPSTREAM_LOST = 75
 
@@ -228,8 +230,10 @@ class EngineClient:
         *,
         in_thread: bool = False,
         on_exit: Callable[[EngineClient, str], None] | None = None,
+        ahead: Ahead | None = None,
     ) -> None:
         self.spec = spec
+        self.ahead = ahead  # a process started ahead, taken to launch and refilled once up
         self.tokenizer = tokenizer
         self.in_thread = in_thread
         self.on_exit = on_exit
@@ -266,14 +270,18 @@ class EngineClient:
     def launch(self) -> None:
         """Start the engine without waiting for it (:meth:`wait` does)."""
         ctx = multiprocessing.get_context("spawn")
-        here, there = ctx.Pipe(duplex=True)
-        self._conn = here
-        if self.in_thread:
+        ahead = None if self.in_thread or self.ahead is None else self.ahead.launch(self.spec)
+        if ahead is not None:  # started ahead, its imports done: it was told what to be
+            self._runner, self._conn = ahead
+            self.pid = ahead[0].pid
+        elif self.in_thread:
+            self._conn, there = ctx.Pipe(duplex=True)
             self._runner = threading.Thread(
                 target=serve, args=(there, self.spec), name="lmsp-engine", daemon=True
             )
             self._runner.start()
         else:
+            self._conn, there = ctx.Pipe(duplex=True)
             process = ctx.Process(
                 target=process_main,
                 args=(there, self.spec, os.getpid()),
@@ -312,6 +320,10 @@ class EngineClient:
             raise self._load_error
         if self._dead:
             raise EngineCrashed(f"The engine stopped while loading the model: {self.exit_reason}.")
+        if self.ahead is not None and not self.in_thread:
+            self.ahead.refill(
+                self.spec.options.nice
+            )  # the next engine to start finds a process waiting
         return self
 
     @property

@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmsp.engines.ahead import Ahead
 from lmsp.engines.base import EngineCrashed, EngineError, LoadOptions, Tokenizer
 from lmsp.engines.client import EngineClient
 from lmsp.engines.hosted import EngineStatus, Loaded, Vocabularies
@@ -81,6 +82,7 @@ class ModelHost:
     ) -> None:
         self.blobs_dir = blobs_dir
         self.spares = Spares() if spares else None  # LMSP_SPARE_ENGINE (spares.py)
+        self.ahead = Ahead()  # a process started ahead, for the next engine (ahead.py)
         self.registry = registry  # engines that outlive this process (reattach.py)
         self.engines = engines
         self.n_ctx = n_ctx
@@ -316,6 +318,7 @@ class ModelHost:
                 spec,
                 in_thread=engine.name in self.in_thread,
                 on_exit=lambda c, reason: self._exited(record, c, reason),
+                ahead=self.ahead,
             )
 
         local = engine.name not in self.in_thread and record.remote is None
@@ -635,6 +638,7 @@ class ModelHost:
                 client.stopping()
                 stopped.append(client)
         _stop(stopped)
+        self.ahead.close()
         self._vocabularies.close()
 
 

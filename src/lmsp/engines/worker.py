@@ -79,12 +79,13 @@ def die() -> NoReturn:
     raise Died()
 
 
-def process_main(channel: Channel, spec: EngineSpec, parent: int) -> None:
-    """The engine process (see the module docstring)."""
+def process_main(channel: Channel, spec: EngineSpec, parent: int, niced: bool = False) -> None:
+    """The engine process (see the module docstring); ``niced``: it runs at its
+    priority already (a process started ahead, :mod:`lmsp.engines.ahead`)."""
     global _in_process
     _in_process = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if spec.options.nice > 0:  # the model's threads give way to the API process's
+    if spec.options.nice > 0 and not niced:  # the model's threads give way to the API's
         os.nice(spec.options.nice)
     from lmsp import logs
 
