@@ -321,9 +321,8 @@ class EngineClient:
         if self._dead:
             raise EngineCrashed(f"The engine stopped while loading the model: {self.exit_reason}.")
         if self.ahead is not None and not self.in_thread:
-            self.ahead.refill(
-                self.spec.options.nice
-            )  # the next engine to start finds a process waiting
+            # the next engine to start at this priority finds a process waiting
+            self.ahead.refill(self.spec.options.nice)
         return self
 
     @property
