@@ -51,8 +51,12 @@ STREAMS = 8
 FIRSTS = 5
 
 
+#: the two sides' names, as the figures are keyed
+LMSP, DIRECT = "lmsp (remote)", "llama-server direct"
+
+
 def remote_side(server: Server) -> Side:
-    return lmsp_side(server, "lmsp (remote)", MODEL)
+    return lmsp_side(server, LMSP, MODEL)
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,7 @@ def measure(work: Path, layout: Layout, reps: int, tokens: int) -> Figures:
 
 
 def measure_pair(server: Server, upstream: LlamaServer, reps: int, tokens: int) -> Figures:
-    lm, ll = remote_side(server), llama_side(upstream, "llama-server direct")
+    lm, ll = remote_side(server), llama_side(upstream, DIRECT)
     for side in (lm, ll):  # the model's engine started, not timed as a first text
         with side.client() as http:
             side.stream(http, messages_for(SUBJECTS[2]), 4)
@@ -191,7 +195,7 @@ def measure_pair(server: Server, upstream: LlamaServer, reps: int, tokens: int) 
 
 
 def rows_for(layout: Layout, got: Figures, tokens: int) -> list[list[str]]:
-    lm, ll = "lmsp (remote)", "llama-server direct"
+    lm, ll = LMSP, DIRECT
     throughput = got.rate[lm] / got.rate[ll] if got.rate[ll] else math.nan
     overhead = (got.first[lm] - got.first[ll]) * 1000
     return [

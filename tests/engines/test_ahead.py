@@ -21,7 +21,7 @@ from lmsp.engines.base import LoadOptions, Sampling
 from lmsp.engines.client import EngineClient
 from lmsp.engines.deterministic import TEST_MODEL_BYTES, DeterministicEngine, DeterministicModel
 from lmsp.engines.worker import EngineSpec
-from tests.helpers import children, exited
+from tests.helpers import children, exited, wait_exited
 
 GREEDY = Sampling(temperature=0.0)
 
@@ -84,7 +84,7 @@ def test_a_process_that_died_while_waiting_is_not_used(spec: EngineSpec, ahead: 
     ahead.refill(0, after=0)
     waiting = waiting_pid(ahead)
     os.kill(waiting, signal.SIGKILL)
-    assert exited_within(waiting)
+    assert wait_exited(waiting, 10)
     client = EngineClient(spec, DeterministicModel(), ahead=ahead).start(60)
     try:
         assert client.pid not in (None, waiting) and ahead.taken == 0
@@ -103,20 +103,11 @@ def test_a_process_waiting_at_another_priority_is_not_used_and_is_replaced(
     client = EngineClient(spec, DeterministicModel(), ahead=ahead).start(60)  # nice 0
     try:
         assert client.pid != below and ahead.taken == 0
-        assert exited_within(below)  # replaced by one at this engine's priority
+        assert wait_exited(below, 10)  # replaced by one at this engine's priority
         level = waiting_pid(ahead)
         assert os.getpriority(os.PRIO_PROCESS, level) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         client.close()
-
-
-def exited_within(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while not exited(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_closing_ends_the_process_waiting_and_starts_no_other(ahead: Ahead) -> None:
