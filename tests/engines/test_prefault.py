@@ -3,12 +3,15 @@
 Checked with ``mincore``: which pages of an allocation are resident. A large block taken
 inside :func:`populated` is resident before anything writes it (the pages were mapped
 ahead, in one call); one taken outside is fresh memory, mapped as it is first written.
+Where the kernel offers transparent huge pages on request, the block inside is mapped
+with them (``AnonHugePages`` of its mapping in ``/proc/self/smaps``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +72,42 @@ def test_a_block_taken_inside_is_already_mapped_and_one_outside_is_not(
         assert share_inside > 0.99
     else:  # before Linux 5.14: nothing mapped ahead, nothing else changed
         assert share_inside < 0.01
+
+
+def huge_bytes(block: int, size: int) -> int:
+    """How much of the mappings over ``block`` is backed by transparent huge pages (the
+    advice splits a mapping where it begins and ends)."""
+    total, overlaps = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(part, 16) for part in head.split("-"))
+            overlaps = low < block + size and block < high
+        elif overlaps and head == "AnonHugePages:":
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def huge_pages_on_request() -> bool:
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" not in mode
+
+
+def test_the_block_inside_is_mapped_with_huge_pages_where_the_kernel_has_them() -> None:
+    libc = _libc()
+    with prefault.populated(SIZE):
+        inside = libc.malloc(SIZE)
+        assert inside
+        huge = huge_bytes(inside, SIZE)
+        libc.free(inside)
+    if kernel_populates(libc) and huge_pages_on_request():
+        # most of it: not the unaligned ends, nor what the kernel found no free huge page for
+        assert huge >= SIZE // 2
+    else:
+        assert huge == 0
 
 
 def test_small_caches_leave_the_allocator_alone() -> None:
