@@ -18,7 +18,10 @@ size is taken, populated and freed, and the cache llama.cpp then allocates is ca
 from those very pages, so its ``memset`` runs at memory speed. Where any of this is
 missing (not glibc, an older kernel) it does nothing and the faults happen as before;
 where huge pages are off (``/sys/kernel/mm/transparent_hugepage/enabled`` is ``never``)
-or none is free, the kernel maps ordinary pages.
+or none is free, the kernel maps ordinary pages. (In a virtual machine whose kernel hands
+free 2 MB blocks back to its host, long-free huge pages are slow to map again: an
+engine's cold start now and then takes longer, its restart after a crash is faster:
+docs/performance.md.)
 """
 
 from __future__ import annotations
