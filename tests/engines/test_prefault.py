@@ -88,26 +88,35 @@ def huge_bytes(block: int, size: int) -> int:
     return total
 
 
-def huge_pages_on_request() -> bool:
+def huge_page_mode() -> str:
+    """The kernel's transparent huge pages: ``always``, ``madvise`` (on request) or
+    ``never``."""
     try:
-        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     except OSError:
-        return False
-    return "[never]" not in mode
+        return "never"
+    return text.split("[", 1)[1].split("]", 1)[0]
 
 
 def test_the_block_inside_is_mapped_with_huge_pages_where_the_kernel_has_them() -> None:
     libc = _libc()
+    mode = huge_page_mode()
     with prefault.populated(SIZE):
         inside = libc.malloc(SIZE)
         assert inside
         huge = huge_bytes(inside, SIZE)
         libc.free(inside)
-    if kernel_populates(libc) and huge_pages_on_request():
-        # most of it: not the unaligned ends, nor what the kernel found no free huge page for
-        assert huge >= SIZE // 2
-    else:
+    outside = libc.malloc(SIZE)  # a fresh mapping nobody advised, written whole
+    assert outside
+    ctypes.memset(outside, 1, SIZE)
+    huge_outside = huge_bytes(outside, SIZE)
+    libc.free(outside)
+    if not kernel_populates(libc) or mode == "never":
         assert huge == 0
+    else:  # most of it: not the unaligned ends, nor any the kernel found no free one for
+        assert huge >= SIZE // 4
+    if mode == "madvise":  # only on request: the huge pages inside were lmsp's advice
+        assert huge_outside == 0
 
 
 def test_small_caches_leave_the_allocator_alone() -> None:
