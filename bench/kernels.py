@@ -19,7 +19,7 @@ import time
 
 from lmsp.bootstrap import bundled_model_path
 from lmsp.engines.batch import Request
-from lmsp.engines.llama_context import Layout, LlamaContext
+from lmsp.engines.llama_context import Layout, LlamaContext, load_model
 
 
 def _prompt(ctx: LlamaContext, seq: int, tokens: list[int]) -> float:
@@ -38,7 +38,7 @@ def _decode(ctx: LlamaContext, seqs: list[int], start: int, steps: int) -> float
 
 
 def measure(layout: Layout, threads: int, long_prompt: int, steps: int) -> dict[str, float]:
-    ctx = LlamaContext(bundled_model_path(), 2048, 8, threads, layout)
+    ctx = LlamaContext(load_model(bundled_model_path()), 2048, 8, threads, layout)
     try:
         tokens = [(7 * i) % 40000 + 200 for i in range(long_prompt)]
         cold = _prompt(ctx, 0, tokens)

@@ -58,6 +58,20 @@ def yarn_factor(n_ctx: int, trained: int) -> int:
     return 1 << max(1, math.ceil(math.log2(n_ctx / trained)))
 
 
+def load_model(path: Path) -> Any:
+    """The model file's weights and vocabulary, loaded by llama.cpp (a ``llama_model``
+    pointer, for one :class:`LlamaContext`)."""
+    import llama_cpp
+
+    llama_cpp.llama_backend_init()  # what llama-cpp-python's ``Llama`` calls first
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = False
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise EngineError("model_load_failed", f"llama.cpp could not load {path.name}.")
+    return model
+
+
 class LlamaContext:
     """``sequences`` sequences, each with a KV stream of its own, plus a spare stream
     when there is only one (see :meth:`LlamaModel.decode
@@ -66,7 +80,7 @@ class LlamaContext:
 
     def __init__(
         self,
-        path: Path,
+        model: Any,
         n_ctx: int,
         sequences: int,
         threads: int,
@@ -74,16 +88,14 @@ class LlamaContext:
         *,
         yarn_from: int = 0,
     ) -> None:
-        """``yarn_from``: the trained context YaRN rope scaling stretches by
-        :func:`yarn_factor` (:func:`lmsp.engines.llama_cpp.yarn_base`; 0: none)."""
+        """``model``: a model :func:`load_model` loaded, this context's from now on (freed
+        with it, or at once if the context cannot be created). ``yarn_from``: the trained
+        context YaRN rope scaling stretches by :func:`yarn_factor`
+        (:func:`lmsp.engines.llama_cpp.yarn_base`; 0: none)."""
         import llama_cpp
 
         self._lib = llama_cpp
-        params = llama_cpp.llama_model_default_params()
-        params.use_extra_bufts = False
-        self.model: Any = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-        if not self.model:
-            raise EngineError("model_load_failed", f"llama.cpp could not load {path.name}.")
+        self.model = model
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         if n_ctx <= 0:

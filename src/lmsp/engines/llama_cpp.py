@@ -34,8 +34,9 @@ from lmsp.engines.base import (
 from lmsp.engines.batch import CHUNK, Logits, Request, SequencePool, Slot
 from lmsp.engines.core import Seq
 from lmsp.engines.kvfiles import PrefixFiles
-from lmsp.engines.llama_context import EXACT, FAST, LlamaContext, yarn_factor
+from lmsp.engines.llama_context import EXACT, FAST, LlamaContext, load_model, yarn_factor
 from lmsp.engines.llama_embed import LlamaEmbedder
+from lmsp.engines.llama_vocab import ModelVocab
 from lmsp.protocol import completions, toolprompt
 
 if TYPE_CHECKING:
@@ -150,13 +151,17 @@ class LlamaTokenizer:
         n_ctx: int,
         vocab_only: bool = True,
         options: LoadOptions | None = None,
+        *,
+        loaded: ModelVocab | None = None,
     ) -> None:
+        """``loaded``: the vocabulary of a model an engine loaded already, read through it
+        (:mod:`lmsp.engines.llama_vocab`) instead of loading the file here."""
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         _route_native_logs()
 
-        self.llm: Any = Llama(
+        self.llm: Any = loaded or Llama(
             model_path=str(path),
             # the tokenizer's own context holds nothing (0 would make llama.cpp refuse it)
             n_ctx=n_ctx if n_ctx > 0 else 512,
@@ -276,12 +281,20 @@ class LlamaModel(LlamaTokenizer):
 
     def __init__(self, path: Path, n_ctx: int, options: LoadOptions | None = None) -> None:
         options = options or LoadOptions()
-        super().__init__(path, n_ctx, vocab_only=True, options=options)
-        self.exact = options.exact
-        layout = EXACT if options.exact else FAST
-        self.yarn_from = yarn_base(self.meta, self.n_ctx, options)
+        _route_native_logs()
+        model = load_model(path)  # once: the tokenizer reads its vocabulary through it
+        try:
+            super().__init__(path, n_ctx, options=options, loaded=ModelVocab(model))
+            self.exact = options.exact
+            layout = EXACT if options.exact else FAST
+            self.yarn_from = yarn_base(self.meta, self.n_ctx, options)
+        except BaseException:
+            import llama_cpp
+
+            llama_cpp.llama_model_free(model)
+            raise
         self.context = LlamaContext(
-            path, self.n_ctx, options.sequences, engine_threads(), layout, yarn_from=self.yarn_from
+            model, self.n_ctx, options.sequences, engine_threads(), layout, yarn_from=self.yarn_from
         )
         self.tag = TAG if options.exact else FAST_TAG
         if self.yarn_from:  # saved cells hold positions rotated for this context only
