@@ -109,7 +109,15 @@ def test_the_real_model_shows_its_memory(settings: Settings) -> None:
             json={"model": DEFAULT_MODEL_ID, "input": "Hi.", "max_output_tokens": 4},
         )
         assert done.status_code == 200, done.text
-        state = http.get("/v1/service/activity").json()
+        # its answer is committed before its worker lets go of the engine's slot
+        deadline = time.monotonic() + 10
+        while True:
+            state = http.get("/v1/service/activity").json()
+            # an ended task is not a sequence being generated, even before that
+            assert state["sequences"] == []
+            if not state["models"][0]["busy"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
     (model,) = state["models"]
     assert model["model"] == DEFAULT_MODEL_ID and not model["busy"]
     size = blob_path(settings.blobs_dir, model["digest"]).stat().st_size

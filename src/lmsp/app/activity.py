@@ -59,8 +59,8 @@ def _sequences(conn: Conn, live: list[Sequence], now: float) -> list[dict[str, A
     shown = []
     for seq in live:
         task = task_store.get(conn, seq.task_id)
-        if task is None:
-            continue
+        if task is None or task.status.terminal:
+            continue  # gone, or ended: its worker has not let go of its slot yet
         rate = seq.rate(now)
         shown.append(
             {
