@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -330,6 +331,22 @@ def check_snapshot(conn: sqlite3.Connection, task: sqlite3.Row) -> None:
         assert snap is None and stored == 0, (task["id"], task["status"])
     chunked = snap["token_count"] - len(snap["tail"]) if snap and "token_count" in snap else 0
     assert stored == chunked, (task["id"], stored, chunked)
+
+
+def early_starts(http: httpx.Client) -> dict[str, int]:
+    """Creates' first turns begun early (runner/early.py), by outcome (``/metrics``)."""
+    text = http.get("/metrics").text
+    found = re.findall(r'^lmsp_early_starts_total\{outcome="(\w+)"\} ([0-9.e+]+)$', text, re.M)
+    return {outcome: int(float(count)) for outcome, count in found}
+
+
+def idle(http: httpx.Client) -> None:
+    """Until no task holds the model and its worker is back waiting."""
+    deadline = time.monotonic() + 30
+    while any(m["busy"] for m in http.get("/v1/service/activity").json()["models"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.1)  # from letting go of its slot to waiting for the next claim
 
 
 def seeded_data_dir(data_dir: Path, blob_cache: Path) -> Path:

@@ -25,7 +25,7 @@ from lmsp.engines.base import Sampling
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.engines.upstream import RemoteSpec, completion_body
 from tests import remote_fixtures
-from tests.helpers import Server, open_db
+from tests.helpers import Server, early_starts, finish, idle, open_db
 from tests.remote_fixtures import (
     MODEL,
     add,
@@ -138,12 +138,17 @@ def test_a_background_response_on_a_remote_model_is_the_upstreams_greedy_answer(
             rest = list(sse(stream))
         assert rest == [e for e in events if e["sequence_number"] > middle]
         final = http.get(f"/v1/responses/{rid}").json()
+        # the engine up, a worker waiting: the next one's upstream request is sent while
+        # its create commits (runner/early.py), and that is the stream its task reads
+        idle(http)
+        again = finish(http, http.post("/v1/responses", json=body).json()["id"])
+        assert early_starts(http) == {"adopted": 1}
     streamed = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     prompt = prompt_tokens(PROMPT)
     assert final["usage"]["input_tokens"] == len(prompt)
     expected = decoded(upstream.greedy(prompt, 48))
     assert len(expected) > 40
-    assert output_text(final) == streamed == expected
+    assert output_text(final) == streamed == expected == output_text(again)
     conn = open_db(lmsp.data_dir)
     try:
         engine = conn.execute("SELECT engine, remote FROM models WHERE id = ?", (MODEL,)).fetchone()

@@ -165,6 +165,12 @@ class Metrics:
             _RATE,
             "model",
         )
+        self.early_starts = count(
+            "lmsp_early_starts",
+            "Creates' first turns begun while their commit was written: adopted by their "
+            "task, or dropped (another task claimed, inputs not the same).",
+            "outcome",
+        )
 
     def _service_figures(self) -> None:
         """Startup recovery, models, their engines and embeddings."""
@@ -289,6 +295,9 @@ class Metrics:
 
     def model_unloaded(self, model: str) -> None:
         self.model_unloads.labels(model).inc()
+
+    def early_start(self, outcome: str) -> None:
+        self.early_starts.labels(outcome).inc()
 
     def engine_crashed(self, model: str) -> None:
         self.engine_crashes.labels(model).inc()

@@ -46,9 +46,9 @@ def test_a_waiting_worker_gets_the_claim_and_a_wake_gets_none() -> None:
     thread, got = worker(idlers, 30)
     until_waiting(idlers)
     claim: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    assert idlers.hand(lambda: claim) is claim
+    assert idlers.hand(lambda: claim, "its first turn") is claim
     thread.join(10)
-    assert got == [claim]
+    assert got == [(claim, "its first turn")]  # what came with it too
     thread, got = worker(idlers, 30)
     until_waiting(idlers)
     idlers.wake()
@@ -72,7 +72,7 @@ def test_a_claim_handed_as_the_wait_runs_out_is_not_lost() -> None:
 
     assert idlers.hand(slow_submit) is claim
     thread.join(10)
-    assert got == [claim]
+    assert got == [(claim, None)]
 
 
 def test_a_submit_that_fails_wakes_the_worker_empty_handed() -> None:

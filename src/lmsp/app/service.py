@@ -24,6 +24,7 @@ from lmsp.protocol import items, itemtypes
 from lmsp.protocol import request as stored_request
 from lmsp.protocol.itemtypes import InputItem
 from lmsp.protocol.request import CreateRequest, PreparedRequest
+from lmsp.runner import early
 from lmsp.runner.plan import messages_of, tools_of
 from lmsp.runner.runner import Taken
 from lmsp.sandbox import WALL_FACTOR
@@ -158,7 +159,8 @@ class Service(Core):
         if resolved is None:  # it names a model now, added since the cache looked
             raise model_cache.Changed(given.model)
         pending = self.db.submit(self._job(client, request, key, secret, resolved))
-        claim = self.runner.claim_beside()  # a waiting worker's claim: the same commit
+        # a waiting worker's claim, in the same commit; it begins the first turn meanwhile
+        claim = self.runner.claim_beside(early.FirstTurn(request, record, pending))
         created: response_store.Created = await asyncio.wrap_future(pending)
         return await self._created(model, created, taken_by_claim(claim, created))
 

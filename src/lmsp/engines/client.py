@@ -47,6 +47,7 @@ from lmsp.engines.base import (
     Sampling,
     Tokenizer,
 )
+from lmsp.engines.early import Early, Inputs
 from lmsp.engines.protocol import (
     Cancel,
     Done,
@@ -258,6 +259,7 @@ class EngineClient:
         self._dead = False
         self._attached: int | None = None  # the pid of an engine this process did not start
         self.released: Callable[[], None] | None = None  # its lease ends (reattach.Registry)
+        self.early: Early[Stream] = Early()  # generations begun before their task's commit
 
     # -- life --------------------------------------------------------------------------
     def start(self, timeout: float = LOAD_TIMEOUT) -> EngineClient:
@@ -388,7 +390,37 @@ class EngineClient:
         max_tokens: int | None = None,
     ) -> Stream:
         """Start a sequence: tokens after ``prompt + resume`` (see
-        :class:`~lmsp.engines.protocol.Submit`)."""
+        :class:`~lmsp.engines.protocol.Submit`); the one begun early for exactly these
+        inputs (:meth:`begin_early`), if any."""
+        if self.early:
+            inputs = Inputs(tuple(prompt), tuple(resume), sampling, grammar, max_tokens)
+            adopted = self.early.adopt(inputs)
+            if adopted is not None:
+                return adopted
+        return self._start(prompt, resume, sampling, grammar, max_tokens)
+
+    def begin_early(
+        self, prompt: list[int], sampling: Sampling, grammar: str | None, max_tokens: int
+    ) -> Callable[[], bool] | None:
+        """Start a fresh sequence now, for the attempt that will ask :meth:`generate`
+        for the same inputs (:mod:`lmsp.engines.early`): what drops it if none does
+        (``True``: it was closed unadopted), or ``None`` when one with these inputs is
+        begun already."""
+        inputs = Inputs(tuple(prompt), (), sampling, grammar, max_tokens)
+        stream = self._start(prompt, [], sampling, grammar, max_tokens)
+        if not self.early.hold(inputs, stream):
+            stream.close()
+            return None
+        return lambda: self.early.drop(inputs, stream)
+
+    def _start(
+        self,
+        prompt: list[int],
+        resume: list[int],
+        sampling: Sampling,
+        grammar: str | None,
+        max_tokens: int | None,
+    ) -> Stream:
         if len(prompt) + len(resume) >= self.n_ctx:
             raise EngineError("context_length_exceeded", "The conversation fills the context.")
         sid = next(self._ids)

@@ -188,22 +188,25 @@ class ModelHost:
                         status.crash_times.clear()
 
     # -- loading -----------------------------------------------------------------------
-    def ready(self, record: ModelRecord) -> bool:
-        """Would :meth:`get` hand ``record``'s engine over at once: loaded and alive with
-        its blob, which this process has hashed already, not corrupt, not in a failed
-        crash loop? A hint, changing nothing (the runner starts a fresh task in its
-        claim's transaction when so: :meth:`lmsp.runner.runner.Runner.run_next`)."""
+    def ready(self, record: ModelRecord) -> EngineClient | None:
+        """The engine :meth:`get` would hand over at once — loaded and alive with its
+        blob, which this process has hashed already, not corrupt, not in a failed crash
+        loop — or ``None``. A hint, changing nothing, no slot taken (the runner starts a
+        fresh task in its claim's transaction when so: :meth:`lmsp.runner.runner.Runner.
+        run_next`; a create's first turn begins early on it: :mod:`lmsp.runner.early`)."""
         if record.engine not in self.engines or record.status == "corrupt":
-            return False
+            return None
         if record.digest not in self._verified:
-            return False
+            return None
         with self._cond:
             entry = self._loaded.get(record.id)
             if entry is None or not entry.client.alive or entry.record.digest != record.digest:
-                return False
+                return None
         with self._status_lock:
             status = self._status.get(record.id)
-            return status is None or status.state != "failed" or status.digest != record.digest
+            if status is None or status.state != "failed" or status.digest != record.digest:
+                return entry.client
+            return None
 
     def get(self, record: ModelRecord, slot: int = 0) -> EngineClient:
         """The model's engine, started once for every runner slot, marked in use by

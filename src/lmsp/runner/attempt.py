@@ -61,6 +61,13 @@ A = TypeVar("A", bound=OutputAssembler)
 MAX_OUTPUT_TOKENS = "max_output_tokens"
 
 
+def room(n_ctx: int, taken: int, limit: int | None, produced: int) -> int:
+    """How many tokens a turn may add: what a context of ``n_ctx`` leaves after the
+    ``taken`` tokens, and what is left of ``limit`` after the ``produced`` ones."""
+    budget = n_ctx - taken
+    return budget if limit is None else min(limit - produced, budget)
+
+
 class Stopped(Exception):
     """The task was cancelled (a write of it found a cancel had won), or the service
     is shutting down."""
@@ -178,8 +185,7 @@ class Attempt(Generic[A]):
         """How many tokens a turn may add after ``prompt`` and the ``done`` tokens of it
         so far: what the context leaves, and what is left of the task's ``limit``
         (``max_output_tokens``, all turns together)."""
-        budget = self.model.n_ctx - len(prompt) - len(done)
-        return budget if limit is None else min(limit - len(self.tokens), budget)
+        return room(self.model.n_ctx, len(prompt) + len(done), limit, len(self.tokens))
 
     def generate(
         self, prompt: list[int], done: list[int], grammar: str | None, max_tokens: int

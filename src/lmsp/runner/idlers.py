@@ -5,7 +5,8 @@ A worker with nothing to do waits here (:meth:`Idlers.wait`) until a task is que
 hands it a claim that rides in the create's own commit (:meth:`Idlers.hand`): the
 writer commits the response, its task and the claim together, and the worker starts on
 what it claimed as soon as that commit is answered — one transaction, and one thread
-woken, fewer on the way to a response's first token (``Runner.claim_beside``).
+woken, fewer on the way to a response's first token (``Runner.claim_beside``). What else
+the create hands with it (its first turn: :mod:`lmsp.runner.early`) comes along.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+#: a claim's future, and what came with it
+Handed = tuple[concurrent.futures.Future[Any], Any]
+
 
 class _Idle:
     __slots__ = ("event", "handed")
 
     def __init__(self) -> None:
         self.event = threading.Event()
-        self.handed: concurrent.futures.Future[Any] | None = None
+        self.handed: Handed | None = None
 
 
 class Idlers:
@@ -31,9 +35,10 @@ class Idlers:
         self._lock = threading.Lock()
         self._waiting: list[_Idle] = []
 
-    def wait(self, timeout: float) -> concurrent.futures.Future[Any] | None:
+    def wait(self, timeout: float) -> Handed | None:
         """Wait for a wake or ``timeout`` seconds: the claim a create handed this worker
-        (its future, answered once the writer committed it), or ``None``."""
+        (its future, answered once the writer committed it, and what came with it), or
+        ``None``."""
         idle = _Idle()
         with self._lock:
             self._waiting.append(idle)
@@ -58,19 +63,20 @@ class Idlers:
             idle.event.set()
 
     def hand(
-        self, submit: Callable[[], concurrent.futures.Future[Any]]
+        self, submit: Callable[[], concurrent.futures.Future[Any]], extra: Any = None
     ) -> concurrent.futures.Future[Any] | None:
         """Take a waiting worker, then submit its claim (``submit``: the claim's future)
-        and give that to it: a claim is only ever submitted for a worker bound to run
-        what it claims. ``None`` when no worker waits (nothing is submitted)."""
+        and give that to it, with ``extra``: a claim is only ever submitted for a worker
+        bound to run what it claims. ``None`` when no worker waits (nothing is
+        submitted)."""
         idle = self._take()
         if idle is None:
             return None
         try:
-            idle.handed = submit()
+            idle.handed = (submit(), extra)
         finally:  # a submit that raised wakes it empty-handed: it looks for itself
             idle.event.set()
-        return idle.handed
+        return idle.handed[0]
 
     def _take(self) -> _Idle | None:
         with self._lock:

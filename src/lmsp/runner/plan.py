@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from lmsp.constraints import grammar
-from lmsp.engines.base import Sampling
+from lmsp.engines.base import LoadedModel, Sampling
 from lmsp.protocol import completions, items
 from lmsp.protocol import tools as tooltypes
 from lmsp.protocol.assembler import Event, OutputAssembler
@@ -246,6 +246,13 @@ def grammar_of(request: RequestFields) -> tuple[str | None, bool]:
     if schema is not None:
         return grammar.json_grammar(schema), False
     return None, False
+
+
+def prompt_of(plan: Plan, model: LoadedModel) -> list[int]:
+    """The prompt tokens of a plain turn of ``plan`` (its tools rendered, if any)."""
+    if plan.tools:
+        return model.prompt_tokens(plan.messages, plan.tools)
+    return model.prompt_tokens(plan.messages)
 
 
 def plan_for(request: PreparedRequest) -> Plan:

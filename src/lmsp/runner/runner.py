@@ -50,10 +50,10 @@ from lmsp.outbound.pull import Downloader
 from lmsp.protocol.records import TaskRecord
 from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import Status
-from lmsp.runner import durable, mcp_loop, relax, revocation
+from lmsp.runner import durable, early, mcp_loop, relax, revocation
 from lmsp.runner.attempt import Attempt, Job, TaskContext
 from lmsp.runner.idlers import Idlers
-from lmsp.runner.plan import plan_for
+from lmsp.runner.plan import plan_for, prompt_of
 from lmsp.store import events, models, nodes, pulls, retrying
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
@@ -250,16 +250,19 @@ class Runner:
         a task queued after this read wakes a worker (:meth:`notify`)."""
         return task_store.claimable(self.db.reader(), shared=node is not None)
 
-    def claim_beside(self) -> concurrent.futures.Future[Taken | None] | None:
+    def claim_beside(
+        self, first: early.FirstTurn | None = None
+    ) -> concurrent.futures.Future[Taken | None] | None:
         """A waiting regular worker's claim, submitted to the writer now, just after a
         create's write, so that both go in one transaction (:mod:`lmsp.runner.idlers`):
-        its future, or ``None`` when no worker waits (then :meth:`notify` wakes one)."""
+        its future, or ``None`` when no worker waits (then :meth:`notify` wakes one).
+        The worker begins ``first`` meanwhile (:mod:`lmsp.runner.early`)."""
         if self._stop.is_set():
             return None
         node = self.node
         digests = None if node is None else self._local_digests()
         return self._idlers.hand(
-            lambda: self.db.submit(lambda c: self._claim(c, node, digests, False))
+            lambda: self.db.submit(lambda c: self._claim(c, node, digests, False)), first
         )
 
     def _claim(
@@ -344,13 +347,26 @@ class Runner:
         handed = self._idlers.wait(0.5)
         if handed is None:
             return
+        claim, first = handed
+        # while the writer commits: the create's first turn begun in its engine
+        drop = None if first is None else early.begin(first, self.host)
         try:
-            taken = handed.result()
+            taken = claim.result()
         except Exception as exc:  # its transaction failed: nothing was claimed
             if not is_storage_error(exc):
                 log.warning("a claim beside a create failed: %s", exc)
-            return
-        self._take(taken, slot, self.node, reserved=False)
+            taken = None
+        if drop is not None and not early.claimed(first, taken):
+            self._drop_early(drop)  # not this worker's task (or none): not wanted
+            drop = None
+        try:
+            self._take(taken, slot, self.node, reserved=False)
+        finally:
+            if drop is not None:
+                self._drop_early(drop)  # its attempt did not adopt it
+
+    def _drop_early(self, drop: early.Drop) -> None:
+        self.metrics.early_start("dropped" if drop() else "adopted")
 
     def _storage_back(self) -> bool:
         """While writes fail: does a small write go through again?"""
@@ -554,11 +570,7 @@ def respond(
     attempt = Attempt(task, model, plan.sampling, assembler, tokens)
 
     def turn() -> str | None:
-        prompt = (
-            model.prompt_tokens(plan.messages, plan.tools)
-            if plan.tools
-            else model.prompt_tokens(plan.messages)
-        )
+        prompt = prompt_of(plan, model)  # what lmsp.runner.early computes too
         if len(prompt) >= model.n_ctx:
             raise EngineError(
                 "context_length_exceeded",

@@ -1,0 +1,87 @@
+"""A create's first turn, begun while the writer commits the create.
+
+A create that finds a regular worker waiting hands it the claim that rides in the
+create's own commit (:mod:`lmsp.runner.idlers`), and with it the request as prepared
+(:class:`FirstTurn`). The worker, idle until that commit is answered, begins the turn's
+generation in the model's engine at once (:func:`begin`) — the plan and the prompt the
+attempt will compute from the stored request (:func:`lmsp.runner.plan.plan_for`, a pure
+function of it) — so the engine, a remote upstream's request above all, starts a
+commit's time sooner. If the claim took that very task (:func:`claimed`), its attempt
+asks the engine for the same inputs and is given that generation
+(:mod:`lmsp.engines.early`); in every other case (another task claimed, a replay, a
+failed commit, inputs that came out different) the worker closes it once done. Nothing
+of it is written before the task is committed: its tokens are logged by the attempt,
+as its own are.
+
+Begun only for what its attempt will ask as given: a fresh plain response (no MCP tool,
+no history read from the database) whose model's engine is up.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lmsp.protocol.records import TaskRecord
+from lmsp.protocol.request import PreparedRequest
+from lmsp.runner import mcp_loop
+from lmsp.runner.attempt import room
+from lmsp.runner.plan import plan_for, prompt_of
+from lmsp.store.models import ModelRecord
+from lmsp.store.responses import Created
+
+if TYPE_CHECKING:
+    from lmsp.engines.host import ModelHost
+
+log = logging.getLogger(__name__)
+
+#: closes a generation begun early unless an attempt adopted it (``True``: closed)
+Drop = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class FirstTurn:
+    """What a create hands the worker its claim is for."""
+
+    request: PreparedRequest
+    record: ModelRecord  # the model it runs (an alias resolved)
+    created: concurrent.futures.Future[Created]  # the create's write
+
+
+def begin(first: FirstTurn, host: ModelHost) -> Drop | None:
+    """Begin ``first``'s generation if it can be begun as its attempt will ask for it:
+    what closes it if no attempt adopts it, else ``None``. Never raises: a failure
+    here is met again, and handled, by the attempt."""
+    request = first.request
+    if (
+        request.previous_response_id is not None
+        or request.conversation is not None
+        or request.history
+        or mcp_loop.applies(request)
+    ):
+        return None
+    engine = host.ready(first.record)
+    if engine is None:
+        return None
+    try:
+        plan = plan_for(request)
+        prompt = prompt_of(plan, engine)
+        left = room(engine.n_ctx, len(prompt), plan.max_output_tokens, 0)
+        if left <= 0:
+            return None
+        return engine.begin_early(prompt, plan.sampling, plan.grammar, left)
+    except Exception as exc:  # e.g. its engine died meanwhile
+        log.debug("a first turn was not begun early: %s", exc)
+        return None
+
+
+def claimed(first: FirstTurn, taken: tuple[TaskRecord, bool] | None) -> bool:
+    """Did the claim that rode in ``first``'s commit take its task?"""
+    done = first.created
+    if taken is None or not done.done() or done.cancelled() or done.exception() is not None:
+        return False
+    created = done.result()
+    return not created.replayed and created.task_id == taken[0].id
