@@ -3,15 +3,15 @@
 A create that finds a regular worker waiting hands it the claim that rides in the
 create's own commit (:mod:`lmsp.runner.idlers`), and with it the request as prepared
 (:class:`FirstTurn`). The worker, idle until that commit is answered, begins the turn's
-generation in the model's engine at once (:func:`begin`) — the plan and the prompt the
-attempt will compute from the stored request (:func:`lmsp.runner.plan.plan_for`, a pure
-function of it) — so the engine, a remote upstream's request above all, starts a
-commit's time sooner. If the claim took that very task (:func:`claimed`), its attempt
-asks the engine for the same inputs and is given that generation
-(:mod:`lmsp.engines.early`); in every other case (another task claimed, a replay, a
-failed commit, inputs that came out different) the worker closes it once done. Nothing
-of it is written before the task is committed: its tokens are logged by the attempt,
-as its own are.
+generation in the model's engine at once (:func:`begin`): the plan, prompt and budget
+the attempt will compute from the stored request (:func:`lmsp.runner.plan.plan_for`, a
+pure function of it; :func:`lmsp.runner.plain.first_turn`), so that the engine, a remote
+upstream's request above all, starts a commit's time sooner. If the claim took that very
+task (:func:`claimed`), its attempt asks the engine for the same inputs and is given
+that generation (:mod:`lmsp.engines.early`); in every other case (another task claimed,
+a replay, a failed commit, inputs that came out different) the worker closes it once
+done. Nothing of it is written before the task is committed: its tokens are logged by
+the attempt, as its own are.
 
 Begun only for what its attempt will ask as given: a fresh plain response (no MCP tool,
 no history read from the database) whose model's engine is up.
@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING
 
 from lmsp.protocol.records import TaskRecord
 from lmsp.protocol.request import PreparedRequest
-from lmsp.runner import mcp_loop
-from lmsp.runner.attempt import room
-from lmsp.runner.plan import plan_for, prompt_of
+from lmsp.runner import mcp_loop, plain
+from lmsp.runner.plan import plan_for
 from lmsp.store.models import ModelRecord
 from lmsp.store.responses import Created
 
@@ -68,8 +67,8 @@ def begin(first: FirstTurn, host: ModelHost) -> Drop | None:
         return None
     try:
         plan = plan_for(request)
-        prompt = prompt_of(plan, engine)
-        left = room(engine.n_ctx, len(prompt), plan.max_output_tokens, 0)
+        prompt = plain.first_turn(plan, engine)
+        left = plain.fresh_room(plan, engine, prompt)
         if left <= 0:
             return None
         return engine.begin_early(prompt, plan.sampling, plan.grammar, left)

@@ -42,19 +42,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lmsp.constraints.budget import GrammarBudget
-from lmsp.engines.base import EngineCrashed, EngineError, Generation, LoadedModel
+from lmsp.engines.base import EngineCrashed, EngineError, Generation
 from lmsp.engines.host import ModelHost
 from lmsp.errors import LmspError
 from lmsp.metrics import Metrics
 from lmsp.outbound.pull import Downloader
 from lmsp.protocol.records import TaskRecord
-from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import Status
-from lmsp.runner import durable, early, mcp_loop, relax, revocation
-from lmsp.runner.attempt import Attempt, Job, TaskContext
+from lmsp.runner import durable, early, mcp_loop, plain, revocation
+from lmsp.runner.attempt import Job, TaskContext
 from lmsp.runner.idlers import Idlers
-from lmsp.runner.plan import plan_for, prompt_of
-from lmsp.store import events, models, nodes, pulls, retrying
+from lmsp.store import models, nodes, pulls, retrying
 from lmsp.store import responses as response_store
 from lmsp.store import tasks as task_store
 from lmsp.store.db import Database
@@ -366,7 +364,12 @@ class Runner:
                 self._drop_early(drop)  # its attempt did not adopt it
 
     def _drop_early(self, drop: early.Drop) -> None:
-        self.metrics.early_start("dropped" if drop() else "adopted")
+        try:
+            closed = drop()
+        except Exception:  # pragma: no cover - a bug; keep the worker alive
+            log.exception("a first turn begun early was not closed")
+            return
+        self.metrics.early_start("dropped" if closed else "adopted")
 
     def _storage_back(self) -> bool:
         """While writes fail: does a small write go through again?"""
@@ -550,38 +553,7 @@ class Runner:
         if mcp_loop.applies(request):  # MCP tools: the loop runs the task (runner/mcp_loop.py)
             mcp_loop.run(context, conn, response, request, model, resumed, self.grammars)
         else:
-            respond(context, conn, request, model, resumed)
-
-
-def respond(
-    task: TaskContext, conn: Conn, request: PreparedRequest, model: LoadedModel, resumed: bool
-) -> None:
-    """A plain response: one attempt of one turn, as its plan says (a resumed task goes
-    on from its snapshot)."""
-    snapshot = (task_store.snapshot(conn, task.id) if resumed else None) or {}
-    tokens: list[int] = list(snapshot.get("tokens", []))
-    plan = plan_for(request)
-    # the output so far is what the log holds: the snapshot covers exactly that
-    assembler = (
-        plan.replay(events.output_events(conn, task.id), snapshot.get("held", ""))
-        if tokens
-        else plan.assembler()
-    )
-    attempt = Attempt(task, model, plan.sampling, assembler, tokens)
-
-    def turn() -> str | None:
-        prompt = prompt_of(plan, model)  # what lmsp.runner.early computes too
-        if len(prompt) >= model.n_ctx:
-            raise EngineError(
-                "context_length_exceeded",
-                f"The prompt has {len(prompt)} tokens; the context holds {model.n_ctx}.",
-            )
-        attempt.input_tokens = len(prompt)
-        left = attempt.room(prompt, tokens, plan.max_output_tokens)
-        return attempt.generate(prompt, tokens, plan.grammar, left)
-
-    # keywords the grammar could not enforce are checked in the output
-    attempt.conclude(turn, check=lambda output: relax.check_calls(output, plan.functions))
+            plain.respond(context, conn, request, model, resumed)
 
 
 def log_outcome(db: Database, task_id: str) -> None:
