@@ -12,7 +12,12 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+from fastapi.testclient import TestClient
+
+from lmsp.engines.client import EngineClient
 from lmsp.protocol.records import TaskRecord
 from lmsp.protocol.request import PreparedRequest
 from lmsp.protocol.states import Policy, Status
@@ -57,6 +62,10 @@ def test_a_first_turn_begun_during_the_commit_gives_the_same_answer(tmp_path: Pa
         check_log_invariants(conn)  # gap-free from 0, one terminal event, the last
     finally:
         conn.close()
+
+
+def text_of(response: dict[str, Any]) -> str:
+    return str(response["output"][0]["content"][0]["text"])
 
 
 def test_a_cancel_stops_a_first_turn_begun_early(tmp_path: Path) -> None:
@@ -130,3 +139,67 @@ def test_a_first_turn_is_claimed_only_by_its_own_task() -> None:
     replay = Created("resp_1", "task_1", 200, replayed=True)
     assert not early.claimed(_first(replay), (ours, False))
     assert not early.claimed(_first(OSError("disk full")), (ours, True))
+
+
+def test_a_turn_that_continues_a_history_is_begun_early_too(tmp_path: Path) -> None:
+    """A previous response's turns and a conversation's items: the history the create's
+    length check read is the one the runner reads back, so the prompt begun early is
+    the one its attempt asks for."""
+    data = tmp_path / "data"
+    with served(data, env=QUIET) as server, server.client() as http:
+        first = finish(http, http.post("/v1/responses", json={**BODY, "input": "one"}).json()["id"])
+        idle(http)
+        after = {**BODY, "input": "two", "previous_response_id": first["id"]}
+        second = finish(http, http.post("/v1/responses", json=after).json()["id"])
+        assert second["status"] == "completed"
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        for text in ("three", "four"):
+            idle(http)
+            turn = {**BODY, "input": text, "conversation": conversation}
+            assert finish(http, http.post("/v1/responses", json=turn).json()["id"])["status"] == (
+                "completed"
+            )
+        counts = early_starts(http)
+        assert counts == {"adopted": 3}, counts
+        # the answer is the one to the same messages given whole, as one input
+        said = first["output"][0]["content"][0]["text"]
+        whole = [
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": "two"},
+        ]
+        idle(http)
+        again = finish(http, http.post("/v1/responses", json={**BODY, "input": whole}).json()["id"])
+        assert text_of(again) == text_of(second)
+
+
+def test_a_first_turn_with_other_inputs_is_cancelled_when_its_task_starts_its_own(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were the inputs begun early ever not the ones the attempt asks for, the first turn
+    is cancelled as soon as the attempt's own generation starts — not when the task
+    ends — and the task runs its own, unharmed. (Begun here with one token less of
+    budget, which no real create does.)"""
+    monkeypatch.setenv("LMSP_TEST_ENGINE_DELAY", "0.02")
+    monkeypatch.setenv("LMSP_TEST_ENGINE_LENGTH", "200")
+    real = EngineClient.begin_early
+
+    def skewed(
+        self: EngineClient, prompt: list[int], sampling: Any, grammar: Any, budget: int
+    ) -> Any:
+        return real(self, prompt, sampling, grammar, budget - 1)
+
+    monkeypatch.setattr(EngineClient, "begin_early", skewed)
+    body = {**BODY, "input": "x", "max_output_tokens": 2}
+    finish(client, client.post("/v1/responses", json=body).json()["id"])  # loaded
+    idle(client)
+    made = client.post("/v1/responses", json={**BODY, "input": "a long answer"}).json()
+    deadline = time.monotonic() + 30
+    while early_starts(client).get("dropped", 0) == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    running = client.get(f"/v1/responses/{made['id']}").json()
+    assert running["status"] == "in_progress"  # settled at its start, not at its end
+    done = finish(client, made["id"])
+    assert done["status"] == "completed" and len(text_of(done).split()) == 200
+    assert early_starts(client) == {"dropped": 1}

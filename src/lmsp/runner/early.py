@@ -8,13 +8,16 @@ the attempt will compute from the stored request (:func:`lmsp.runner.plan.plan_f
 pure function of it; :func:`lmsp.runner.plain.first_turn`), so that the engine, a remote
 upstream's request above all, starts a commit's time sooner. If the claim took that very
 task (:func:`claimed`), its attempt asks the engine for the same inputs and is given
-that generation (:mod:`lmsp.engines.early`); in every other case (another task claimed,
-a replay, a failed commit, inputs that came out different) the worker closes it once
-done. Nothing of it is written before the task is committed: its tokens are logged by
-the attempt, as its own are.
+that generation (:mod:`lmsp.engines.early`). It is settled at the attempt's first
+generation: adopted, or — inputs that came out different — cancelled in the engine; and
+at once when the claim took another task, the create was a replay or its commit failed.
+Nothing of it is written before the task is committed: its tokens are logged by the
+attempt, as its own are.
 
-Begun only for what its attempt will ask as given: a fresh plain response (no MCP tool,
-no history read from the database) whose model's engine is up.
+Begun for a plain response whose model's engine is up (not for the MCP loop, whose
+turns alternate with tool calls). A turn that continues a history (a previous response,
+a conversation) is begun from the history the create's length check read: the same
+items the runner reads back, so the same prompt.
 """
 
 from __future__ import annotations
@@ -55,12 +58,7 @@ def begin(first: FirstTurn, host: ModelHost) -> Drop | None:
     what closes it if no attempt adopts it, else ``None``. Never raises: a failure
     here is met again, and handled, by the attempt."""
     request = first.request
-    if (
-        request.previous_response_id is not None
-        or request.conversation is not None
-        or request.history
-        or mcp_loop.applies(request)
-    ):
+    if mcp_loop.applies(request):  # its turns alternate with calls: the loop's own
         return None
     engine = host.ready(first.record)
     if engine is None:

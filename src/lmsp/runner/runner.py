@@ -93,6 +93,8 @@ class Runner:
         self._shutdown = threading.Event()  # tasks in flight stop where they are
         self._cancels: set[str] = set()
         self._live: dict[str, Generation] = {}  # task id → its generation in the engine
+        #: task id → its first turn begun early, until its attempt's first generation
+        self._early: dict[str, early.Drop] = {}
         # task id → what it has consumed so far (its generation loop's count)
         self._spent: dict[str, Callable[[], dict[str, int]]] = {}
         self._resume: deque[str] = deque()
@@ -354,14 +356,15 @@ class Runner:
             if not is_storage_error(exc):
                 log.warning("a claim beside a create failed: %s", exc)
             taken = None
-        if drop is not None and not early.claimed(first, taken):
+        if drop is not None and taken is not None and early.claimed(first, taken):
+            self._early[taken[0].id] = drop  # settled at its attempt's first generation
+        elif drop is not None:
             self._drop_early(drop)  # not this worker's task (or none): not wanted
-            drop = None
         try:
             self._take(taken, slot, self.node, reserved=False)
         finally:
-            if drop is not None:
-                self._drop_early(drop)  # its attempt did not adopt it
+            if taken is not None and (left := self._early.pop(taken[0].id, None)):
+                self._drop_early(left)  # it ended before asking its engine for anything
 
     def _drop_early(self, drop: early.Drop) -> None:
         try:
@@ -490,6 +493,8 @@ class Runner:
             self._live.pop(task_id, None)
             return
         self._live[task_id] = generation
+        if (begun := self._early.pop(task_id, None)) is not None:
+            self._drop_early(begun)  # adopted just now, or not wanted: cancelled
         generation.watch(lambda p: self.metrics.read(task_id, p.read, p.total, p.rate()))
         if task_id in self._cancels:  # committed while it was being submitted
             generation.cancel()
