@@ -4,6 +4,7 @@ queue positions that say the order the claims then follow."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from lmsp.app.service import Service
@@ -159,3 +160,42 @@ def test_default_limits_are_read_from_the_environment() -> None:
             assert "LMSP_DEFAULT_LIMITS" in str(exc)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_the_skip_scan_picks_what_ordering_every_queued_task_picks(svc: Service) -> None:
+    """SQLite's claim reads each (tier, client)'s oldest queued task off the index
+    instead of ordering every queued task: through a long random run of queues, claims
+    (regular and reserved), ends and limits, both forms pick the same task each time
+    (a no-op ``models`` condition makes the store take the form that orders them all)."""
+    rng = random.Random(7)
+    ids = [new_client(svc, f"c{i}") for i in range(5)]
+    tiers = [None, "priority", "default", "flex", "auto"]
+    running: list[str] = []
+    compared = queued = 0
+    for _ in range(400):
+        roll = rng.random()
+        if roll < 0.45 and queued < 90:  # the helper's queue holds 100
+            queue(svc, rng.choice(ids), rng.choice(tiers))
+            queued += 1
+        elif roll < 0.6 and running:
+            finish(svc, running.pop(rng.randrange(len(running))))
+        elif roll < 0.65:
+            change = {"max_running": rng.choice([None, 1, 2])}
+            who = rng.choice(ids)
+            svc.db.write_sync(lambda c, who=who, change=change: limits.update(c, who, change))
+        else:
+            reserved = rng.random() < 0.3
+            conn = svc.db.reader()
+            turn = task_store._NEWCOMER if reserved else ""
+            picks = [
+                conn.execute(task_store._next_queued(conn, models, turn)).fetchone()
+                for models in ("", " AND 1 = 1")
+            ]
+            assert picks[0] == picks[1]
+            compared += picks[0] is not None
+            row = svc.db.write_sync(lambda c, r=reserved: task_store.claim_next(c, newcomer=r))
+            assert (row and row.id) == (picks[0] and picks[0][0])
+            if row is not None:
+                running.append(row.id)
+                queued -= 1
+    assert compared > 50
