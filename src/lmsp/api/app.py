@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lmsp import __version__, errors, logs
-from lmsp.api import inputs, leaving, websocket
+from lmsp.api import direct, inputs, leaving, websocket
 from lmsp.api.crosssite import CrossSiteGate
 from lmsp.api.errors import anthropic_response, error_response, is_messages
 from lmsp.api.errors import body as error_body
@@ -98,13 +98,15 @@ class BodyGate:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        problem = _unusable_json(body)
+        problem, value = _parsed(body)
         if problem is not None:
             await error_response(problem, path)(scope, receive, send)
             return
         delivered = False
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
         scope = dict(scope, headers=[*headers, (b"content-type", b"application/json")])
+        if value is not _UNREAD:
+            scope[direct.PARSED] = value  # a direct route does not parse it again
 
         async def replay() -> Message:
             nonlocal delivered
@@ -135,7 +137,7 @@ class HttpMetrics:
         answered: float | None = None  # a WebSocket's upgrade: accepted or refused then
         status = 500
         noted: dict[str, str] = {}
-        scope[_ROUTE_KEY] = noted  # shared by the copies of ``scope`` made further in
+        scope[direct.ROUTE_KEY] = noted  # shared by the copies of ``scope`` made further in
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
         token = logs.request_id.set(rid)
@@ -174,36 +176,43 @@ class HttpMetrics:
                 svc.metrics.http(scope.get("method", "GET"), route, status, ended - began)
 
 
-_ROUTE_KEY = "lmsp.route"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 async def note_route(request: Request) -> None:
     """An app-wide dependency: tell :class:`HttpMetrics` which route answers."""
     route = request.scope.get("route")
-    noted = request.scope.get(_ROUTE_KEY)
+    noted = request.scope.get(direct.ROUTE_KEY)
     if noted is not None and route is not None:
         noted["route"] = str(getattr(route, "path", "other"))
 
 
-def _unusable_json(body: bytes) -> errors.LmspError | None:
-    """JSON that parses but cannot be stored or sent back: text with lone surrogates,
-    or nesting deeper than the parser goes. Anything else is left to the route."""
+_UNREAD = object()
+
+
+def _parsed(body: bytes) -> tuple[errors.LmspError | None, Any]:
+    """The body's JSON value (``_UNREAD`` when it is empty or not JSON: the route says
+    so, with its own message), or the problem of JSON that parses but cannot be stored
+    or sent back: text with lone surrogates, or nesting deeper than the parser goes."""
     if not body.strip():
-        return None
+        return None, _UNREAD
     try:
         value = json.loads(body)
     except RecursionError:
-        return errors.invalid("The JSON body is nested too deeply.", code="invalid_json")
+        return _too_deep(), _UNREAD
     except ValueError:
-        return None  # not JSON: the route says so, with its own message
+        return None, _UNREAD
     try:
         inputs.refuse_lone_surrogates(value)
     except errors.LmspError as exc:
-        return exc
+        return exc, _UNREAD
     except RecursionError:
-        return errors.invalid("The JSON body is nested too deeply.", code="invalid_json")
-    return None
+        return _too_deep(), _UNREAD
+    return None, value
+
+
+def _too_deep() -> errors.LmspError:
+    return errors.invalid("The JSON body is nested too deeply.", code="invalid_json")
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -239,6 +248,18 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(failure, request.url.path)
 
 
+#: the app's exception handlers, but for the last resort's (an unexpected error)
+_HANDLERS: dict[Any, Any] = {
+    errors.LmspError: _lmsp_error,
+    RequestValidationError: _validation_error,
+    HTTPException: _http_error,
+    leaving.ClientGone: _client_gone,
+}
+
+#: the create routes :class:`lmsp.api.direct.Direct` answers below the router
+DIRECT_ROUTES = [responses.DIRECT, chat.DIRECT, completions.DIRECT, messages.DIRECT]
+
+
 def _announce_console(svc: Service, kept: Http) -> None:
     """The serve banner's one-time login link to the console, for the owner."""
     owner = clients.owner(svc)
@@ -253,11 +274,17 @@ def _announce_console(svc: Service, kept: Http) -> None:
 
 
 def create_app(
-    settings: Settings, lock: DataDirLock | None = None, head: HeadStart | None = None
+    settings: Settings,
+    lock: DataDirLock | None = None,
+    head: HeadStart | None = None,
+    *,
+    fast: bool = True,
 ) -> FastAPI:
     """Build the ASGI app. Startup takes the data directory's lock (``lock``, when the
     caller took it already), opens the directory and recovers before serving; ``head``:
-    the directory opened and engines launched already (:mod:`lmsp.cluster.startup`)."""
+    the directory opened and engines launched already (:mod:`lmsp.cluster.startup`);
+    ``fast=False``: the create routes through the framework's router too (the tests
+    compare the two ways)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -282,10 +309,8 @@ def create_app(
         lifespan=lifespan,
         dependencies=[Depends(note_route), Depends(idempotency_supported)],
     )
-    app.add_exception_handler(errors.LmspError, _lmsp_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(leaving.ClientGone, _client_gone)
+    for kind, handler in _HANDLERS.items():
+        app.add_exception_handler(kind, handler)
     app.add_exception_handler(Exception, _unexpected)
     app.include_router(meta.router)
     app.include_router(activity.router)
@@ -310,6 +335,8 @@ def create_app(
     # ``GET /v1/responses`` upgraded to a WebSocket (its own checks: lmsp.api.websocket)
     app.router.routes.extend(websocket.routes())
     sockets = app.state.lmsp_sockets = Sockets(settings.ws_per_client)
+    if fast:  # the create routes answered without the router (lmsp.api.direct)
+        app.add_middleware(direct.Direct, routes=DIRECT_ROUTES, handlers=_HANDLERS)
     app.add_middleware(BodyGate, limit=settings.max_body_bytes)
     app.add_middleware(CrossSiteGate)  # before BodyGate reads every body as JSON
     app.add_middleware(

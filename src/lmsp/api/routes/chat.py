@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
+from lmsp.api import direct
 from lmsp.api.auth import require
 from lmsp.api.errors import body as error_body
 from lmsp.api.routes.deps import finished_chat, idempotency_key, service, translated_request
@@ -147,3 +148,9 @@ def _stream(
 
     departure = tasks.Departure(core, task_id, forget=forget)
     return followed(core, departure, frames, client=client, headers=headers)
+
+
+#: ``POST /v1/chat/completions`` answered below the router (:mod:`lmsp.api.direct`)
+DIRECT = direct.Route(
+    "/v1/chat/completions", create_chat_completion, ChatCompletionCreate, "responses:write"
+)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
+from lmsp.api import direct
 from lmsp.api.auth import require
 from lmsp.api.errors import body as error_body
 from lmsp.api.routes.deps import finished_chat, idempotency_key, service, translated_request
@@ -94,3 +95,7 @@ def _stream(
 
     departure = tasks.Departure(core, task_id)
     return followed(core, departure, frames, client=client, headers=headers)
+
+
+#: ``POST /v1/completions`` answered below the router (:mod:`lmsp.api.direct`)
+DIRECT = direct.Route("/v1/completions", create_completion, CompletionCreate, "responses:write")

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import ServerSentEvent
 
 from lmsp import errors
+from lmsp.api import direct
 from lmsp.api.auth import require
 from lmsp.api.message_schemas import CountTokens, MessageCreate, check_message
 from lmsp.api.params import ReplayQuery
@@ -229,3 +230,9 @@ def _stream(
         keepalive=MessagesPing,
         terminal=TERMINAL,
     )
+
+
+#: ``POST /v1/messages`` answered below the router (:mod:`lmsp.api.direct`)
+DIRECT = direct.Route(
+    "/v1/messages", create_message, MessageCreate, "responses:write", api_key=True
+)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from lmsp import errors
+from lmsp.api import direct
 from lmsp.api.auth import require
 from lmsp.api.params import Includes, ItemsQuery, ReplayQuery
 from lmsp.api.routes.deps import delete_route, finished, idempotency_key, service
@@ -196,3 +197,6 @@ async def cancel_response(response_id: str, request: Request, client: Writer) ->
 
 
 delete_route(router, "delete_response", "response_id", responses.delete, "response")
+
+#: ``POST /v1/responses`` answered below the router (:mod:`lmsp.api.direct`)
+DIRECT = direct.Route("/v1/responses", create_response, CreateResponse, "responses:write")
