@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
+from lmsp.api.eventstream import EventStream
 from lmsp.protocol.events import TERMINAL as TERMINAL_EVENTS
 
 SEP = "\n"
@@ -92,7 +93,7 @@ def event_response(
     ping: float = 15.0,
     keepalive: type[ServerSentEvent] = KeepAlive,
     terminal: Collection[str] = TERMINAL_EVENTS,
-) -> EventSourceResponse:
+) -> EventStream:
     """Wrap a source. ``on_disconnect`` runs if the client leaves before the source ends
     (before an event named in ``terminal``); ``on_finish`` once it has ended; ``done``
     ends the stream with ``data: [DONE]``; ``keepalive`` is what an idle stream sends
@@ -114,6 +115,4 @@ def event_response(
         if on_finish is not None:
             await on_finish()
 
-    return EventSourceResponse(
-        guarded(), headers=headers, ping=ping, ping_message_factory=keepalive, sep=SEP
-    )
+    return EventStream(guarded(), headers=headers, ping=ping, keepalive=keepalive)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import HTTPConnection
 
+from lmsp.api.eventstream import OpenStreams
 from lmsp.api.refusals import Refusals
 from lmsp.api.sessions import ConsoleSessions
 from lmsp.api.tokens import TokenCache
@@ -22,6 +23,8 @@ class Http:
     console: ConsoleSessions = field(default_factory=ConsoleSessions)
     #: the recent 4xx/5xx answers, for ``lmsp logs --errors``
     refusals: Refusals = field(default_factory=Refusals)
+    #: the event streams being written (ended at once when the server stops)
+    streams: OpenStreams = field(default_factory=OpenStreams)
 
 
 def service(request: HTTPConnection) -> Service:

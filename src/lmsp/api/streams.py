@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
+from lmsp.api.eventstream import EventStream
 from lmsp.api.revocation import until_revoked
 from lmsp.api.sse import Batch, KeepAlive, event_response
 from lmsp.app import follow
@@ -34,7 +35,7 @@ def followed(
     done: bool = True,
     keepalive: type[ServerSentEvent] = KeepAlive,
     terminal: Collection[str] = TERMINAL_EVENTS,
-) -> EventSourceResponse:
+) -> EventStream:
     """The log of ``departure``'s task after ``start`` (types in ``hide`` skipped) as
     ``frames`` makes it, the events of each read of the log sent together; ``client``:
     the follower whose revocation ends it (``None``: nobody's). See

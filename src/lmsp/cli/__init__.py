@@ -168,6 +168,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
         import uvicorn
 
         from lmsp.api.app import create_app
+        from lmsp.api.eventstream import Serving
         from lmsp.api.guard import guarded_protocol
     except BaseException:
         head.close()
@@ -180,7 +181,7 @@ def serve(data_dir: Path | None, host: str | None, port: int | None, standby: bo
         settings.max_header_bytes,
         settings.http,
     )
-    server = uvicorn.Server(
+    server = Serving(  # uvicorn's, its open event streams ended first when it stops
         uvicorn.Config(
             create_app(settings, lock, head),
             host=settings.host,

@@ -1,0 +1,193 @@
+"""An event stream's HTTP response, written straight to the ASGI server.
+
+sse-starlette's ``EventSourceResponse`` ran every stream in an anyio task group of four
+tasks (the events, the pings, the client's departure, the server's exit), with a lock
+and a cancel scope around each write: for a short answer, more of the event loop's
+time than its events (docs/performance.md). :class:`EventStream` does the same work
+with one task beside the stream, the watch for the client's departure: the events are
+written as the source gives them (each already framed as SSE, by
+:mod:`lmsp.api.sse`'s event classes); a keep-alive goes every ``ping`` seconds from a
+timer; a client that leaves, or a server that stops (:class:`OpenStreams`, from
+:class:`Serving`'s shutdown), ends the stream at once, its source closed as when it
+ends (its ``finally`` sees the departure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import uvicorn
+from sse_starlette import ServerSentEvent
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class OpenStreams:
+    """The event streams being written, so that a stopping server ends them at once
+    (as their clients' departures) instead of waiting out its grace period for them."""
+
+    def __init__(self) -> None:
+        self._ends: set[Callable[[], None]] = set()
+        self.stopping = False
+
+    def add(self, end: Callable[[], None]) -> None:
+        self._ends.add(end)
+
+    def discard(self, end: Callable[[], None]) -> None:
+        self._ends.discard(end)
+
+    def end_all(self) -> None:
+        self.stopping = True
+        for end in list(self._ends):
+            end()
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+
+class Serving(uvicorn.Server):
+    """uvicorn's server, whose shutdown first ends the app's open event streams (they
+    would keep their connections, and the shutdown, for its whole grace period)."""
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        kept = getattr(getattr(self.config.app, "state", None), "http", None)
+        if kept is not None:
+            kept.streams.end_all()
+        await super().shutdown(sockets)
+
+
+class EventStream(Response):
+    """``source``'s events, written as they come; ``headers`` besides SSE's own;
+    ``keepalive()`` written every ``ping`` seconds. A starlette ``Response`` (a route
+    returns it as it is), none of whose body machinery it uses."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        source: AsyncIterator[ServerSentEvent],
+        *,
+        headers: dict[str, str] | None,
+        ping: float,
+        keepalive: Callable[[], ServerSentEvent],
+    ) -> None:
+        self.source = source
+        self.ping = ping
+        self.keepalive = keepalive
+        given = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()
+        ]
+        names = {k for k, _ in given}
+        self.raw_headers = [*given, *(h for h in _HEADERS if h[0] not in names)]
+        self.status_code = 200
+        self.background = None
+        self.body = b""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        task = asyncio.current_task()
+        assert task is not None
+        ended: list[str] = []  # why the stream was ended early: "left" or "stopping"
+
+        def end(why: str = "stopping") -> None:
+            if not ended:
+                ended.append(why)
+                task.cancel()
+
+        def left(_: object) -> None:
+            end("left")
+
+        streams = _open_streams(scope)
+        watch = asyncio.ensure_future(_departure(receive))
+        watch.add_done_callback(left)
+        pings = _Pings(send, self.keepalive, self.ping)
+        if streams is not None:
+            streams.add(end)
+            if streams.stopping:
+                end()
+        try:
+            async for event in self.source:
+                await send(
+                    {"type": "http.response.body", "body": event.encode(), "more_body": True}
+                )
+            await pings.stop()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not ended:
+                raise  # not ours: the server's own cancellation goes on
+            task.uncancel()
+            await pings.stop()
+            if ended[0] == "stopping":  # the client is still there: the stream ends cleanly
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if streams is not None:
+                streams.discard(end)
+            watch.remove_done_callback(left)
+            watch.cancel()
+            pings.cancel()
+            await _close(self.source)
+
+
+class _Pings:
+    """A keep-alive written every ``every`` seconds from a timer (no task of its own
+    while it waits), stopped before the response's last write."""
+
+    def __init__(self, send: Send, keepalive: Callable[[], ServerSentEvent], every: float) -> None:
+        self.send = send
+        self.keepalive = keepalive
+        self.every = every
+        self.loop = asyncio.get_running_loop()
+        self.writing: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        if every > 0:
+            self.timer = self.loop.call_later(every, self._due)
+
+    def _due(self) -> None:
+        body = self.keepalive().encode()
+        self.writing = asyncio.ensure_future(
+            self.send({"type": "http.response.body", "body": body, "more_body": True})
+        )
+        self.timer = self.loop.call_later(self.every, self._due)
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.writing is not None:
+            self.writing.cancel()
+
+    async def stop(self) -> None:
+        """No keep-alive after this: one being written is let finish first."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.writing is not None and not self.writing.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.writing)
+
+
+async def _departure(receive: Receive) -> None:
+    """Return once the client has disconnected (the request's body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        continue
+
+
+async def _close(source: AsyncIterator[ServerSentEvent]) -> None:
+    aclose = getattr(source, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(RuntimeError):
+            await aclose()
+
+
+def _open_streams(scope: Scope) -> OpenStreams | None:
+    kept = getattr(getattr(scope.get("app"), "state", None), "http", None)
+    return getattr(kept, "streams", None)
