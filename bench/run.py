@@ -48,6 +48,8 @@
 (t) the control plane's ceiling (bench/ceiling.py, issue 40): the test engine at full
     speed; tokens/s streamed durably to 64 SSE clients and the API's CPU a token (goal:
     20,000 tokens/s), durable creates/s from 64 clients (goal: 1,000/s).
+(q) a deep queue (bench/backlog.py, issue 40): a claim and a create's write behind 100,
+    1,000 and 10,000 queued tasks (in process, the store alone).
 (u) resume after a crash (bench/reattach.py): to the next token after ``kill -9`` of the API
     process ~1,000 tokens in, with the engine exiting with it and reattached
     (``LMSP_ENGINE_ORPHAN_TIMEOUT``), and after ``kill -9`` of the engine process.
@@ -589,6 +591,7 @@ def main() -> None:
             "remote",
             "websocket",
             "ceiling",
+            "backlog",
             "reattach",
             "start",
         ],
@@ -675,6 +678,10 @@ def main() -> None:
                 bench_ceiling(work, table, args.seconds, 1, (24,))
             else:
                 bench_ceiling(work, table)
+        if args.only in (None, "backlog"):
+            from bench.backlog import bench_backlog
+
+            bench_backlog(work, table, (100, 1_000) if compare.quick() else (100, 1_000, 10_000))
         if args.only in (None, "reattach"):
             from bench.reattach import bench_reattach
 
