@@ -1,18 +1,20 @@
 """A stream's HTTP response written below the framework (:mod:`lmsp.api.eventstream`),
 through the real ``lmsp serve``: keep-alives between events, and a stopping server
-that ends its open streams at once instead of waiting out its grace period for them.
+that ends its open streams at once instead of waiting out its grace period for them,
+their tasks left to recovery.
 (A client that leaves, its task cancelled: tests/test_server.py; a revoked client's
 stream: tests/test_revocation.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers import Server
+from tests.helpers import Server, open_db
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +50,8 @@ def test_keep_alives_come_between_the_events_of_a_live_stream(tmp_path: Path) ->
 
 
 def test_a_stopping_server_ends_its_open_streams_at_once(tmp_path: Path) -> None:
+    """``SIGTERM`` with a stream open: the stream's response ends (its connection does
+    not keep the server waiting out its grace period) and its task is not cancelled."""
     srv = Server(
         tmp_path / "data",
         env={"LMSP_TEST_ENGINE_DELAY": "0.2", "LMSP_TEST_ENGINE_LENGTH": "1000"},
@@ -57,7 +61,8 @@ def test_a_stopping_server_ends_its_open_streams_at_once(tmp_path: Path) -> None
     started = threading.Event()
 
     def follow() -> None:
-        body = {"model": "lmsp-test", "input": "hi", "stream": True, "background": True}
+        # a foreground stream: its client is still there, so its task is no departure
+        body = {"model": "lmsp-test", "input": "hi", "stream": True, "on_restart": "resume"}
         headers = {"Authorization": f"Bearer {srv.token}"}
         with httpx.stream(
             "POST", f"{srv.url}/v1/responses", json=body, headers=headers, timeout=60
@@ -79,6 +84,9 @@ def test_a_stopping_server_ends_its_open_streams_at_once(tmp_path: Path) -> None
         assert "timeout graceful shutdown exceeded" not in log
         assert "Waiting for connections to close" not in log
         assert not any(line.startswith("event: response.completed") for line in seen)
+        # the task is left to recovery, as by a crash (its client did not leave)
+        with contextlib.closing(open_db(srv.data_dir)) as db:
+            assert db.execute("SELECT status FROM tasks").fetchone()["status"] == "running"
     finally:
         srv.stop()
         reader.join(10)

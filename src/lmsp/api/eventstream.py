@@ -8,8 +8,9 @@ with one task beside the stream, the watch for the client's departure: the event
 written as the source gives them (each already framed as SSE, by
 :mod:`lmsp.api.sse`'s event classes); a keep-alive goes every ``ping`` seconds from a
 timer; a client that leaves, or a server that stops (:class:`OpenStreams`, from
-:class:`Serving`'s shutdown), ends the stream at once, its source closed as when it
-ends (its ``finally`` sees the departure).
+:class:`Serving`'s shutdown), ends the stream at once, its source closed. Only a
+client's departure is one (``on_departure``: a task nobody waits for any more is
+cancelled): a stopping server leaves its tasks to recovery, as a crash does.
 """
 
 from __future__ import annotations
@@ -80,8 +81,10 @@ class EventStream(Response):
         headers: dict[str, str] | None,
         ping: float,
         keepalive: Callable[[], ServerSentEvent],
+        on_departure: Callable[[], None] = lambda: None,
     ) -> None:
         self.source = source
+        self.on_departure = on_departure
         self.ping = ping
         self.keepalive = keepalive
         given = [
@@ -115,6 +118,7 @@ class EventStream(Response):
             streams.add(end)
             if streams.stopping:
                 end()
+        departed = False  # the client's loss: it left, or its stream broke off
         try:
             async for event in self.source:
                 await send(
@@ -127,8 +131,12 @@ class EventStream(Response):
                 raise  # not ours: the server's own cancellation goes on
             task.uncancel()
             await pings.stop()
-            if ended[0] == "stopping":  # the client is still there: the stream ends cleanly
+            departed = ended[0] == "left"
+            if not departed:  # the server stops, its client still there: a clean end
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except BaseException:
+            departed = True
+            raise
         finally:
             if streams is not None:
                 streams.discard(end)
@@ -136,6 +144,8 @@ class EventStream(Response):
             watch.cancel()
             pings.cancel()
             await _close(self.source)
+            if departed:
+                self.on_departure()
 
 
 class _Pings:

@@ -95,24 +95,27 @@ def event_response(
     terminal: Collection[str] = TERMINAL_EVENTS,
 ) -> EventStream:
     """Wrap a source. ``on_disconnect`` runs if the client leaves before the source ends
-    (before an event named in ``terminal``); ``on_finish`` once it has ended; ``done``
-    ends the stream with ``data: [DONE]``; ``keepalive`` is what an idle stream sends
-    every ``ping`` seconds."""
+    (before an event named in ``terminal``), not when the server stops (its tasks are
+    left to recovery, as by a crash); ``on_finish`` once it has ended; ``done`` ends
+    the stream with ``data: [DONE]``; ``keepalive`` is what an idle stream sends every
+    ``ping`` seconds."""
+    finished = False  # the client has all it needs even if it leaves now
 
     async def guarded() -> AsyncIterator[ServerSentEvent]:
-        finished = False
-        try:
-            async for event in source:
-                if event.event in terminal:
-                    finished = True  # the client has all it needs even if it leaves now
-                yield event
-            finished = True
-            if done:
-                yield sse(DONE)
-        finally:
-            if not finished and on_disconnect is not None:
-                on_disconnect()
+        nonlocal finished
+        async for event in source:
+            finished = finished or event.event in terminal
+            yield event
+        finished = True
+        if done:
+            yield sse(DONE)
         if on_finish is not None:
             await on_finish()
 
-    return EventStream(guarded(), headers=headers, ping=ping, keepalive=keepalive)
+    def departed() -> None:
+        if not finished and on_disconnect is not None:
+            on_disconnect()
+
+    return EventStream(
+        guarded(), headers=headers, ping=ping, keepalive=keepalive, on_departure=departed
+    )
