@@ -108,6 +108,9 @@ class Metrics:
         self._http_figures()
         self._live: dict[str, Sequence] = {}
         self._lock = threading.Lock()
+        #: the generated-tokens counter of each model, its labels looked up once (a token's
+        #: count is the hottest metric)
+        self._generated: dict[str, Counter] = {}
         running = Gauge(
             "lmsp_running_sequences", "Sequences being generated now.", registry=self.registry
         )
@@ -275,7 +278,10 @@ class Metrics:
             seq.reading = False
             seq.prompt_read = seq.prompt_total
         seq.tokens += count
-        self.generated_tokens.labels(seq.model).inc(count)
+        counter = self._generated.get(seq.model)
+        if counter is None:
+            counter = self._generated[seq.model] = self.generated_tokens.labels(seq.model)
+        counter.inc(count)
 
     def end(self, task_id: str) -> None:
         with self._lock:
