@@ -100,7 +100,7 @@ class EventStream(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         task = asyncio.current_task()
         assert task is not None
-        ended: list[str] = []  # why the stream was ended early: "left" or "stopping"
+        ended: list[str] = []  # why it ended: "left" or "stopping" early, else "over"
 
         def end(why: str = "stopping") -> None:
             if not ended:
@@ -138,6 +138,7 @@ class EventStream(Response):
             departed = True
             raise
         finally:
+            ended.append("over")  # a departure or a stop from now on is none of its own
             if streams is not None:
                 streams.discard(end)
             watch.remove_done_callback(left)
