@@ -81,6 +81,21 @@ class HubFile:
     sha256: str
     short: str | None = None  # this file's hostile mode (else the hub's)
     trickle: float | None = None  # this file's trickle (else the hub's)
+    #: listed as a large (LFS) file with ``sha256``; else as a git blob, its ``oid`` the
+    #: git hash of ``source`` (or ``sha256``'s first 40 digits: a wrong one to list)
+    lfs: bool = True
+
+    def listed(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"type": "file", "size": self.size, "path": self.path}
+        if self.lfs:
+            oid = hashlib.sha1(self.path.encode()).hexdigest()
+            lfs = {"oid": self.sha256, "size": self.size, "pointerSize": 134}
+            return {**entry, "oid": oid, "lfs": lfs}
+        if self.sha256:
+            return {**entry, "oid": self.sha256[:40]}
+        data = self.source.read_bytes() if self.source else b""
+        oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        return {**entry, "oid": oid}
 
 
 @dataclass
@@ -142,16 +157,7 @@ def serve(hub: Hub) -> Hub:
                 siblings = [{"rfilename": f.path} for f in hub.files]
                 return self._json(200, {"id": hub.repo, "sha": COMMIT, "siblings": siblings})
             if re.fullmatch(f"/api/models/{repo}/tree/[^/]+", path):
-                tree: list[dict[str, Any]] = [
-                    {
-                        "type": "file",
-                        "oid": hashlib.sha1(f.path.encode()).hexdigest(),
-                        "size": f.size,
-                        "path": f.path,
-                        "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134},
-                    }
-                    for f in hub.files
-                ]
+                tree = [f.listed() for f in hub.files]
                 tree.append({"type": "file", "oid": "0" * 40, "size": 12, "path": "README.md"})
                 return self._json(200, tree)
             match = re.fullmatch(f"/{repo}/resolve/([^/]+)/(.+)", path)

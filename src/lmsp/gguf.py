@@ -5,11 +5,13 @@ Only the key/value metadata at the head of the file is read (arrays such as the
 vocabulary are skipped, not loaded), so checking a multi-gigabyte model costs a few
 milliseconds and never hands a malformed file to llama.cpp. :func:`check_structure`
 also reads the tensor table and checks that every tensor's data lies inside the file
-(a truncated copy fails it).
+(a truncated copy fails it). :func:`vocabulary_only` writes a file's metadata alone as a
+GGUF without tensors (a remote model's tokenizer fetched from the hub).
 """
 
 from __future__ import annotations
 
+import io
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -79,10 +81,14 @@ class NotGGUF(ValueError):
     """The file is not a GGUF model (or its header is damaged)."""
 
 
+class HeaderShort(NotGGUF):
+    """The bytes end before the header does (a truncated file, or a head being read)."""
+
+
 def _read(fh: BinaryIO, size: int) -> bytes:
     data = fh.read(size)
     if len(data) != size:
-        raise NotGGUF("the GGUF header ends early")
+        raise HeaderShort("the GGUF header ends early")
     return data
 
 
@@ -110,7 +116,7 @@ def _skip_strings(fh: BinaryIO, count: int) -> None:
         if pos + 8 > len(block):
             block, pos = block[pos:] + fh.read(_BLOCK), 0
             if len(block) < 8:
-                raise NotGGUF("the GGUF header ends early")
+                raise HeaderShort("the GGUF header ends early")
         length = int(unpack(block, pos)[0])
         if length > MAX_STRING:
             raise NotGGUF("a GGUF header string is implausibly long")
@@ -165,6 +171,28 @@ def read_header_from(fh: BinaryIO) -> dict[str, Any]:
         return _header(fh)
     except (OSError, struct.error, OverflowError) as exc:
         raise NotGGUF(f"the GGUF header cannot be read: {exc}") from exc
+
+
+def metadata_end(head: bytes) -> tuple[dict[str, Any], int] | None:
+    """The key/value metadata of a GGUF file's first bytes ``head``, and where it ends
+    (the tensor table follows); ``None`` when ``head`` ends before it does."""
+    fh = io.BytesIO(head)
+    try:
+        values = _header(fh)
+    except HeaderShort:
+        return None
+    except (struct.error, OverflowError) as exc:
+        raise NotGGUF(f"the GGUF header cannot be read: {exc}") from exc
+    end = fh.tell()
+    return (values, end) if end <= len(head) else None  # an array skipped past the end
+
+
+def vocabulary_only(head: bytes, end: int, alignment: int = DEFAULT_ALIGNMENT) -> bytes:
+    """A GGUF file with the metadata of ``head[:end]`` (:func:`metadata_end`) and no
+    tensor: a model's vocabulary without its weights, as llama.cpp ships its test
+    vocabularies, which its tokenizer loads."""
+    body = head[:8] + struct.pack("<Q", 0) + head[16:end]  # magic, version, 0 tensors, …
+    return body + b"\0" * (-len(body) % alignment)
 
 
 def read_header(path: Path) -> dict[str, Any]:

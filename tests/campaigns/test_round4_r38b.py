@@ -7,8 +7,9 @@ with all of them) and printing its figures.
   tokenizer (an array, no ``model``, a ``model`` the tokenizers library cannot read), a
   ``tokenizer.json`` cut in half or empty, one that tokenizes otherwise than the
   upstream, a ``tokenizer_config.json`` beside it that is not JSON or whose chat template
-  is broken Jinja, a directory, and references to fetch (``hf.co/…``, a URL): each a
-  ``400`` with PROTOCOL.md's error shape, nothing written (no model, no new blob).
+  is broken Jinja, a directory, hub references (``hf.co/…``) the hub (a stand-in on
+  loopback) does not have, and an address that is no hub reference: each a ``400`` with
+  PROTOCOL.md's error shape, nothing written (no model, no new blob).
 - **Then the good one**: the bundled model's ``tokenizer.json`` (built offline from its
   GGUF) is added, and tasks of every ``service_tier`` on it end with the stand-in's exact
   answer; every log stays whole.
@@ -29,6 +30,7 @@ import pytest
 from tests.campaigns.invariants import long_run, report
 from tests.campaigns.test_round4_R38 import count_blobs, stand_text
 from tests.helpers import Server, log_violations, seeded_data_dir
+from tests.hub_standin import Hub, serve
 from tests.remote_fixtures import refused_add, smollm_tokenizer_json
 from tests.upstream_standin import StandIn
 
@@ -66,8 +68,12 @@ def hostile_tokenizers(root: Path, rng: random.Random) -> list[tuple[str, str]]:
     made.append(("tokenizes otherwise", str(mismatched)))
     made.append(("a directory", str(root / "good")))
     made.append(("missing", str(root / "nowhere" / "tokenizer.json")))
-    for reference in ("hf.co/HuggingFaceTB/SmolLM2-135M-Instruct", "https://hf.co/x/y.json"):
-        made.append((f"to fetch {reference[:8]}", reference))
+    for reference in (
+        "hf.co/HuggingFaceTB/SmolLM2-135M-Instruct",
+        "https://hf.co/x/y.json",
+        "https://example.com/tokenizer.json",
+    ):
+        made.append((f"to fetch {reference[:10]}", reference))
     return made
 
 
@@ -77,7 +83,8 @@ def test_hostile_tokenizer_json_adds_then_every_tier_answers(
     rng = random.Random(3838)
     stand = StandIn()
     kinds = hostile_tokenizers(tmp_path / "tokenizers", rng)
-    server = Server(seeded_data_dir(tmp_path / "data", blob_cache))
+    hub = serve(Hub("nobody/nothing", []))  # the hub has none of the references
+    server = Server(seeded_data_dir(tmp_path / "data", blob_cache), {"LMSP_HF_ENDPOINT": hub.url})
     violations: list[str] = []
     counts: dict[str, int] = {}
     outcomes: dict[str, int] = {}
@@ -113,6 +120,7 @@ def test_hostile_tokenizer_json_adds_then_every_tier_answers(
     finally:
         server.stop()
         stand.close()
+        hub.close()
     report(f"round4 r38b: {ADDS} hostile tokenizer adds {dict(sorted(counts.items()))}")
     report(f"round4 r38b: {ANSWERS} answers by tier {dict(sorted(outcomes.items()))}")
     report(f"round4 r38b: {len(violations)} violations")

@@ -85,7 +85,7 @@ async def import_model(
     core: Core,
     actor: Client,
     model_id: str,
-    path: Path,
+    path: str,
     digest: str | None,
     defaults: Defaults | None,
     remote: dict[str, Any] | None = None,
@@ -93,7 +93,7 @@ async def import_model(
     """Copy a local file into the blob store as a new model (``digest``: what the
     caller hashed; ``digest_mismatch`` if the file read differs), audited. A ``remote``
     model (:mod:`lmsp.app.remote_models`: another server runs it) keeps ``path`` as its
-    tokenizer."""
+    tokenizer (or the tokenizer a hub reference in ``path`` names, fetched)."""
     given = None if defaults is None else {k: v for k, v in defaults.items() if v is not None}
     if remote is not None:
         record = await asyncio.to_thread(
@@ -102,7 +102,7 @@ async def import_model(
     else:
         blobs_dir = core.settings.blobs_dir
         record = await asyncio.to_thread(
-            blobs.import_model, core.db, blobs_dir, model_id, path, digest, defaults=given
+            blobs.import_model, core.db, blobs_dir, model_id, Path(path), digest, defaults=given
         )
     change = {
         "digest": record.digest,

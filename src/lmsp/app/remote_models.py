@@ -2,7 +2,8 @@
 lmsp's control plane in front (docs/remote-engines.md).
 
 Before anything is written: the tokenizer file is read (a GGUF, its vocabulary only, or
-a ``tokenizer.json``: :mod:`lmsp.engines.hf_tokenizer`),
+a ``tokenizer.json``: :mod:`lmsp.engines.hf_tokenizer`; one a hub reference names is
+fetched first, small: :mod:`lmsp.outbound.hub_tokenizer`),
 the upstream is probed for what it can do (:func:`lmsp.engines.upstream.probe`), and its
 ``/tokenize`` must give the same tokens as the local tokenizer on a set of samples
 (plain, accented, CJK and emoji text, the chat template's special tokens) — prompts go
@@ -15,22 +16,24 @@ capabilities.
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from lmsp import errors
 from lmsp.app.core import Core
+from lmsp.datadir import ensure_private_dir
 from lmsp.engines.hf_tokenizer import GGUF_MAGIC, JsonTokenizer, read_config
 from lmsp.engines.llama_cpp import LlamaTokenizer
 from lmsp.engines.upstream import Probe, RemoteSpec, UpstreamLost, UpstreamRefused, probe
+from lmsp.outbound import hub_tokenizer
+from lmsp.outbound.hub import Hub, is_reference
 from lmsp.store import blobs, models
 from lmsp.store.models import ModelRecord
 
 log = logging.getLogger(__name__)
 
-#: the start of a reference to fetch (a pull's), refused as a remote model's tokenizer
-FETCHED = ("hf.co/", "huggingface.co/", "http:/", "https:/")  # a Path keeps one slash
 
 #: texts both tokenizers must agree on (raw prompts: special tokens read as such)
 SAMPLES = (
@@ -48,13 +51,6 @@ def _local_tokenizer(path: Path) -> tuple[LlamaTokenizer | JsonTokenizer, dict[s
     """The tokenizer ``path`` names on the service's machine — a GGUF (its vocabulary) or
     a ``tokenizer.json`` (with the configuration beside it) — and what the record keeps
     of that configuration."""
-    if str(path).startswith(FETCHED):
-        raise errors.invalid(
-            "A remote model's tokenizer is a local file on the service's machine (a GGUF or "
-            "a tokenizer.json): nothing is downloaded for it. Fetch the file, then give "
-            "its path.",
-            "tokenizer",
-        )
     source, _ = blobs.open_source(path)  # the same refusal as an import for a bad path
     with source:
         gguf = source.read(4) == GGUF_MAGIC
@@ -98,16 +94,55 @@ def _checker(tokenizer: LlamaTokenizer | JsonTokenizer) -> Any:
 def add_remote(
     core: Core,
     model_id: str,
-    tokenizer_path: Path,
+    tokenizer: str,
     given: dict[str, Any],
     defaults: dict[str, float | int] | None = None,
 ) -> ModelRecord:
     """``POST /v1/models`` with ``remote``: probe, check, then import (see the module
-    docstring; in a worker thread). ``given``: ``url``, ``upstream_model``,
-    ``api_key_env``, ``inflight``."""
+    docstring; in a worker thread). ``tokenizer``: a local file, or a hub reference
+    fetched first (:mod:`lmsp.outbound.hub_tokenizer`). ``given``: ``url``,
+    ``upstream_model``, ``api_key_env``, ``inflight``."""
     if models.get(core.db.reader(), model_id) is not None:
         raise errors.LmspError("model_exists", f"A model {model_id!r} exists.", param="id")
     spec = RemoteSpec.of(given)
+    if is_reference(tokenizer):
+        return _add_fetched(core, model_id, tokenizer, spec, defaults)
+    if tokenizer.strip().lower().startswith(("http:", "https:")):
+        raise errors.invalid(
+            "A remote model's tokenizer is a file on the service's machine (a GGUF or a "
+            "tokenizer.json) or a hub reference, hf.co/{owner}/{repo}[:{quant}]; no other "
+            "address is fetched.",
+            "tokenizer",
+        )
+    return _add(core, model_id, Path(tokenizer), spec, defaults)
+
+
+def _add_fetched(
+    core: Core,
+    model_id: str,
+    reference: str,
+    spec: RemoteSpec,
+    defaults: dict[str, float | int] | None,
+) -> ModelRecord:
+    """The tokenizer a hub reference names, fetched into the data directory's
+    ``fetching`` folder (removed once the model is added, or refused), then as a file."""
+    fetching = core.settings.data_dir / "fetching"
+    ensure_private_dir(fetching)
+    with tempfile.TemporaryDirectory(prefix="tokenizer-", dir=fetching) as into:
+        with Hub(core.settings.hf_endpoint, core.settings.hf_token) as hub:
+            fetched = hub_tokenizer.fetch(hub, reference, Path(into))
+        log.info("fetched the tokenizer of %s from %s", model_id, fetched.origin)
+        spec = replace(spec, tokenizer_origin=fetched.origin)
+        return _add(core, model_id, fetched.path, spec, defaults)
+
+
+def _add(
+    core: Core,
+    model_id: str,
+    tokenizer_path: Path,
+    spec: RemoteSpec,
+    defaults: dict[str, float | int] | None,
+) -> ModelRecord:
     tokenizer, config = _local_tokenizer(tokenizer_path)
     try:
         sample = tokenizer.raw_tokens(SAMPLES[0])

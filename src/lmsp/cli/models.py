@@ -36,6 +36,7 @@ from lmsp.cli.remote import ask, connect, print_json, remote_options, size, tabl
 from lmsp.cli.safe import clean
 from lmsp.client import APIError, Client
 from lmsp.gguf import NotGGUF, check_structure
+from lmsp.outbound.hub import is_reference
 from lmsp.store.blobs import hash_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -127,7 +128,9 @@ def _bar() -> Progress:
 @click.option("--upstream-model", help="The model id the upstream serves it under.")
 @click.option(
     "--tokenizer",
-    help="A remote model's tokenizer: a GGUF file of the same model, or its tokenizer.json.",
+    help="A remote model's tokenizer: a GGUF file of the same model, its tokenizer.json, "
+    "or a hub reference hf.co/OWNER/REPO[:QUANT] (its tokenizer.json, or a GGUF's "
+    "vocabulary, fetched).",
 )
 @click.option("--api-key-env", help="The environment variable holding the upstream's key.")
 @click.option("--inflight", type=int, default=4, show_default=True, help="Streams at once.")
@@ -195,24 +198,26 @@ def add_model(
     click.echo(f"added {model['id']}: {model['digest']} ({size(model['size_bytes'])})")
 
 
-def _tokenizer_file(given: str) -> Path:
-    """``--tokenizer``: a local file (a GGUF or a tokenizer.json); a reference to fetch
-    is refused, for nothing is downloaded for a remote model's tokenizer."""
-    if given.startswith(("hf.co/", "huggingface.co/", "http://", "https://")):
+def _tokenizer_file(given: str) -> str:
+    """``--tokenizer``: a local file (a GGUF or a tokenizer.json), sent as its absolute
+    path, or a hub reference (``hf.co/{owner}/{repo}[:{quant}]``) the service fetches."""
+    if is_reference(given):
+        return given.strip()
+    if given.startswith(("http://", "https://")):
         raise click.BadParameter(
-            "give a local file (a GGUF or a tokenizer.json): a remote model's tokenizer is "
-            "not downloaded",
+            "give a local file (a GGUF or a tokenizer.json) or an hf.co/{owner}/{repo} "
+            "reference: no other address is fetched",
             param_hint="--tokenizer",
         )
     path = Path(given).expanduser()
     if not path.is_file():
         raise click.BadParameter(f"{given!r} is not a file", param_hint="--tokenizer")
-    return path
+    return str(path.resolve())
 
 
 def _add_remote(
     model_id: str,
-    tokenizer: Path,
+    tokenizer: str,
     remote: dict[str, Any],
     url: str | None,
     token: str | None,
@@ -220,7 +225,7 @@ def _add_remote(
 ) -> None:
     """Add a remote model: the service checks the tokenizer against the upstream and
     probes what it can do before it writes anything."""
-    body = {"id": model_id, "path": str(tokenizer.resolve()), "remote": remote}
+    body = {"id": model_id, "path": tokenizer, "remote": remote}
     added = ask(
         url,
         token,

@@ -60,6 +60,9 @@ class RemoteSpec:
     #: a ``tokenizer.json`` model's chat template, BOS and EOS (read beside it when the
     #: model was added: :func:`lmsp.engines.hf_tokenizer.read_config`); empty for a GGUF
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
+    #: where a tokenizer named by a hub reference was fetched from
+    #: (``hf.co/{repo}@{revision}/{file}``); empty for a local file
+    tokenizer_origin: str = ""
 
     @classmethod
     def of(cls, stored: dict[str, Any]) -> RemoteSpec:
@@ -71,6 +74,7 @@ class RemoteSpec:
             capabilities=dict(stored.get("capabilities") or {}),
             replicas=tuple(str(u).rstrip("/") for u in stored.get("replicas") or ()),
             tokenizer_config=dict(stored.get("tokenizer_config") or {}),
+            tokenizer_origin=str(stored.get("tokenizer_origin") or ""),
         )
 
     def stored(self) -> dict[str, Any]:
@@ -82,6 +86,7 @@ class RemoteSpec:
             "inflight": self.inflight,
             "capabilities": self.capabilities,
             **({"tokenizer_config": self.tokenizer_config} if self.tokenizer_config else {}),
+            **({"tokenizer_origin": self.tokenizer_origin} if self.tokenizer_origin else {}),
         }
 
     @property

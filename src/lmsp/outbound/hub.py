@@ -64,15 +64,28 @@ class Reference:
 def parse_reference(text: str) -> Reference:
     """``hf.co/{owner}/{repo}[:{quant}]`` (``huggingface.co/…`` too); the quantization
     defaults to ``Q4_K_M``. Anything else: ``400 invalid_reference``."""
+    repo, quant = split_reference(text, "from")
+    return Reference(repo, quant or DEFAULT_QUANT)
+
+
+def is_reference(text: str) -> bool:
+    """Does ``text`` name something on the hub (``hf.co/…``, ``huggingface.co/…``, with
+    or without ``https://``), well formed or not?"""
+    return re.match(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", text.strip()) is not None
+
+
+def split_reference(text: str, param: str) -> tuple[str, str | None]:
+    """The repository and the quantization (``None`` when not named) of
+    ``hf.co/{owner}/{repo}[:{quant}]``; else ``400 invalid_reference`` for ``param``."""
     match = _REF.match(text.strip())
     if match is None:
         raise errors.invalid(
             "A model reference is hf.co/{owner}/{repo}:{quant}, e.g. "
             "hf.co/bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M.",
-            "from",
+            param,
             code="invalid_reference",
         )
-    return Reference(match["repo"], match["quant"] or DEFAULT_QUANT)
+    return match["repo"], match["quant"]
 
 
 def _tag_pattern(quant: str) -> re.Pattern[str]:
@@ -210,17 +223,23 @@ class Hub:
 
     def resolve(self, ref: Reference) -> tuple[str, list[HubFile]]:
         """The commit ``ref``'s repo is at now and the file(s) of its quantization."""
-        repo = quote(ref.repo)
-        info = self._get_json(f"/api/models/{repo}", f"repository {ref.repo!r}")
+        revision, tree = self.tree(ref.repo)
+        return revision, pick_files(tree, ref.quant)
+
+    def tree(self, repo: str) -> tuple[str, list[dict[str, Any]]]:
+        """The commit ``repo`` is at now, and its files as the hub lists them (path,
+        size, the git blob hash ``oid``, and ``lfs`` with the SHA-256 of a large file)."""
+        quoted = quote(repo)
+        info = self._get_json(f"/api/models/{quoted}", f"repository {repo!r}")
         revision = info.get("sha") if isinstance(info, dict) else None
         if not isinstance(revision, str) or not revision:
             revision = "main"
         tree = self._get_json(
-            f"/api/models/{repo}/tree/{quote(revision)}?recursive=true", f"tree of {ref.repo!r}"
+            f"/api/models/{quoted}/tree/{quote(revision)}?recursive=true", f"tree of {repo!r}"
         )
         if not isinstance(tree, list):
             raise errors.LmspError("hub_error", "The hub's file list is not a list.")
-        return revision, pick_files(tree, ref.quant)
+        return revision, [entry for entry in tree if isinstance(entry, dict)]
 
     def file_url(self, repo: str, revision: str, path: str) -> str:
         return f"{self.endpoint}/{quote(repo)}/resolve/{quote(revision)}/{quote(path)}"

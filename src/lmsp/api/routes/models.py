@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -87,7 +86,8 @@ class ImportModel(BaseModel):
     path: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     digest: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
     defaults: ModelDefaults | None = None
-    #: a remote model: ``path`` is then its tokenizer (a GGUF or a tokenizer.json)
+    #: a remote model: ``path`` is then its tokenizer (a GGUF or a tokenizer.json on the
+    #: service's machine, or a hub reference ``hf.co/{owner}/{repo}[:{quant}]`` fetched)
     remote: RemoteUpstream | None = None
 
 
@@ -106,7 +106,7 @@ async def import_model(body: ImportModel, request: Request, client: ModelWriter)
     defaults = None if body.defaults is None else body.defaults.given()
     remote = None if body.remote is None else body.remote.model_dump()
     shown = await models.import_model(
-        service(request), client, body.id, Path(body.path), body.digest, defaults, remote
+        service(request), client, body.id, body.path, body.digest, defaults, remote
     )
     return JSONResponse(shown, 201, headers={"Location": f"/v1/models/{body.id}"})
 
