@@ -116,3 +116,28 @@ def test_a_replica_killed_mid_generation_resumes_on_the_other(
         expected = greedy_text(other)
     assert done["status"] in ("completed", "incomplete"), done
     assert output_text(done) == expected
+
+
+def test_a_replica_down_when_the_engine_started_takes_sequences_once_it_answers(
+    lmsp: Server, pair: list[Upstream]
+) -> None:
+    """The engine starts while one replica is down: it serves from the other, and once
+    the down one answers again (it is asked every few seconds) sequences go to it too,
+    without waiting for the engine's next start."""
+    a, b = pair
+    with lmsp.client(timeout=300) as http:
+        add(http, a, replicas=[b.url], inflight=4)
+        b.kill()
+        first = ask(http, "Say hello.")  # the engine starts now, with a alone
+        assert first["status"] in ("completed", "incomplete"), first
+        b.start()
+        took = 0
+        deadline = time.monotonic() + 60
+        subjects = iter(range(1000))
+        while predicted(b) == 0 and time.monotonic() < deadline:
+            took += 1
+            done = ask(http, f"Name a colour, number {next(subjects)}.", max_output_tokens=4)
+            assert done["status"] in ("completed", "incomplete"), done
+            time.sleep(0.3)
+        answered = predicted(b)
+    assert answered > 0, f"replica b took no sequence in 60 s ({took} asked)"

@@ -11,7 +11,8 @@ stream (the upstream stops generating and frees its slot); an ``Embed`` is a
 tokenizer (the record's blob: a GGUF read without its weights, or a ``tokenizer.json``).
 A model may have several upstream replicas: a sequence goes to the one its prompt's
 start hashes to (its prefix is cached there) unless that one is busier than the
-least-loaded (:meth:`RemoteBackend.route`).
+least-loaded (:meth:`RemoteBackend.route`); one that did not answer when the engine
+started is asked again every few seconds and readmitted (:meth:`RemoteBackend._readmit`).
 
 An upstream that breaks off (refused, reset, killed mid-stream) is an engine crash:
 every sequence still open is told so (``engine_crashed``, naming the upstream) after
@@ -55,6 +56,8 @@ AFFINITY_TOKENS = 32
 #: how many more sequences than the least-loaded replica the prefix's own may have
 #: before a sequence goes to the least-loaded one instead
 AFFINITY_SLACK = 1
+#: seconds between two looks at the replicas that did not answer when the engine started
+REPROBE = 5.0
 
 
 def spec_of(options: LoadOptions | None) -> RemoteSpec:
@@ -90,7 +93,7 @@ def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> list[str]:
     """The model's upstreams that answer ``/health`` (or ``/v1/models``) with a 200, once
     one does: tried again, backing off from 0.1 s to 5 s; :class:`EngineError`
     ``model_load_failed`` when none has after ``patience``."""
-    path = "/health" if spec.dialect == "llama-server" else "/v1/models"
+    path = health_path(spec)
     deadline = time.monotonic() + patience
     pause = 0.1
     while True:
@@ -103,6 +106,12 @@ def wait_for(spec: RemoteSpec, patience: float = RECONNECT_FOR) -> list[str]:
             )
         time.sleep(pause)
         pause = min(5.0, pause * 2)
+
+
+def health_path(spec: RemoteSpec) -> str:
+    """What an upstream answers ``200`` to when it serves: llama-server's ``/health``
+    (``503`` while it loads), else ``/v1/models``."""
+    return "/health" if spec.dialect == "llama-server" else "/v1/models"
 
 
 def _answers(url: str, headers: dict[str, str]) -> bool:
@@ -164,19 +173,39 @@ class RemoteBackend:
         headers = self.spec.headers()
         limits = httpx.Limits(max_connections=self.sequences + 4)
         async with contextlib.AsyncExitStack() as stack:
-            clients = {
+            clients = {  # every replica's, those to readmit too (a client connects lazily)
                 url: await stack.enter_async_context(
                     httpx.AsyncClient(
                         base_url=url, headers=headers, timeout=self.spec.timeout(), limits=limits
                     )
                 )
-                for url in self.live
+                for url in self.spec.urls
             }
+            readmit = asyncio.get_running_loop().create_task(self._readmit(clients))
             await self._listen(channel, alive, clients)
+            readmit.cancel()
             for task in list(self._tasks.values()):
                 task.cancel()
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(readmit, *self._tasks.values(), return_exceptions=True)
             self._flush()
+
+    async def _readmit(self, clients: dict[str, httpx.AsyncClient]) -> None:
+        """Every :data:`REPROBE` seconds, ask the replicas that did not answer when the
+        engine started again (:func:`health_path`); one that answers now takes sequences
+        from then on, beside the others."""
+        import httpx
+
+        path = health_path(self.spec)
+        while len(self.live) < len(self.spec.urls):
+            await asyncio.sleep(REPROBE)
+            for url in self.spec.urls:
+                if url in self.live:
+                    continue
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await clients[url].get(path, timeout=5.0)).status_code == 200:
+                        self.load[url] = 0
+                        self.live.append(url)
+                        log.info("remote engine: the upstream %s answers again", url)
 
     async def _listen(
         self,
