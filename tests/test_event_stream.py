@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -90,3 +91,40 @@ def test_a_stopping_server_ends_its_open_streams_at_once(tmp_path: Path) -> None
     finally:
         srv.stop()
         reader.join(10)
+
+
+def test_the_server_settles_its_heap_once_started() -> None:
+    """``lmsp serve``'s server, once started, has frozen the heap its start built out of
+    the collector's sight and collects young objects every 50,000 allocations."""
+    import asyncio
+    import gc
+
+    import uvicorn
+
+    from lmsp.api.eventstream import GC_THRESHOLDS, Serving
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+
+    before = gc.get_threshold()
+    server = Serving(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+
+    async def start_and_stop() -> tuple[tuple[int, int, int], int]:
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        settled = (gc.get_threshold(), gc.get_freeze_count())
+        server.should_exit = True
+        await serving
+        return settled
+
+    try:
+        thresholds, frozen = asyncio.run(start_and_stop())
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    assert thresholds == GC_THRESHOLDS and frozen > 10_000
