@@ -46,16 +46,9 @@ def test_a_waiting_worker_gets_the_claim_and_a_wake_gets_none() -> None:
     thread, got = worker(idlers, 30)
     until_waiting(idlers)
     claim: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    made: list[str] = []
-
-    def first_turn() -> str:  # made on the handing thread, after the claim's submit
-        made.append(threading.current_thread().name)
-        return "its first turn"
-
-    assert idlers.hand(lambda: claim, first_turn) is claim
+    assert idlers.hand(lambda: claim, "its first turn") is claim
     thread.join(10)
     assert got == [(claim, "its first turn")]  # what came with it too
-    assert made == [threading.current_thread().name]
     thread, got = worker(idlers, 30)
     until_waiting(idlers)
     idlers.wake()

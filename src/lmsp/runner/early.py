@@ -2,9 +2,8 @@
 
 A create that finds a regular worker waiting hands it the claim that rides in the
 create's own commit (:mod:`lmsp.runner.idlers`), and with it the request as prepared
-(:class:`FirstTurn`), its generation begun in the model's engine by the create itself,
-on its own thread, as it hands the claim over (:func:`begin`; the worker, still waking,
-would start it a thread's wake later): the plan, prompt and budget
+(:class:`FirstTurn`). The worker, idle until that commit is answered, begins the turn's
+generation in the model's engine at once (:func:`begin`): the plan, prompt and budget
 the attempt will compute from the stored request (:func:`lmsp.runner.plan.plan_for`, a
 pure function of it; :func:`lmsp.runner.plain.first_turn`), so that the engine, a remote
 upstream's request above all, starts a commit's time sooner. If the claim took that very

@@ -63,26 +63,20 @@ class Idlers:
             idle.event.set()
 
     def hand(
-        self,
-        submit: Callable[[], concurrent.futures.Future[Any]],
-        extra: Callable[[], Any] | None = None,
+        self, submit: Callable[[], concurrent.futures.Future[Any]], extra: Any = None
     ) -> concurrent.futures.Future[Any] | None:
         """Take a waiting worker, then submit its claim (``submit``: the claim's future)
-        and give that to it, with what ``extra()`` gives (made on the caller's thread,
-        after the claim is submitted and before the worker wakes): a claim is only ever
-        submitted for a worker bound to run what it claims. ``None`` when no worker
-        waits (nothing is submitted)."""
+        and give that to it, with ``extra``: a claim is only ever submitted for a worker
+        bound to run what it claims. ``None`` when no worker waits (nothing is
+        submitted)."""
         idle = self._take()
         if idle is None:
             return None
         try:
-            claim = submit()
-            idle.handed = (claim, None)
-            if extra is not None:
-                idle.handed = (claim, extra())
+            idle.handed = (submit(), extra)
         finally:  # a submit that raised wakes it empty-handed: it looks for itself
             idle.event.set()
-        return claim
+        return idle.handed[0]
 
     def _take(self) -> _Idle | None:
         with self._lock:

@@ -256,19 +256,13 @@ class Runner:
         """A waiting regular worker's claim, submitted to the writer now, just after a
         create's write, so that both go in one transaction (:mod:`lmsp.runner.idlers`):
         its future, or ``None`` when no worker waits (then :meth:`notify` wakes one).
-        ``first`` is begun in its engine here, on the creating thread, while the writer
-        commits (:mod:`lmsp.runner.early`): the engine starts before the worker has
-        woken; the worker settles it."""
+        The worker begins ``first`` meanwhile (:mod:`lmsp.runner.early`)."""
         if self._stop.is_set():
             return None
         node = self.node
         digests = None if node is None else self._local_digests()
-
-        def begun() -> tuple[early.FirstTurn, early.Drop | None] | None:
-            return None if first is None else (first, early.begin(first, self.host))
-
         return self._idlers.hand(
-            lambda: self.db.submit(lambda c: self._claim(c, node, digests, False)), begun
+            lambda: self.db.submit(lambda c: self._claim(c, node, digests, False)), first
         )
 
     def _claim(
@@ -353,18 +347,16 @@ class Runner:
         handed = self._idlers.wait(0.5)
         if handed is None:
             return
-        claim, begun = handed
-        first: early.FirstTurn | None = None
-        drop: early.Drop | None = None
-        if begun is not None:
-            first, drop = begun  # the create's first turn, begun by the create
+        claim, first = handed
+        # while the writer commits: the create's first turn begun in its engine
+        drop = None if first is None else early.begin(first, self.host)
         try:
             taken = claim.result()
         except Exception as exc:  # its transaction failed: nothing was claimed
             if not is_storage_error(exc):
                 log.warning("a claim beside a create failed: %s", exc)
             taken = None
-        if drop is not None and first is not None and early.claimed(first, taken):
+        if drop is not None and taken is not None and early.claimed(first, taken):
             self._early[taken[0].id] = drop  # settled at its attempt's first generation
         elif drop is not None:
             self._drop_early(drop)  # not this worker's task (or none): not wanted
