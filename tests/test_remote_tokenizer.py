@@ -16,6 +16,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -237,7 +238,8 @@ def test_a_tokenizer_the_hub_cannot_give_is_refused_and_writes_nothing(
     """A tokenizer.json whose hash is not the one listed (503 ``hub_error``), a repository
     with neither a tokenizer.json nor a GGUF file, a GGUF file that ends inside its
     metadata, a quantization the repository does not have (400), and an address that is
-    not a hub reference (400, from the API and the CLI): each refused, nothing written."""
+    not a hub reference (400, from the API and the CLI): each refused, nothing written
+    (and what a crashed fetch left in the data directory is removed)."""
     tok = json_files(tmp_path / "tok")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(bundled_model_path().read_bytes()[: 1 << 20])  # the vocabulary goes on
@@ -248,6 +250,10 @@ def test_a_tokenizer_the_hub_cannot_give_is_refused_and_writes_nothing(
     }
     hub = serve(Hub("x/a", cases["a"]))
     data = seeded_data_dir(tmp_path / "data", blob_cache)
+    crashed = data / "fetching" / "tokenizer-left-by-a-crash"  # an hour old: removed
+    crashed.mkdir(parents=True)
+    (crashed / "tokenizer.json").write_text("{}")
+    os.utime(crashed, (time.time() - 3600, time.time() - 3600))
     server = Server(data, env={"LMSP_HF_ENDPOINT": hub.url})
     try:
         server.start()

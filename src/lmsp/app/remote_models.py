@@ -16,7 +16,9 @@ capabilities.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -125,9 +127,13 @@ def _add_fetched(
     defaults: dict[str, float | int] | None,
 ) -> ModelRecord:
     """The tokenizer a hub reference names, fetched into the data directory's
-    ``fetching`` folder (removed once the model is added, or refused), then as a file."""
+    ``fetching`` folder (removed once the model is added, or refused; what a crash left
+    there is removed by a later fetch), then as a file."""
     fetching = core.settings.data_dir / "fetching"
     ensure_private_dir(fetching)
+    for left in fetching.iterdir():  # older than any fetch still under way
+        if left.stat().st_mtime < time.time() - 2 * hub_tokenizer.FETCH_FOR:
+            shutil.rmtree(left, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="tokenizer-", dir=fetching) as into:
         with Hub(core.settings.hf_endpoint, core.settings.hf_token) as hub:
             fetched = hub_tokenizer.fetch(hub, reference, Path(into))
