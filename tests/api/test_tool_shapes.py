@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import Server, open_db, seeded_data_dir
@@ -305,7 +305,11 @@ def test_any_leaf_replaced_is_accepted_or_refused_at_its_place(
 ) -> None:
     seen: list[int] = []
 
+    kept = ("tools", 1, "function", "description")  # a string for a string: accepted
+    accepted = ("chat", kept, replaced(VALID["chat"], kept, "another"))
+
     @given(case=mutations())
+    @example(case=accepted)  # both outcomes seen, whatever the draws (all 150 were 400s once)
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     def run(case: tuple[str, tuple[str | int, ...], dict[str, Any]]) -> None:
         kind, path, extra = case
