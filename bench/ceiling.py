@@ -49,10 +49,12 @@ from bench.clients import (  # noqa: E402
     KeptAlive,
     busy_cpus,
     creates_process,
+    machine_ticks,
     median,
     percentile,
     processes,
 )
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tests.helpers import Server, open_db  # noqa: E402
 
 CLIENTS = 64
@@ -68,9 +70,58 @@ Table = Callable[[str, list[str], list[list[str]]], None]
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` so far."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """What the start or the end of a window finds: the API process's user and system
+    CPU, the machine's busy and total ticks, and the writer's time in its transactions
+    with its CPU in them (``lmsp_write_commit_seconds_sum``, ``lmsp_write_cpu_seconds``)."""
+
+    at: float
+    api: tuple[float, float]
+    machine: tuple[int, int]
+    writer: tuple[float, float]
+
+    @classmethod
+    def take(cls, server: Server, pid: int) -> Gauge:
+        with server.client(timeout=30) as http:
+            text = http.get("/metrics").text
+        found = {"lmsp_write_commit_seconds_sum": 0.0, "lmsp_write_cpu_seconds_total": 0.0}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in found:
+                    found[sample.name] += sample.value
+        return cls(
+            time.monotonic(),
+            cpu_split(pid),
+            machine_ticks(),
+            (found["lmsp_write_commit_seconds_sum"], found["lmsp_write_cpu_seconds_total"]),
+        )
+
+    def since(self, start: Gauge) -> str:
+        """What bounded the window from ``start`` to this gauge: how much of it the writer
+        (every create's and every task's writes go through its one thread) was in a
+        transaction, how much of that on a CPU (the rest waiting, for the disk's sync or
+        the interpreter's lock), and how much of the machine stood idle."""
+        wall = max(self.at - start.at, 1e-9)
+        busy = self.writer[0] - start.writer[0]
+        on_cpu = (self.writer[1] - start.writer[1]) / max(busy, 1e-9)
+        ticks = self.machine[1] - start.machine[1]
+        idle = 1 - (self.machine[0] - start.machine[0]) / max(ticks, 1)
+        return (
+            f"writer in a transaction {100 * busy / wall:.0f}% of the window, on a CPU "
+            f"{100 * on_cpu:.0f}% of that; machine idle {100 * idle:.0f}%"
+        )
 
 
 def engine_pid(server: Server) -> int | None:
@@ -133,6 +184,10 @@ class Figures:
     api_ms: float  # API process CPU ms per token or create
     engine_ms: float
     detail: str
+    #: of ``api_ms``, the user CPU (the interpreter's work, SQLite's and the parsers')
+    user_ms: float = 0.0
+    #: what bounded the window (:meth:`Gauge.since`)
+    bound: str = ""
 
 
 def _serve(work: Path, length: int, delay: float = 0.0, parallel: int = CLIENTS) -> Server:
@@ -166,9 +221,11 @@ def run_streams(
         start_at = time.time() + 1.5
         job = pool.submit(streams_process, server.url, _headers(server), clients, start_at, seconds)
         time.sleep(max(0.0, start_at - time.time()))
+        gauge0 = Gauge.take(server, api)
         cpu0 = cpu_seconds(api), cpu_seconds(engine) if engine else 0.0
         tokens, streams, wall, errors = job.result()
         cpu1 = cpu_seconds(api), cpu_seconds(engine) if engine else 0.0
+        gauge1 = Gauge.take(server, api)
     finally:
         server.stop()
     per = max(tokens, 1)
@@ -178,6 +235,8 @@ def run_streams(
         1000 * (cpu1[1] - cpu0[1]) / per,
         f"{streams} streams, {tokens:,} tokens in {wall:.1f} s, {len(errors)} errors"
         + (f" ({errors[0]})" if errors else ""),
+        1000 * (gauge1.api[0] - gauge0.api[0]) / max(streams, 1),  # a stream's
+        gauge1.since(gauge0),
     )
 
 
@@ -194,24 +253,27 @@ def run_creates(work: Path, pool: ProcessPoolExecutor, seconds: float) -> Figure
             creates_process, server.url, _headers(server), body, CLIENTS, start_at, seconds
         )
         time.sleep(max(0.0, start_at - time.time()))
-        cpu0 = cpu_seconds(api)
+        gauge0 = Gauge.take(server, api)
         latencies, errors = job.result()
+        window = Gauge.take(server, api).since(gauge0)
         ended = time.monotonic()
         left = _unfinished(server)  # created in the window, not yet run
         drained = _drain(server)
-        cpu1 = cpu_seconds(api)
+        gauge1 = Gauge.take(server, api)
     finally:
         server.stop()
     n = max(len(latencies), 1)
     return Figures(
         len(latencies) / seconds,
-        1000 * (cpu1 - cpu0) / n,
+        1000 * (sum(gauge1.api) - sum(gauge0.api)) / n,
         0.0,
         f"p50 {percentile(latencies, 0.5) * 1000:.0f} ms, "
         f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms, {len(errors)} errors"
         + (f" ({errors[0][:120]})" if errors else "")
         + f"; {left} tasks not yet run at the window's end, all run {drained - ended:.1f} s"
         " after it (the CPU a create counts its run too)",
+        1000 * (gauge1.api[0] - gauge0.api[0]) / n,
+        window,
     )
 
 
@@ -240,12 +302,14 @@ def bench_ceiling(
 ) -> None:
     other = busy_cpus()
     rows: list[list[str]] = []
+    short: list[Figures] = []  # the shortest answers' runs: what bounds them is shown
     with processes(1) as pool:
         for length in lengths:
             runs = [
                 run_streams(work / f"streams-{length}-{i}", pool, length, seconds)
                 for i in range(reps)
             ]
+            short = short or runs
             rate = median([r.rate for r in runs])
             rows.append(
                 [
@@ -269,12 +333,31 @@ def bench_ceiling(
                 runs[len(runs) // 2].detail,
             ]
         )
+        rows.append(_bound_row(short, runs))
     table(
         f"(t) control-plane ceiling, test engine at full speed, {reps} runs of {seconds:.0f} s, "
         f"medians (other load before: {other:.2f} CPUs)",
         ["measure", "median (runs)", "API process CPU", "goal", "middle run"],
         rows,
     )
+
+
+def _bound_row(streams: list[Figures], creates: list[Figures]) -> list[str]:
+    """What bounds a short request: the API process's user CPU for each (the
+    interpreter's work, which one lock lets one thread do at a time: its ceiling if the
+    lock were never idle), and what each middle run's window found (:meth:`Gauge.since`)."""
+    stream = median([r.user_ms for r in streams]) if streams else 0.0
+    create = median([r.user_ms for r in creates])
+    runs = (("streams", streams), ("creates", creates))
+    seen = [f"{name}: {r[len(r) // 2].bound}" for name, r in runs if r]
+    return [
+        "what bounds short requests: the API process's one interpreter",
+        f"user CPU {stream:.2f} ms a stream, {create:.2f} ms a create and its run",
+        f"≤ {1000 / max(stream, 1e-9):,.0f} streams/s, ≤ {1000 / max(create, 1e-9):,.0f}"
+        " creates/s with its lock never idle",
+        "",
+        "; ".join(seen),
+    ]
 
 
 def _paced_row(work: Path, pool: ProcessPoolExecutor, seconds: float, reps: int) -> list[str]:

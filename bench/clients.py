@@ -240,17 +240,20 @@ def busy_cpus(seconds: float = 1.0) -> float:
     decode runs ~10x slower beside one busy process (its threads wait for each other at
     every barrier), so a figure taken on a busy machine says little."""
 
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as stat:
-            fields = [int(v) for v in stat.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields) - idle, sum(fields)
-
-    busy0, total0 = sample()
+    busy0, total0 = machine_ticks()
     time.sleep(seconds)
-    busy1, total1 = sample()
+    busy1, total1 = machine_ticks()
     cpus = os.cpu_count() or 1
     return cpus * (busy1 - busy0) / max(1, total1 - total0)
+
+
+def machine_ticks() -> tuple[int, int]:
+    """The whole machine's busy and total CPU ticks so far (``/proc/stat``; idle and
+    iowait are not busy)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
 
 
 # -- health probes ---------------------------------------------------------------------------

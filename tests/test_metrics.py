@@ -94,6 +94,8 @@ def test_counters_move_as_tasks_run_through_the_server(tmp_path: Path, blob_cach
         assert moved("lmsp_events_written_total") >= logged >= 3 * 5
         assert moved("lmsp_write_transactions_total") >= 1
         assert moved("lmsp_write_commit_seconds_count") == moved("lmsp_write_transactions_total")
+        # the writer's CPU in its transactions: some, and never more than their time
+        assert 0 < moved("lmsp_write_cpu_seconds_total") <= moved("lmsp_write_commit_seconds_sum")
         assert moved("lmsp_write_jobs_per_transaction_sum") >= moved(
             "lmsp_write_jobs_per_transaction_count"
         )

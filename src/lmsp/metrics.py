@@ -146,6 +146,12 @@ class Metrics:
         self.events_written = count(
             "lmsp_events_written", "Task events committed to the event log."
         )
+        self.write_cpu = count(
+            "lmsp_write_cpu_seconds",
+            "CPU time the writer thread spent in the transactions it committed; the"
+            " rest of lmsp_write_commit_seconds it waited (for the disk, or for the"
+            " interpreter's lock held by the process's other threads).",
+        )
 
     def _generation_figures(self) -> None:
         count, spread = self._counter, self._histogram
@@ -228,10 +234,11 @@ class Metrics:
         )
 
     # -- the writer ---------------------------------------------------------------------
-    def transaction(self, jobs: int, seconds: float, events: int) -> None:
+    def transaction(self, jobs: int, seconds: float, events: int, cpu: float = 0.0) -> None:
         self.write_transactions.inc()
         self.jobs_per_transaction.observe(jobs)
         self.commit_latency.observe(seconds)
+        self.write_cpu.inc(cpu)
         if events:
             self.events_written.inc(events)
 

@@ -362,7 +362,7 @@ class Database:
         outcomes: list[tuple[_Request, bool, Any]] = []
         changes_before = conn.total_changes
         faults = self.faults
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.thread_time()
         appended: list[tuple[str, int, str, str]] = []
         conn.appended = appended
         try:
@@ -421,7 +421,12 @@ class Database:
         self.commits += 1
         self.jobs += len(batch)
         if self.metrics is not None:
-            self.metrics.transaction(len(batch), time.perf_counter() - began, len(appended))
+            self.metrics.transaction(
+                len(batch),
+                time.perf_counter() - began,
+                len(appended),
+                time.thread_time() - cpu,  # the rest of its time it waited
+            )
         if conn.total_changes != changes_before:
             self.health.succeeded()
         for request, ok, value in outcomes:
