@@ -190,7 +190,7 @@ class Figures:
     bound: str = ""
 
 
-def _serve(work: Path, length: int, delay: float = 0.0, parallel: int = CLIENTS) -> Server:
+def serve(work: Path, length: int, delay: float = 0.0, parallel: int = CLIENTS) -> Server:
     env = {
         "LMSP_TEST_ENGINE_DELAY": str(delay),
         "LMSP_TEST_ENGINE_LENGTH": str(length),
@@ -212,7 +212,7 @@ def run_streams(
     delay: float = 0.0,
     clients: int = CLIENTS,
 ) -> Figures:
-    server = _serve(work, length, delay, clients)
+    server = serve(work, length, delay, clients)
     try:
         with server.client() as http:  # the engine loaded, before the window
             http.post("/v1/responses", json={"model": MODEL, "input": "warm"})
@@ -241,7 +241,7 @@ def run_streams(
 
 
 def run_creates(work: Path, pool: ProcessPoolExecutor, seconds: float) -> Figures:
-    server = _serve(work, 24)
+    server = serve(work, 24)
     try:
         body = {"model": MODEL, "input": "durable hello", "background": True}
         with server.client() as http:

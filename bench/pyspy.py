@@ -8,23 +8,29 @@ with py-spy under one of four loads:
   slots (bench/remote.py's pair), the API process and the remote engine recorded;
 - ``resume``: a task is killed with its server ~1,000 tokens in, and the relaunched
   server is recorded from its first instant (``py-spy record --subprocesses``) until
-  the task's next text arrives (the resume benchmark's case).
+  the task's next text arrives (the resume benchmark's case);
+- ``ceiling``: the control plane's peak (bench/ceiling.py's creates): 64 clients create
+  durable responses as fast as they are answered, the test engine at full speed (no
+  model cost), ``LMSP_PARALLEL=64``.
 
-    .venv/bin/python bench/pyspy.py [--load streams|creates|resume|remote] [--svg] [--seconds 20]
-        [--out pyspy] [--exact]
+    .venv/bin/python bench/pyspy.py [--load streams|creates|resume|remote|ceiling] [--svg]
+        [--seconds 20] [--out pyspy] [--exact] [--gil]
 
 py-spy (a dev dependency) samples each process from outside, at 100 Hz, idle threads
 left out (``llama_decode`` shows as the Python frame that calls it, ``LlamaContext.decode``);
 the collapsed stacks go to ``OUT-api.txt`` and ``OUT-engine.txt`` (``--svg``: flame
-graphs too, ``OUT-*.svg``) and a summary is printed: for each process the functions
-holding the most samples, inclusive (a frame anywhere on the stack) and by the frame
-the samples were taken in (self).
+graphs too, ``OUT-*.svg``) and a summary is printed: for each process its threads'
+shares of the samples and the functions holding the most, inclusive (a frame anywhere on
+the stack) and by the frame the samples were taken in (self). ``--gil``: only the
+samples of the thread holding the interpreter's lock (what one process's Python can do
+at a time: the bound of a control plane whose threads take turns at it).
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import re
 import subprocess
 import sys
 import tempfile
@@ -49,6 +55,7 @@ def record(
     native: bool,
     children: bool = False,
     fmt: str = "raw",
+    gil: bool = False,
 ) -> subprocess.Popen[bytes]:
     py_spy = Path(sys.executable).with_name("py-spy")
     command = [str(py_spy), "record", "--pid", str(pid), "--duration", str(int(seconds))]
@@ -57,6 +64,10 @@ def record(
         command.append("--native")
     if children:  # and the processes it starts (the engine), each stack under its process
         command.append("--subprocesses")
+    else:  # each stack under its thread's name
+        command.append("--threads")
+    if gil:  # only the samples of the thread holding the interpreter's lock
+        command.append("--gil")
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
@@ -64,6 +75,7 @@ def summary(stacks: Path, top: int = 12) -> str:
     """The heaviest functions of a collapsed-stack file (``frame;frame;… count``)."""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
     total = 0
     for line in stacks.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -71,13 +83,19 @@ def summary(stacks: Path, top: int = 12) -> str:
             continue
         n = int(count)
         total += n
-        frames = [f.split(" (")[0] for f in stack.split(";")]
-        for frame in set(frames[1:]):  # the thread's name is the first
+        first, *rest = stack.split(";")
+        # the thread's name (``thread (TID): NAME``), a runner's workers as one
+        threads[re.sub(r"-\d+$", "-N", first.partition(": ")[2] or first)] += n
+        frames = [f.split(" (")[0] for f in rest]
+        for frame in set(frames):
             inclusive[frame] += n
-        own[frames[-1]] += n
+        if frames:
+            own[frames[-1]] += n
     if not total:
         return "  (no samples: the process was idle)"
-    lines = [f"  {total} samples (busy threads only)", "  inclusive:"]
+    lines = [f"  {total} samples (busy threads only)", "  threads:"]
+    lines += [f"    {n / total:6.1%}  {t}" for t, n in threads.most_common(6)]
+    lines += ["  inclusive:"]
     lines += [f"    {n / total:6.1%}  {f}" for f, n in inclusive.most_common(top)]
     lines += ["  self:"]
     lines += [f"    {n / total:6.1%}  {f}" for f, n in own.most_common(top)]
@@ -142,12 +160,13 @@ def profile_resume(work: Path, env: dict[str, str], out: Path, seconds: float) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    loads = ["streams", "creates", "resume", "remote"]
+    loads = ["streams", "creates", "resume", "remote", "ceiling"]
     parser.add_argument("--load", choices=loads, default="streams")
     parser.add_argument("--svg", action="store_true", help="flame graphs too (OUT-*.svg)")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--out", default="pyspy", help="OUT-api.txt, OUT-engine.txt")
     parser.add_argument("--exact", action="store_true", help="the server in exact mode")
+    parser.add_argument("--gil", action="store_true", help="only samples holding the GIL")
     args = parser.parse_args()
     plan = compare.Plan.pick()
     env = compare.lmsp_env()
@@ -156,7 +175,11 @@ def main() -> None:
     out = Path(args.out).resolve()
     if args.load == "remote":
         with tempfile.TemporaryDirectory(prefix="lmsp-pyspy-") as work:
-            report(*profile_remote(Path(work), out, args.seconds, args.svg))
+            report(*profile_remote(Path(work), out, args.seconds, args.svg, args.gil))
+        return
+    if args.load == "ceiling":
+        with tempfile.TemporaryDirectory(prefix="lmsp-pyspy-") as work:
+            report(*profile_ceiling(Path(work), out, args.seconds, args.svg, args.gil))
         return
     if args.load == "resume":
         with tempfile.TemporaryDirectory(prefix="lmsp-pyspy-") as work:
@@ -191,7 +214,9 @@ def main() -> None:
                     args.seconds + 4.0,
                 )
                 time.sleep(2.5)
-            api_out, engine_out = spy_both(server.proc.pid, engine, out, args.seconds, args.svg)
+            api_out, engine_out = spy_both(
+                server.proc.pid, engine, out, args.seconds, args.svg, args.gil
+            )
             if creating is not None:
                 latencies, errors = creating.result()
                 print(
@@ -222,14 +247,19 @@ class Streaming:
         self.thread.join(300)
 
 
-def spy_both(api: int, engine: int, out: Path, seconds: float, svg: bool) -> tuple[Path, Path]:
+def spy_both(
+    api: int, engine: int, out: Path, seconds: float, svg: bool, gil: bool = False
+) -> tuple[Path, Path]:
     """Record the API process and the engine process for ``seconds`` (collapsed stacks
     for :func:`summary`; with ``svg`` flame graphs too, ``OUT-api.svg`` and
-    ``OUT-engine.svg``)."""
+    ``OUT-engine.svg``; ``gil``: only the samples holding the interpreter's lock)."""
     api_out, engine_out = Path(f"{out}-api.txt"), Path(f"{out}-engine.txt")
     for path in (api_out, engine_out):
         path.unlink(missing_ok=True)
-    spies = [record(api, seconds, api_out, False), record(engine, seconds, engine_out, False)]
+    spies = [
+        record(api, seconds, api_out, False, gil=gil),
+        record(engine, seconds, engine_out, False, gil=gil),
+    ]
     if svg:
         spies.append(record(api, seconds, Path(f"{out}-api.svg"), False, fmt="flamegraph"))
         spies.append(record(engine, seconds, Path(f"{out}-engine.svg"), False, fmt="flamegraph"))
@@ -238,7 +268,43 @@ def spy_both(api: int, engine: int, out: Path, seconds: float, svg: bool) -> tup
     return api_out, engine_out
 
 
-def profile_remote(work: Path, out: Path, seconds: float, svg: bool) -> tuple[Path, Path]:
+def profile_ceiling(
+    work: Path, out: Path, seconds: float, svg: bool, gil: bool
+) -> tuple[Path, Path]:
+    """The control plane's peak: bench/ceiling.py's 64 clients creating durable
+    responses back to back, the test engine at full speed, both processes recorded."""
+    from bench import ceiling
+
+    server = ceiling.serve(work, 24)
+    try:
+        body = {"model": ceiling.MODEL, "input": "durable hello", "background": True}
+        headers = {"Authorization": f"Bearer {server.token}"}
+        with server.client() as http:
+            http.post("/v1/responses", json={"model": ceiling.MODEL, "input": "warm"})
+        engine = ceiling.engine_pid(server)
+        assert server.proc is not None and engine is not None
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            creating = pool.submit(
+                creates_process,
+                server.url,
+                headers,
+                body,
+                ceiling.CLIENTS,
+                time.time() + 2.0,
+                seconds + 4.0,
+            )
+            time.sleep(3.0)
+            spied = spy_both(server.proc.pid, engine, out, seconds, svg, gil)
+            latencies, errors = creating.result()
+        print(f"creates: {len(latencies) / (seconds + 4.0):.0f}/s, {len(errors)} errors")
+        return spied
+    finally:
+        server.stop()
+
+
+def profile_remote(
+    work: Path, out: Path, seconds: float, svg: bool, gil: bool = False
+) -> tuple[Path, Path]:
     """8 streams on a remote model (bench/remote.py's pair: lmsp in front of a
     ``llama-server`` with 8 slots) while both lmsp processes are recorded."""
     from bench import remote
@@ -252,7 +318,7 @@ def profile_remote(work: Path, out: Path, seconds: float, svg: bool) -> tuple[Pa
         assert server.proc is not None and engine is not None
         loading = Streaming(side, remote.STREAMS, 128)
         try:
-            return spy_both(server.proc.pid, engine, out, seconds, svg)
+            return spy_both(server.proc.pid, engine, out, seconds, svg, gil)
         finally:
             loading.stop()
     finally:
