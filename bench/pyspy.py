@@ -11,10 +11,16 @@ with py-spy under one of four loads:
   the task's next text arrives (the resume benchmark's case);
 - ``ceiling``: the control plane's peak (bench/ceiling.py's creates): 64 clients create
   durable responses as fast as they are answered, the test engine at full speed (no
-  model cost), ``LMSP_PARALLEL=64``.
+  model cost), ``LMSP_PARALLEL=64``;
+- ``prefix``: the warm shared-prefix case of the comparison: after one request with a
+  ~1,500-token system prompt, requests sharing it, each with a question of its own (the
+  prefix read from the cache, the question evaluated), one after another.
 
-    .venv/bin/python bench/pyspy.py [--load streams|creates|resume|remote|ceiling] [--svg]
-        [--seconds 20] [--out pyspy] [--exact] [--gil]
+    .venv/bin/python bench/pyspy.py [--load streams|creates|resume|remote|ceiling|prefix]
+        [--streams 8] [--svg] [--seconds 20] [--out pyspy] [--exact] [--gil]
+
+``--streams``: how many streams the ``streams`` and ``creates`` loads keep generating
+(the comparison's 8 by default; 1 for the one-stream row).
 
 py-spy (a dev dependency) samples each process from outside, at 100 Hz, idle threads
 left out (``llama_decode`` shows as the Python frame that calls it, ``LlamaContext.decode``);
@@ -160,13 +166,14 @@ def profile_resume(work: Path, env: dict[str, str], out: Path, seconds: float) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    loads = ["streams", "creates", "resume", "remote", "ceiling"]
+    loads = ["streams", "creates", "resume", "remote", "ceiling", "prefix"]
     parser.add_argument("--load", choices=loads, default="streams")
     parser.add_argument("--svg", action="store_true", help="flame graphs too (OUT-*.svg)")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--out", default="pyspy", help="OUT-api.txt, OUT-engine.txt")
     parser.add_argument("--exact", action="store_true", help="the server in exact mode")
     parser.add_argument("--gil", action="store_true", help="only samples holding the GIL")
+    parser.add_argument("--streams", type=int, default=None, help="streams generating")
     args = parser.parse_args()
     plan = compare.Plan.pick()
     env = compare.lmsp_env()
@@ -194,7 +201,10 @@ def main() -> None:
                 side.stream(http, compare.messages_for(compare.SUBJECTS[7]), 4)
             engine = compare.engine_pid(server)
             assert server.proc is not None and engine is not None
-            loading = Streaming(side, plan.streams, plan.stream_tokens)
+            if args.load == "prefix":
+                api_out, engine_out = profile_prefix(side, server, out, args, plan)
+                return report(api_out, engine_out)
+            loading = Streaming(side, args.streams or plan.streams, plan.stream_tokens)
             creating = None
             if args.load == "creates":  # 64 clients, in a process of their own
                 body = {
@@ -226,6 +236,52 @@ def main() -> None:
         finally:
             server.stop()
     report(api_out, engine_out)
+
+
+def profile_prefix(
+    side: Side, server: Server, out: Path, args: argparse.Namespace, plan: compare.Plan
+) -> tuple[Path, Path]:
+    """The warm shared-prefix requests, one after another while both processes are
+    recorded: each shares the system prompt a first request read, with a question of its
+    own. Their times to first text are printed (the comparison's row)."""
+    from llama_cpp import Llama
+
+    from lmsp.bootstrap import bundled_model_path
+
+    vocab = Llama(str(bundled_model_path()), vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+
+    system = compare.system_prompt(count, plan.prefix_tokens)
+    firsts: list[float] = []
+    done = threading.Event()
+
+    def warm() -> None:
+        with side.client() as http:
+            n = 0
+            while not done.is_set():
+                n += 1
+                question = f"{compare.QUESTIONS[1]} (question {n})"
+                run = side.stream(http, compare.prefix_messages(system, question), 8)
+                if run.first is not None:
+                    firsts.append(run.first)
+
+    with side.client() as http:  # the prefix read once, in full
+        side.stream(http, compare.prefix_messages(system, compare.QUESTIONS[0]), 8)
+    engine = compare.engine_pid(server)
+    assert server.proc is not None and engine is not None
+    thread = threading.Thread(target=warm, daemon=True)
+    thread.start()
+    try:
+        spied = spy_both(server.proc.pid, engine, out, args.seconds, args.svg, args.gil)
+    finally:
+        done.set()
+        thread.join(120)
+    firsts.sort()
+    middle = firsts[len(firsts) // 2] * 1000 if firsts else float("nan")
+    print(f"warm requests: {len(firsts)}, time to first text median {middle:.0f} ms")
+    return spied
 
 
 class Streaming:
