@@ -136,6 +136,9 @@ class EngineClient:
         self._load_error: EngineError | None = None
         self._closing = False
         self._dead = False
+        #: it said it is going (a remote engine whose upstream broke off tells each open
+        #: sequence ``engine_crashed`` before it exits): no new work, its exit follows
+        self._going = False
         self._attached: int | None = None  # the pid of an engine this process did not start
         self.released: Callable[[], None] | None = None  # its lease ends (reattach.Registry)
         self.early: Early[Stream] = Early()  # generations begun before their task's commit
@@ -208,7 +211,7 @@ class EngineClient:
 
     @property
     def alive(self) -> bool:
-        return self._ready.is_set() and not self._dead and not self._closing
+        return self._ready.is_set() and not (self._dead or self._going or self._closing)
 
     def stopping(self) -> None:
         """It is being stopped on purpose: its end is no crash."""
@@ -423,6 +426,8 @@ class EngineClient:
             else:
                 waiting.future.set_exception(EngineError(message.code, message.message))
         elif isinstance(message, Tokens | Done | Error) and message.id is not None:
+            if isinstance(message, Error) and message.code == "engine_crashed":
+                self._going = True  # the task the host hands out next waits for the restart
             with self._lock:
                 if isinstance(message, Tokens):
                     stream = self._streams.get(message.id)
