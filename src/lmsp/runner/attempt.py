@@ -321,22 +321,20 @@ class Attempt(Generic[A]):
         also: Job | None,
         check: Callable[[list[dict[str, Any]]], None] | None,
     ) -> None:
-        last = ev.coalesce(self.pending)  # committed with the end: all of the text, or none
+        # the text not logged yet, then the closing events: logged with the end, in one
+        # append, all of them or none (no snapshot: nothing resumes a finished task)
+        last = ev.coalesce(self.pending)
         self.pending = []
-        snap = {"tokens": list(self.tokens), "seed": self.sampling.seed}
         usage = self.usage()
-        closing = self.assembler.finish("incomplete" if incomplete else "completed")
+        closing = last + self.assembler.finish("incomplete" if incomplete else "completed")
         output = self.assembler.items
         if check is not None:
             check(output)
         task_id = self.task.id
+        done = task_store.Completion(closing, output, usage, incomplete)
 
         def finish(conn: Conn) -> None:
-            if last:
-                task_store.append_output(conn, task_id, last, snap)
-            task_store.settle(
-                conn, task_id, task_store.Completion(closing, output, usage, incomplete)
-            )
+            task_store.settle(conn, task_id, done)
             if also is not None:
                 also(conn)
 

@@ -10,6 +10,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from lmsp.errors import client_message
 from lmsp.ids import now as _now
 from lmsp.protocol import events as ev
@@ -108,6 +110,7 @@ def move(
     extra: dict[str, Any] | None = None,
     emit: bool = True,
     usage: dict[str, int] | None = None,
+    sealed: bool = False,
 ) -> TaskRecord | None:
     """Move a task to ``target`` if it is in one of ``from_states``.
 
@@ -115,7 +118,9 @@ def move(
     written then). ``before`` events are logged ahead of the lifecycle event. A terminal
     move records ``usage`` with the response (what the task consumed, however it
     ended: completed, cancelled or failed), else what its snapshot says it generated,
-    and the ledger counts it (:func:`lmsp.store.usage.record_finished`).
+    and the ledger counts it (:func:`lmsp.store.usage.record_finished`). ``sealed``: the
+    response's output is stored already (:func:`complete`), so nothing reads the log for
+    it and ``before`` goes with the lifecycle event in one append.
     """
     allowed = sources(target) if from_states is None else from_states
     if not allowed:
@@ -141,8 +146,9 @@ def move(
         snapshots.clear(conn, task_id)  # the chunks go with the snapshot that counts them
     batch = list(before or [])
     if target in TERMINAL:
-        if batch:  # the closing output events belong to the sealed output
-            events.append(conn, task_id, batch)
+        if batch and not sealed:  # the closing output events belong to the sealed output
+            last = events.append(conn, task_id, batch)
+            row = msgspec.structs.replace(row, last_sequence_number=last)
             batch = []
         if usage is not None:
             conn.execute(
@@ -156,9 +162,10 @@ def move(
     if emit:
         kind = event_type or ev.LIFECYCLE[target]
         batch.append(ev.lifecycle(kind, render_response(conn, row), **(extra or {})))
-    if batch:
-        events.append(conn, task_id, batch)
-    return get(conn, task_id)
+    if batch:  # the row as it now is: its counter moved with the events, nothing else did
+        last = events.append(conn, task_id, batch)
+        row = msgspec.structs.replace(row, last_sequence_number=last)
+    return row
 
 
 # -- the runner's verbs -----------------------------------------------------------------
@@ -307,8 +314,10 @@ def start(conn: Conn, task_id: str, model_digest: str | None) -> TaskRecord | No
     if task is None or task.status is not Status.LOADING:
         return None
     _record_digest(conn, task_id, model_digest)
-    # a fresh run generates from the first token: no earlier snapshot may linger
-    return move(conn, task_id, Status.RUNNING, sets={"snapshot": None})
+    # a fresh run generates from the first token: no earlier snapshot may linger (a task
+    # that never had one has no token chunks either: nothing to clear)
+    sets = None if task.snapshot is None else {"snapshot": None}
+    return move(conn, task_id, Status.RUNNING, sets=sets)
 
 
 def mark_resumed(conn: Conn, task_id: str, model_digest: str | None) -> bool:
@@ -357,8 +366,9 @@ def snapshot(conn: Conn, task_id: str) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class Completion:
-    """What a task completes with: the output's closing events, its final items, what
-    it consumed and, if it stopped short, why (``max_output_tokens``, ...)."""
+    """What a task completes with: the output's events not logged yet (its last text,
+    its closing events), its final items, what it consumed and, if it stopped short, why
+    (``max_output_tokens``, ...)."""
 
     closing: list[dict[str, Any]]
     output: list[dict[str, Any]]
@@ -383,6 +393,7 @@ def complete(conn: Conn, task_id: str, done: Completion) -> TaskRecord | None:
         before=done.closing,
         event_type=ev.terminal_for(Status.COMPLETED, incomplete=bool(done.incomplete_reason)),
         usage=done.usage,
+        sealed=True,
     )
 
 
