@@ -125,10 +125,8 @@ def split_processes(stacks: Path, api: Path, engine: Path) -> None:
             out.write("\n".join(lines) + "\n")
 
 
-def profile_resume(work: Path, env: dict[str, str], out: Path, seconds: float) -> tuple[Path, Path]:
-    """A task killed ~1,000 tokens in; its relaunched server recorded from its start
-    (py-spy attaches as it is launched and follows the engine it spawns) for
-    ``seconds``, past the task's next text."""
+def token_counter() -> compare.Count:
+    """The bundled model's token count of a text (its vocabulary only)."""
     from llama_cpp import Llama
 
     from lmsp.bootstrap import bundled_model_path
@@ -137,6 +135,15 @@ def profile_resume(work: Path, env: dict[str, str], out: Path, seconds: float) -
 
     def count(text: str) -> int:
         return len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+
+    return count
+
+
+def profile_resume(work: Path, env: dict[str, str], out: Path, seconds: float) -> tuple[Path, Path]:
+    """A task killed ~1,000 tokens in; its relaunched server recorded from its start
+    (py-spy attaches as it is launched and follows the engine it spawns) for
+    ``seconds``, past the task's next text."""
+    count = token_counter()
 
     plan = compare.Plan.pick()
     server = Server(work / "data", dict(env, LMSP_DEFAULT_ON_RESTART="resume")).start()
@@ -244,14 +251,7 @@ def profile_prefix(
     """The warm shared-prefix requests, one after another while both processes are
     recorded: each shares the system prompt a first request read, with a question of its
     own. Their times to first text are printed (the comparison's row)."""
-    from llama_cpp import Llama
-
-    from lmsp.bootstrap import bundled_model_path
-
-    vocab = Llama(str(bundled_model_path()), vocab_only=True, verbose=False)
-
-    def count(text: str) -> int:
-        return len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+    count = token_counter()
 
     system = compare.system_prompt(count, plan.prefix_tokens)
     firsts: list[float] = []
